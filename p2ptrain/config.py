@@ -1,0 +1,345 @@
+"""Typed, validated node configuration: TOML file + ``P2PTRAIN_<SECTION>__<KEY>`` overrides.
+
+Every field has a default that works on a laptop and a docstring (the docstrings are what
+``p2ptrain config init`` turns into the commented template).  Any problem becomes one
+:class:`ConfigError` whose message names the file and the dotted field, so the CLI can print
+one line and exit with ``EX_CONFIG`` (78) instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from multiaddr import Multiaddr
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+EX_CONFIG = 78
+ENV_PREFIX = "P2PTRAIN_"
+DEFAULT_SWARM_PORT = 41400
+DEFAULT_API_PORT = 41480
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class ConfigError(Exception):
+    """A configuration problem, already phrased as the one line the user should see."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+
+
+def parse_multiaddr(text: str, *, need_peer_id: bool = False) -> Multiaddr:
+    """Parse ``text`` with py-multiaddr; ``need_peer_id`` demands a trailing ``/p2p/<id>``."""
+    try:
+        addr = Multiaddr(text)
+    except Exception as exc:  # py-multiaddr raises several unrelated exception types
+        raise ValueError(f"not a valid multiaddr {text!r} ({exc})") from None
+    if need_peer_id and "/p2p/" not in str(addr):
+        raise ValueError(f"multiaddr {text!r} has no /p2p/<peer id> part; copy it from the first node's log")
+    return addr
+
+
+def _check_maddrs(values: list[str], *, need_peer_id: bool) -> list[str]:
+    for value in values:
+        parse_multiaddr(value, need_peer_id=need_peer_id)
+    return values
+
+
+class NodeSection(_Section):
+    """Where the node keeps its state and how it logs."""
+
+    state_dir: Path | None = None
+    """State directory (identity key, API token, checkpoints). Default: $STATE_DIRECTORY under systemd,
+    else $XDG_STATE_HOME/p2ptrain (~/.local/state/p2ptrain)."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of p2ptrain's own loggers (hivemind's are kept at WARNING unless this is DEBUG)."""
+
+    log_format: Literal["auto", "human", "journal"] = "auto"
+    """auto: journal format (syslog <N> prefixes, no timestamps) when stderr is the journal, else human."""
+
+
+class SwarmSection(_Section):
+    """How the node finds and joins its swarm (hivemind DHT over libp2p)."""
+
+    run_id: str = "p2ptrain-default"
+    """Name of the training run; only nodes with the same run_id (and the same model) train together."""
+
+    initial_peers: list[str] = []
+    """Multiaddrs of nodes already in the swarm, each ending in /p2p/<peer id>. Empty: start a new swarm."""
+
+    listen_addrs: list[str] = [f"/ip4/0.0.0.0/tcp/{DEFAULT_SWARM_PORT}"]
+    """Addresses to listen on. The default takes TCP port 41400 on every interface."""
+
+    announce_addrs: list[str] = []
+    """Addresses other peers should dial (set this behind NAT / port forwarding). Empty: libp2p decides."""
+
+    client_mode: bool = False
+    """Client mode: dial out only, accept no connections (for nodes behind NAT without port forwarding)."""
+
+    nat_port_map: bool = True
+    """Ask the LAN router for a port mapping (UPnP / NAT-PMP). Turn off on loopback and in tests."""
+
+    auto_nat: bool = True
+    """Run libp2p's AutoNAT service to learn whether this node is reachable. Off on loopback and in tests."""
+
+    use_relay: bool = True
+    """Allow reaching and being reached through libp2p circuit relays."""
+
+    use_auto_relay: bool = False
+    """Look for relays automatically when this node is not reachable directly."""
+
+    bootstrap_timeout: PositiveFloat = 60.0
+    """Seconds to keep retrying (with backoff) when no initial peer answers, before giving up."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_is_a_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+            raise ValueError("must be 1-64 characters of letters, digits, '_', '.', '-'")
+        return value
+
+    @field_validator("initial_peers")
+    @classmethod
+    def _initial_peers_are_multiaddrs(cls, values: list[str]) -> list[str]:
+        return _check_maddrs(values, need_peer_id=True)
+
+    @field_validator("listen_addrs", "announce_addrs")
+    @classmethod
+    def _addrs_are_multiaddrs(cls, values: list[str]) -> list[str]:
+        return _check_maddrs(values, need_peer_id=False)
+
+
+class TaskSection(_Section):
+    """What is trained: the built-in byte-level LM, or a user task from ``entrypoint``."""
+
+    name: Literal["bytelm"] = "bytelm"
+    """Built-in task. Ignored when entrypoint is set."""
+
+    entrypoint: str | None = None
+    """A user task as "package.module:function" (see configs/examples/user_task.py)."""
+
+    data_path: Path | None = None
+    """A text file or a directory of text files. Default: the .py files of this Python's standard library."""
+
+    seq_len: PositiveInt = 128
+    """Tokens (bytes) per training sequence."""
+
+    d_model: PositiveInt = 128
+    """Transformer width."""
+
+    n_layers: PositiveInt = 2
+    """Transformer blocks."""
+
+    n_heads: PositiveInt = 4
+    """Attention heads; must divide d_model."""
+
+    validation_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    """Share of files (chosen by path hash, the same on every node) held out for validation."""
+
+    validation_batches: PositiveInt = 8
+    """Batches evaluated for each validation loss."""
+
+    options: dict[str, Any] = {}
+    """Free-form options passed to a user task's entrypoint."""
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_shape(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+            raise ValueError(f"must look like 'package.module:function', got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> TaskSection:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        return self
+
+
+class TrainingSection(_Section):
+    """The optimizer, its schedule and how averaging with the swarm is paced."""
+
+    batch_size: PositiveInt = 8
+    """Sequences per local step (micro-batch)."""
+
+    target_batch_size: PositiveInt = 256
+    """Sequences the whole swarm accumulates per optimizer epoch. Larger means fewer, bigger averaging
+    rounds: aim for an epoch every 10-60 s of swarm time."""
+
+    lr: PositiveFloat = 1e-3
+    """Peak AdamW learning rate."""
+
+    weight_decay: Annotated[float, Field(ge=0)] = 0.01
+    """AdamW weight decay."""
+
+    warmup_epochs: Annotated[int, Field(ge=0)] = 10
+    """Linear warmup length, in optimizer epochs."""
+
+    total_epochs: PositiveInt = 10_000
+    """Length of the cosine decay, in optimizer epochs."""
+
+    max_grad_norm: PositiveFloat = 1.0
+    """Clip the local gradient to this L2 norm before it is accumulated."""
+
+    matchmaking_time: PositiveFloat = 5.0
+    """Seconds to look for peers to average with before each round."""
+
+    averaging_timeout: PositiveFloat = 30.0
+    """Seconds after which an averaging round is abandoned (the node goes on with local progress)."""
+
+    load_state_timeout: PositiveFloat = 60.0
+    """Seconds to wait for one donor when downloading the swarm's state."""
+
+    load_state_attempts: PositiveInt = 3
+    """Donors to try before continuing from the local checkpoint."""
+
+    threads: Annotated[int, Field(ge=0)] = 0
+    """Torch CPU threads; 0 means all cores."""
+
+    validate_every: PositiveFloat = 30.0
+    """Seconds between validation-loss evaluations."""
+
+    max_epochs: Annotated[int, Field(ge=0)] = 0
+    """Stop cleanly after this optimizer epoch; 0 trains until stopped."""
+
+    seed: int = 0
+    """Seed for model initialisation (must match across the swarm)."""
+
+
+class CheckpointSection(_Section):
+    """Local checkpoints: written atomically, the last ``keep`` retained."""
+
+    dir: Path | None = None
+    """Checkpoint directory. Default: <state_dir>/checkpoints."""
+
+    interval: PositiveFloat = 300.0
+    """Seconds between periodic checkpoints (one is always written on a clean stop)."""
+
+    keep: PositiveInt = 3
+    """Checkpoints kept; older ones are deleted once a newer one is complete."""
+
+
+class ApiSection(_Section):
+    """The node's local HTTP API (/metrics, /healthz, /api/v1/...)."""
+
+    enabled: bool = True
+    """Serve the API at all."""
+
+    host: str = "127.0.0.1"
+    """Bind address. Anything but loopback requires the bearer token on every endpoint except
+    /metrics and /healthz."""
+
+    port: Annotated[int, Field(ge=0, le=65535)] = DEFAULT_API_PORT
+    """TCP port; 0 picks a free one (written to <state_dir>/api.url)."""
+
+
+class NodeConfig(_Section):
+    """The whole configuration of one node."""
+
+    node: NodeSection = NodeSection()
+    swarm: SwarmSection = SwarmSection()
+    task: TaskSection = TaskSection()
+    training: TrainingSection = TrainingSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    api: ApiSection = ApiSection()
+
+    def state_dir(self) -> Path:
+        """The state directory this config resolves to (not created here)."""
+        return resolve_state_dir(self.node.state_dir, os.environ)
+
+    def checkpoint_dir(self) -> Path:
+        return self.checkpoint.dir if self.checkpoint.dir is not None else self.state_dir() / "checkpoints"
+
+
+def resolve_state_dir(configured: Path | None, environ: Mapping[str, str]) -> Path:
+    """systemd's ``$STATE_DIRECTORY`` first, then XDG's state home."""
+    if configured is not None:
+        return configured.expanduser()
+    if environ.get("STATE_DIRECTORY"):
+        return Path(environ["STATE_DIRECTORY"].split(":")[0])
+    xdg = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "p2ptrain"
+
+
+def _parse_env_value(raw: str) -> Any:
+    """Env values are TOML literals when they parse as one (numbers, booleans, arrays), else strings."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Collect ``P2PTRAIN_<SECTION>__<KEY>=value`` into ``{section: {key: value}}``."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].partition("__")
+        if not section or not key:
+            raise ConfigError(f"environment variable {name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
+        overrides.setdefault(section.lower(), {})[key.lower()] = _parse_env_value(raw)
+    return overrides
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    merged = {key: dict(value) if isinstance(value, dict) else value for key, value in base.items()}
+    for section, values in overrides.items():
+        target = merged.setdefault(section, {})
+        if isinstance(target, dict):
+            target.update(values)
+    return merged
+
+
+def _describe(error: ValidationError, origin: str) -> str:
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        problem = "unknown key"
+    elif kind == "missing":
+        problem = "required"
+    else:
+        problem = first["msg"].removeprefix("Value error, ")
+        if "input" in first and not isinstance(first["input"], dict | list):
+            problem += f" (got {first['input']!r})"
+    more = len(error.errors()) - 1
+    suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{origin}: {field}: {problem}{suffix}"
+
+
+def parse_config(data: Mapping[str, Any], origin: str, environ: Mapping[str, str] | None = None) -> NodeConfig:
+    """Validate ``data`` (already-parsed TOML) with env overrides applied on top."""
+    merged = _merge(dict(data), env_overrides(environ if environ is not None else {}))
+    try:
+        return NodeConfig.model_validate(merged)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, origin)) from None
+
+
+def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> NodeConfig:
+    """Read ``path`` (or only defaults + env when ``None``) into a validated :class:`NodeConfig`."""
+    environ = os.environ if environ is None else environ
+    if path is None:
+        return parse_config({}, "defaults", environ)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file (create one with: p2ptrain config init {path})") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data, str(path), environ)

@@ -1,0 +1,216 @@
+"""The one contract between the node, its API, its metrics and the TUI: states and snapshots.
+
+Standard library only, so the TUI can import it without torch or hivemind.  Add fields, never
+rename them; bump :data:`SCHEMA_VERSION` when a field's meaning changes.  ``from_dict`` is
+lenient (unknown keys ignored, missing ones defaulted) because it reads what other versions
+of p2ptrain wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+SCHEMA_VERSION = 1
+
+#: Upper bounds (seconds) of the averaging-round duration histogram; a last +Inf bucket is implied.
+ROUND_DURATION_BUCKETS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class NodeState(enum.StrEnum):
+    """Lifecycle of a node. Order matters only for humans reading logs."""
+
+    STARTING = "starting"
+    JOINING = "joining"
+    SYNCING = "syncing"
+    TRAINING = "training"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+#: States in which /healthz may answer 200 (if the loop also made recent progress).
+LIVE_STATES = frozenset({NodeState.STARTING, NodeState.JOINING, NodeState.SYNCING, NodeState.TRAINING})
+
+
+class PauseReason(enum.StrEnum):
+    """Why a node is not contributing right now."""
+
+    NONE = ""
+    MANUAL = "manual"
+    SCHEDULE = "schedule"
+    BUSY = "busy"
+
+
+class Reachability(enum.StrEnum):
+    DIRECT = "direct"
+    RELAYED = "relayed"
+    CLIENT = "client"
+    UNKNOWN = "unknown"
+
+
+_T = TypeVar("_T")
+
+
+def _from_dict(cls: type[_T], data: dict[str, Any]) -> _T:
+    """Build a dataclass from a dict, keeping only known keys of the right basic type."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if default is None or value is None or isinstance(value, type(default)):
+            kwargs[f.name] = value
+        elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            kwargs[f.name] = float(value)
+    return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """What one node says about itself in the DHT (signed by its key; see ``p2ptrain.records``)."""
+
+    peer_id: str = ""
+    version: str = ""
+    state: str = NodeState.STARTING.value
+    epoch: int = 0
+    samples_per_second: float = 0.0
+    loss: float | None = None
+    val_loss: float | None = None
+    reachability: str = Reachability.UNKNOWN.value
+    uptime_seconds: float = 0.0
+    pause_reason: str = ""
+    #: Unix time the record was published (filled by the publisher).
+    published_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PeerRecord:
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class SwarmView:
+    """Every live peer record of the run, as one node sees it."""
+
+    peers: tuple[PeerRecord, ...] = ()
+    swarm_samples_per_second: float = 0.0
+    global_epoch: int = 0
+    slowest_peer: str = ""
+    fastest_peer: str = ""
+    rejected_records_total: int = 0
+
+    @property
+    def peers_online(self) -> int:
+        return len(self.peers)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["peers"] = [p.to_dict() for p in self.peers]
+        data["peers_online"] = self.peers_online
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SwarmView:
+        view = _from_dict(cls, {k: v for k, v in data.items() if k != "peers"})
+        peers = tuple(PeerRecord.from_dict(p) for p in data.get("peers", []) if isinstance(p, dict))
+        return dataclasses.replace(view, peers=peers)
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """Everything known about the node at one instant. Produced by the node loop only."""
+
+    schema_version: int = SCHEMA_VERSION
+    version: str = ""
+    state: str = NodeState.STARTING.value
+    pause_reason: str = ""
+    peer_id: str = ""
+    visible_maddrs: tuple[str, ...] = ()
+    reachability: str = Reachability.UNKNOWN.value
+    run_id: str = ""
+    model_fingerprint: str = ""
+    local_epoch: int = 0
+    global_epoch: int = 0
+    samples_accumulated: int = 0
+    target_batch_size: int = 0
+    samples_processed_total: int = 0
+    local_samples_per_second: float = 0.0
+    swarm_samples_per_second: float = 0.0
+    peers_online: int = 0
+    loss: float | None = None
+    val_loss: float | None = None
+    averaging_rounds_ok_total: int = 0
+    averaging_rounds_failed_total: int = 0
+    #: Durations of every finished averaging round so far (seconds), newest last, capped in length.
+    recent_round_durations: tuple[float, ...] = ()
+    last_round_duration_seconds: float | None = None
+    #: Per-bucket (not cumulative) counts of round durations, len(ROUND_DURATION_BUCKETS) + 1 entries.
+    round_duration_bucket_counts: tuple[int, ...] = ()
+    round_duration_sum_seconds: float = 0.0
+    last_round_group_size: int = 0
+    bytes_sent_total: int = 0
+    bytes_received_total: int = 0
+    state_downloads_total: int = 0
+    state_downloads_failed_total: int = 0
+    state_download_seconds_total: float = 0.0
+    #: 0..1 while a state download runs, else None.
+    state_download_progress: float | None = None
+    checkpoint_writes_ok_total: int = 0
+    checkpoint_writes_failed_total: int = 0
+    last_checkpoint_time: float | None = None
+    last_checkpoint_error: str = ""
+    nonfinite_skips_total: int = 0
+    rejected_records_total: int = 0
+    #: Monotonic-clock age of the last completed local step; None before the first step.
+    seconds_since_progress: float | None = None
+    uptime_seconds: float = 0.0
+    started_at: float = 0.0
+    taken_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for name in _LIST_FIELDS:
+            data[name] = list(data[name])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StatusSnapshot:
+        lists = {k: tuple(data.get(k) or ()) for k in _LIST_FIELDS}
+        base = _from_dict(cls, {k: v for k, v in data.items() if k not in lists})
+        return dataclasses.replace(base, **lists)
+
+
+_LIST_FIELDS = ("visible_maddrs", "recent_round_durations", "round_duration_bucket_counts")
+
+
+@dataclass
+class LatestSnapshot:
+    """Thread-safe holder: the node loop publishes, API/metrics/records readers take the newest."""
+
+    _status: StatusSnapshot = field(default_factory=StatusSnapshot)
+    _swarm: SwarmView = field(default_factory=SwarmView)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def publish(self, status: StatusSnapshot, swarm: SwarmView | None = None) -> None:
+        with self._lock:
+            self._status = status
+            if swarm is not None:
+                self._swarm = swarm
+
+    def status(self) -> StatusSnapshot:
+        with self._lock:
+            return self._status
+
+    def swarm(self) -> SwarmView:
+        with self._lock:
+            return self._swarm

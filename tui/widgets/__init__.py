@@ -1,0 +1,1 @@
+"""Widgets of the p2ptrain top monitor; they never do I/O."""
