@@ -39,7 +39,7 @@ def _duration(text: str) -> float:
     """Parse ``90``, ``90s``, ``15m``, ``2h``, ``1d`` into seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     text = text.strip().lower()
-    scale = units.get(text[-1:], None)
+    scale = units.get(text[-1:])
     number = text[:-1] if scale else text
     try:
         value = float(number) * (scale or 1)
@@ -76,6 +76,41 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_sub.add_parser("check", help="validate a config file (exit 78 if it is bad)")
     check.add_argument("path", type=Path)
     check.set_defaults(handler=_lazy("p2ptrain.config_template:check_command"))
+
+    top = sub.add_parser("top", help="watch a running node and its swarm in a terminal UI")
+    top.add_argument("--url", metavar="URL", help="node API URL (default: <state_dir>/api.url, "
+                     "else http://127.0.0.1:41480)")
+    top.add_argument("--token-file", type=Path, metavar="PATH",
+                     help="control token file (default: <state_dir>/api.token)")
+    _add_config_flag(top)
+    top.set_defaults(handler=_lazy("p2ptrain.tui.app:main"))
+
+    service = sub.add_parser("service", help="run the node as a systemd service")
+    service_sub = service.add_subparsers(dest="service_command", metavar="ACTION", required=True)
+    install = service_sub.add_parser("install", help="write the systemd unit (and a config if none exists)")
+    install.add_argument("--user", action="store_true", help="a user service (systemctl --user) instead")
+    install.add_argument("--dry-run", action="store_true", help="print what would be written, write nothing")
+    install.add_argument("--instance", metavar="NAME",
+                         help="install p2ptrain@.service and a config for instance NAME")
+    install.add_argument("--root", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # tests, image builds
+    install.set_defaults(handler=_lazy("p2ptrain.daemon.service_install:main"))
+
+    for name, help_text, handler in (
+        ("pause", "pause training (the node stays in the swarm and serves state)", "pause"),
+        ("resume", "resume training after a manual pause", "resume"),
+        ("leave", "leave the swarm gracefully and stop the node", "leave"),
+    ):
+        control = sub.add_parser(name, help=help_text)
+        if name == "pause":
+            control.add_argument("--for", dest="duration", type=_duration, metavar="DURATION",
+                                 help="resume automatically after this long (90s, 15m, 2h); "
+                                 "default: until resumed")
+        control.add_argument("--url", metavar="URL", help="node API URL (default: <state_dir>/api.url, "
+                             "else http://127.0.0.1:41480)")
+        control.add_argument("--token-file", type=Path, metavar="PATH",
+                             help="control token file (default: <state_dir>/api.token)")
+        _add_config_flag(control)
+        control.set_defaults(handler=_lazy(f"p2ptrain.daemon.nodectl:{handler}"))
 
     return parser
 

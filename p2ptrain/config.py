@@ -102,8 +102,8 @@ class SwarmSection(_Section):
     @field_validator("run_id")
     @classmethod
     def _run_id_is_a_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
-            raise ValueError("must be 1-64 characters of letters, digits, '_', '.', '-'")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", value):
+            raise ValueError("must be 1-64 characters of letters, digits, '_' and '-' (hivemind keys cannot contain '.')")
         return value
 
     @field_validator("initial_peers")
@@ -241,6 +241,51 @@ class ApiSection(_Section):
     """TCP port; 0 picks a free one (written to <state_dir>/api.url)."""
 
 
+class VolunteerSection(_Section):
+    """Volunteer controls (like BOINC's preferences): when the node may train. Reloadable with SIGHUP.
+    A paused node stays in the swarm and still serves its state to newcomers."""
+
+    run_windows: list[str] = []
+    """Train only inside these local-time windows, e.g. ["22:00-07:00"] or ["Mon-Fri 19:00-08:00",
+    "Sat,Sun 00:00-24:00"]. A window may cross midnight; days name the day it starts. Empty: always."""
+
+    busy_load_threshold: Annotated[float, Field(ge=0)] = 0.0
+    """Pause while the 1-minute load average per CPU core, less the node's own share, is above this
+    (e.g. 0.5). 0 disables."""
+
+    busy_cpu_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
+    """Pause while other processes use more than this percentage of the machine's CPU (e.g. 25).
+    0 disables."""
+
+    busy_resume_ratio: Annotated[float, Field(gt=0, le=1)] = 0.75
+    """Hysteresis: a busy pause ends only once the load is below threshold * this ratio."""
+
+    busy_hold_seconds: Annotated[float, Field(ge=0)] = 300.0
+    """A busy pause lasts at least this long, and the machine must stay quiet this long before
+    training resumes."""
+
+    max_memory_mb: Annotated[int, Field(ge=0)] = 0
+    """Resident memory (MiB) above which the node pauses training and logs a warning. 0: unlimited.
+    For a hard limit use systemd's MemoryMax= on the unit."""
+
+    upload_kbps: Annotated[int, Field(ge=0)] = 0
+    """Upload bandwidth hint in kilobits/s. Not a cap: it is only given to hivemind's averager as this
+    node's bandwidth (so faster peers take a larger share of each all-reduce). 0: no hint.
+    To enforce a limit use a traffic shaper (tc) or systemd's IPAccounting/cgroup controls."""
+
+    download_kbps: Annotated[int, Field(ge=0)] = 0
+    """Download bandwidth hint in kilobits/s; a hint like upload_kbps, not a cap. 0: no hint."""
+
+    @field_validator("run_windows")
+    @classmethod
+    def _windows_parse(cls, values: list[str]) -> list[str]:
+        from p2ptrain.volunteer import parse_window  # the parser lives with the policy that uses it
+
+        for value in values:
+            parse_window(value)
+        return values
+
+
 class NodeConfig(_Section):
     """The whole configuration of one node."""
 
@@ -250,6 +295,7 @@ class NodeConfig(_Section):
     training: TrainingSection = TrainingSection()
     checkpoint: CheckpointSection = CheckpointSection()
     api: ApiSection = ApiSection()
+    volunteer: VolunteerSection = VolunteerSection()
 
     def state_dir(self) -> Path:
         """The state directory this config resolves to (not created here)."""

@@ -1,0 +1,144 @@
+"""Logging configuration for the daemon's entry point: journald-aware format, levels, hivemind's handler.
+
+Under systemd, stderr is connected to the journal and ``$JOURNAL_STREAM`` names that stream's
+``device:inode``; lines then start with a ``<N>`` syslog priority (so ``journalctl -p warning``
+works) and carry no timestamp (journald adds its own).  Anywhere else: a human format with
+timestamps.  hivemind installs its own coloured handler on the ``hivemind`` logger and stops
+propagation; we switch it to ``"nowhere"`` so hivemind's records flow through our one handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Literal, TextIO
+
+LogFormat = Literal["auto", "human", "journal"]
+
+#: Loggers whose level follows ``node.log_level``; everything else stays at WARNING.
+OWN_LOGGERS = ("p2ptrain", "__main__")
+#: sd-daemon(3) priorities.
+_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+#: Fixed names: hivemind renames WARNING to "WARN" process-wide when it is imported.
+_LEVEL_NAME = {logging.CRITICAL: "CRITICAL", logging.ERROR: "ERROR", logging.WARNING: "WARNING",
+               logging.INFO: "INFO", logging.DEBUG: "DEBUG"}
+#: Marks the handler this module installed, so a second call replaces it instead of adding another.
+_OWNED = "_p2ptrain_owned"
+
+
+def _priority(levelno: int) -> int:
+    for threshold, priority in sorted(_PRIORITY.items(), reverse=True):
+        if levelno >= threshold:
+            return priority
+    return 7
+
+
+def _level_name(levelno: int) -> str:
+    for threshold, name in sorted(_LEVEL_NAME.items(), reverse=True):
+        if levelno >= threshold:
+            return name
+    return "DEBUG"
+
+
+class JournalFormatter(logging.Formatter):
+    """``<N>logger: message``; every line of a multi-line record (a traceback) gets the prefix,
+    because journald turns each line of a stream into its own entry."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{record.name}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        if record.stack_info:
+            text += "\n" + self.formatStack(record.stack_info)
+        prefix = f"<{_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in text.splitlines() or [""])
+
+
+class HumanFormatter(logging.Formatter):
+    """``2024-05-01 12:00:00.123 WARNING p2ptrain.swarm: message`` for terminals and files."""
+
+    def __init__(self) -> None:
+        super().__init__(datefmt="%Y-%m-%d %H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = f"{self.formatTime(record, self.datefmt)}.{int(record.msecs):03d}"
+        text = f"{stamp} {_level_name(record.levelno):<7} {record.name}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        if record.stack_info:
+            text += "\n" + self.formatStack(record.stack_info)
+        return text
+
+
+def stream_is_journal(stream: TextIO, environ: Mapping[str, str]) -> bool:
+    """True when ``stream`` is the journal stream systemd connected (``$JOURNAL_STREAM=dev:ino``)."""
+    device, _, inode = environ.get("JOURNAL_STREAM", "").partition(":")
+    if not (device.isdigit() and inode.isdigit()):
+        return False
+    try:
+        info = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # no real file behind it (a test's StringIO)
+        return False
+    return info.st_dev == int(device) and info.st_ino == int(inode)
+
+
+def quiet_hivemind_handler() -> bool:
+    """Route hivemind's records through the root logger instead of its own stderr handler.
+
+    Imports hivemind (which the daemon loads anyway); False when it is not installed.
+    """
+    try:
+        from hivemind.utils.logging import use_hivemind_log_handler
+    except ImportError:
+        return False
+    use_hivemind_log_handler("nowhere")
+    return True
+
+
+def set_log_level(level: str) -> None:
+    """Apply ``node.log_level`` (also on SIGHUP): ours at ``level``, hivemind at WARNING unless DEBUG."""
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(numeric)
+    logging.getLogger("hivemind").setLevel(logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING)
+
+
+def configure_logging(
+    level: str,
+    fmt: LogFormat = "auto",
+    extra_handlers: Iterable[logging.Handler] = (),
+    environ: Mapping[str, str] | None = None,
+    stream: TextIO | None = None,
+    *,
+    tame_hivemind: bool = True,
+) -> logging.Handler:
+    """Install the one stderr handler (plus ``extra_handlers``, e.g. the LogRing) on the root logger.
+
+    Safe to call again: the previous handler from this function is replaced, extra handlers are
+    not added twice.  Returns the stream handler.
+    """
+    environ = os.environ if environ is None else environ
+    stream = sys.stderr if stream is None else stream
+    if tame_hivemind:
+        quiet_hivemind_handler()
+    journal = fmt == "journal" or (fmt == "auto" and stream_is_journal(stream, environ))
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JournalFormatter() if journal else HumanFormatter())
+    setattr(handler, _OWNED, True)
+
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, _OWNED, False)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    for extra in extra_handlers:
+        if extra not in root.handlers:
+            root.addHandler(extra)
+    # Third-party libraries stay at WARNING; our own loggers and hivemind's are set explicitly.
+    root.setLevel(logging.WARNING)
+    set_log_level(level)
+    logging.captureWarnings(True)
+    return handler

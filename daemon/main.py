@@ -1,0 +1,76 @@
+"""``p2ptrain run``: the daemon's entry point. Logging, signals, exit codes; the node does the rest.
+
+Exit codes: 0 clean stop; 78 (EX_CONFIG) bad configuration or a model that does not match the
+run, so ``RestartPreventExitStatus=78`` ends a restart loop; 75 (EX_TEMPFAIL) another node holds
+the state directory; 1 the swarm could not be joined or the node failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+
+from p2ptrain.config import EX_CONFIG, ConfigError, load_config, parse_multiaddr
+from p2ptrain.daemon.children import tie_children_to_this_process
+from p2ptrain.daemon.control import Command, ControlRequest
+from p2ptrain.daemon.logbuffer import LogRing
+from p2ptrain.daemon.logsetup import configure_logging
+from p2ptrain.daemon.node import Node
+from p2ptrain.daemon.service import ServiceHooks
+from p2ptrain.daemon.systemd import SystemdNotifier
+from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, SwarmError
+
+logger = logging.getLogger("p2ptrain.daemon")
+
+EX_TEMPFAIL = 75
+
+
+def _install_signal_handlers(node: Node) -> None:
+    """Handlers only record; the loop acts between steps. A second SIGINT/SIGTERM exits at once."""
+
+    def on_stop(signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if node.stopper.is_set():
+            os._exit(128 + signum)  # the user insists; forked helpers die with us (PDEATHSIG)
+        node.request_stop(name)
+
+    def on_hup(_signum: int, _frame: FrameType | None) -> None:
+        node.control.submit(ControlRequest(Command.RELOAD, source="SIGHUP"))
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, on_hup)
+
+
+def run_node(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    for addr in args.join:
+        try:
+            parse_multiaddr(addr, need_peer_id=True)
+        except ValueError as exc:
+            raise ConfigError(f"--join: {exc}") from None
+    log_ring = LogRing()
+    configure_logging(config.node.log_level, config.node.log_format, [log_ring])
+    tie_children_to_this_process()
+    notifier = SystemdNotifier.from_environ(os.environ)
+    node = Node(config, extra_peers=args.join, log_ring=log_ring,
+                hooks=ServiceHooks(config, args.config, notifier))
+    _install_signal_handlers(node)
+    try:
+        return node.run()
+    except (FingerprintMismatch, ConfigError) as error:
+        print(f"p2ptrain: {error}", file=sys.stderr)
+        return EX_CONFIG
+    except IdentityInUse as error:
+        print(f"p2ptrain: {error}", file=sys.stderr)
+        return EX_TEMPFAIL
+    except SwarmError as error:
+        print(f"p2ptrain: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # e.g. the API port is taken, the state directory is not writable
+        print(f"p2ptrain: {error}", file=sys.stderr)
+        return 1

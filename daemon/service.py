@@ -1,0 +1,116 @@
+"""The node as a service: wires the loop's hooks to the HTTP API, peer records, systemd and the
+volunteer policy.  Each piece keeps its own job; this module only connects them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from p2ptrain.config import ConfigError, NodeConfig, load_config
+from p2ptrain.daemon.api import ApiServer
+from p2ptrain.daemon.auth import load_or_create_token
+from p2ptrain.daemon.hooks import NodeHooks
+from p2ptrain.daemon.logsetup import set_log_level
+from p2ptrain.daemon.reload import reloadable_changes
+from p2ptrain.daemon.systemd import SystemdNotifier
+from p2ptrain.metrics import build_registry
+from p2ptrain.records import RecordBook, record_validators
+from p2ptrain.status import PauseReason, PeerRecord, SwarmView
+from p2ptrain.volunteer import VolunteerPolicy, os_load_source
+
+if TYPE_CHECKING:
+    from p2ptrain.daemon.node import Node
+
+logger = logging.getLogger(__name__)
+
+STATUS_EVERY = 5.0
+
+
+class ServiceHooks(NodeHooks):
+    """Hooks of a real node: API + metrics, signed records, sd_notify, volunteer controls, SIGHUP reload."""
+
+    def __init__(self, config: NodeConfig, config_path: Path | None, notifier: SystemdNotifier) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.notifier = notifier
+        self.watchdog = notifier.watchdog_pacer(time.monotonic)
+        self.policy = VolunteerPolicy(config.volunteer, load=os_load_source())
+        self.api: ApiServer | None = None
+        self.book: RecordBook | None = None
+        self._validators: list[Any] = []
+        self._next_status = 0.0
+
+    def starting(self, node: Node) -> None:
+        if not self.config.api.enabled:
+            return
+        state_dir = self.config.state_dir()
+        self.api = ApiServer(host=self.config.api.host, port=self.config.api.port, latest=node.latest,
+                             logs=node.logs, control=node.control, registry=build_registry(node.latest),
+                             token=load_or_create_token(state_dir))
+        self.api.start()
+        url_file = state_dir / "api.url"
+        tmp = url_file.with_suffix(".tmp")
+        tmp.write_text(self.api.url + "\n", encoding="utf-8")
+        os.replace(tmp, url_file)
+
+    def record_validators(self, run_id: str) -> list[Any]:
+        self._validators = record_validators(run_id)
+        return self._validators
+
+    def ready(self, node: Node) -> None:
+        self.book = RecordBook(node.dht, node.config.swarm.run_id, self._validators)
+        self.notifier.ready(self._status_line(node))
+
+    def progress(self, node: Node) -> None:
+        self.watchdog.progress()
+        now = time.monotonic()
+        if now >= self._next_status:
+            self.notifier.status(self._status_line(node))
+            self._next_status = now + STATUS_EVERY
+
+    def long_operation(self, node: Node, seconds: float) -> None:
+        self.notifier.extend_timeout(seconds)
+        self.watchdog.expect_delay(seconds)
+
+    def policy_pause_reason(self, node: Node) -> PauseReason:
+        return self.policy.pause_reason()
+
+    def exchange_records(self, node: Node, own: PeerRecord) -> SwarmView:
+        if self.book is None:
+            return node.swarm_view
+        self.book.publish(own)
+        return self.book.read(now=time.time())
+
+    def reload(self, node: Node) -> None:
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as error:
+            logger.error("reload refused, keeping the running config: %s", error)
+            return
+        applied, needs_restart = reloadable_changes(self.config, new)
+        set_log_level(new.node.log_level)
+        self.policy.update(new.volunteer)
+        if new.training.threads != self.config.training.threads:
+            import torch
+
+            torch.set_num_threads(new.training.threads or os.cpu_count() or 1)
+        node.initial_peers = list(dict.fromkeys([*new.swarm.initial_peers, *node.initial_peers]))
+        self.config = new
+        logger.info("reloaded %s: applied %s%s", self.config_path or "config", ", ".join(applied) or "nothing",
+                    f"; needs a restart: {', '.join(needs_restart)}" if needs_restart else "")
+
+    def stopping(self, node: Node) -> None:
+        self.notifier.stopping("leaving the swarm")
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
+
+    @staticmethod
+    def _status_line(node: Node) -> str:
+        status = node.latest.status()
+        return (f"{status.state} epoch={status.local_epoch} peers={status.peers_online} "
+                f"{status.local_samples_per_second:.1f} samples/s")

@@ -1,0 +1,42 @@
+"""The model fingerprint: a short hash of what makes two nodes' models averageable together.
+
+Two nodes may only average when every tensor has the same name, shape and dtype and the
+model was shaped by the same config; the fingerprint condenses exactly that (not the values)
+into 16 hex characters that are stable across processes, machines and Python versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+FINGERPRINT_HEX_CHARS = 16
+
+
+def canonical_json(value: Mapping[str, Any]) -> str:
+    """Key-sorted, whitespace-free JSON; non-JSON values (paths...) fall back to ``str``."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+def model_fingerprint(model: torch.nn.Module, shape_config: Mapping[str, Any]) -> str:
+    """SHA-256 over sorted ``(name, shape, dtype)`` of the model's state and the shape config.
+
+    The state dict (parameters and persistent buffers) is used rather than parameters alone,
+    because buffers are averaged and checkpointed too.
+    """
+    entries = []
+    for name, value in model.state_dict().items():
+        if isinstance(value, torch.Tensor):
+            entries.append([name, list(value.shape), str(value.dtype).removeprefix("torch.")])
+        else:  # extra state from get_extra_state(): only its type is structural
+            entries.append([name, None, type(value).__name__])
+    entries.sort()
+    digest = hashlib.sha256()
+    digest.update(json.dumps(entries, separators=(",", ":")).encode())
+    digest.update(b"\x00")
+    digest.update(canonical_json(shape_config).encode())
+    return digest.hexdigest()[:FINGERPRINT_HEX_CHARS]

@@ -1,0 +1,182 @@
+"""Builds the hivemind collaborative optimizer from config, and counts what it does with the swarm.
+
+hivemind's ``Optimizer`` swallows swarm failures (that is what keeps a swarm elastic) but tells
+nobody about them except its log, and its ``load_state_from_peers`` retries forever when no
+donor answers (hivemind #653).  :class:`SwarmOptimizer` keeps that behaviour, bounds the state
+download, and records every averaging round and state download into :class:`SwarmStats`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import hivemind
+import torch
+
+from p2ptrain.config import TrainingSection
+from p2ptrain.status import ROUND_DURATION_BUCKETS
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SwarmStats:
+    """Counters about averaging and state downloads; written by the training thread only."""
+
+    rounds_ok: int = 0
+    rounds_failed: int = 0
+    last_round_duration: float | None = None
+    last_group_size: int = 0
+    round_bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(ROUND_DURATION_BUCKETS) + 1))
+    round_duration_sum: float = 0.0
+    #: Averaged payload, estimated from tensor sizes and group size (butterfly all-reduce: each peer
+    #: sends and receives (n-1)/n of the tensors, twice: reduce-scatter and all-gather).
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    state_downloads: int = 0
+    state_downloads_failed: int = 0
+    state_download_seconds: float = 0.0
+    state_download_progress: float | None = None
+
+    def record_round(self, ok: bool, duration: float, group_size: int, payload_bytes: int) -> None:
+        if ok:
+            self.rounds_ok += 1
+            self.last_group_size = group_size
+            moved = int(2 * payload_bytes * (group_size - 1) / max(group_size, 1))
+            self.bytes_sent += moved
+            self.bytes_received += moved
+        else:
+            self.rounds_failed += 1
+        self.last_round_duration = duration
+        self.round_duration_sum += duration
+        index = next((i for i, bound in enumerate(ROUND_DURATION_BUCKETS) if duration <= bound),
+                     len(ROUND_DURATION_BUCKETS))
+        self.round_bucket_counts[index] += 1
+
+
+def warmup_cosine(warmup: int, total: int, floor: float = 0.1) -> Callable[[int], float]:
+    """LR multiplier per optimizer epoch: linear warmup, then cosine decay down to ``floor``."""
+
+    def factor(epoch: int) -> float:
+        if epoch < warmup:
+            return (epoch + 1) / warmup
+        progress = min(1.0, (epoch - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class ClippedAdamW(torch.optim.AdamW):
+    """AdamW that clips the (already averaged) gradient to ``max_grad_norm`` before each step."""
+
+    def __init__(self, params: Iterable[Any], *, max_grad_norm: float, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.max_grad_norm = max_grad_norm
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        grads = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            torch.nn.utils.clip_grad_norm_(grads, self.max_grad_norm)
+        return super().step(closure)
+
+
+class SwarmOptimizer(hivemind.Optimizer):
+    """hivemind.Optimizer with bounded state downloads and per-round accounting."""
+
+    def __init__(self, *args: Any, stats: SwarmStats, load_state_attempts: int, retry_sync_after: float,
+                 **kwargs: Any) -> None:
+        self.stats = stats
+        self._load_state_attempts = load_state_attempts
+        self._retry_sync_after = retry_sync_after
+        self._last_failed_sync = -math.inf
+        super().__init__(*args, **kwargs)
+        self._payload_bytes = sum(p.numel() * p.element_size() for p in self._parameters())
+        self._bound_state_download()
+
+    def _parameters(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def _bound_state_download(self) -> None:
+        """Make each hivemind download call give up after N failed attempts instead of looping."""
+        original = self.state_averager.load_state_from_peers
+
+        def bounded(**kwargs: Any) -> Any:
+            if time.monotonic() - self._last_failed_sync < self._retry_sync_after:
+                return None  # failed recently: keep training locally rather than stall every step
+            self.stats.state_download_progress = 0.0
+            started = time.perf_counter()
+            try:
+                for attempt in range(1, self._load_state_attempts + 1):
+                    try:
+                        result = original(**kwargs)
+                    except Exception as exc:  # timeouts and vanished donors are normal weather
+                        logger.warning("state download attempt %d/%d failed: %r", attempt,
+                                       self._load_state_attempts, exc)
+                        continue
+                    if result is None and attempt < self._load_state_attempts:
+                        logger.info("no donor answered (attempt %d/%d)", attempt, self._load_state_attempts)
+                        continue
+                    if result is None:
+                        break
+                    self.stats.state_downloads += 1
+                    self.stats.state_download_seconds += time.perf_counter() - started
+                    return result
+                self.stats.state_downloads_failed += 1
+                self._last_failed_sync = time.monotonic()
+                logger.warning("could not download state from any peer; continuing with local state")
+                return None
+            finally:
+                self.stats.state_download_progress = None
+
+        self.state_averager.load_state_from_peers = bounded  # type: ignore[method-assign]
+
+    def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Any) -> None:
+        started = time.perf_counter()
+        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        if maybe_step_control is None:
+            return  # alone in the swarm: no round was attempted
+        ok = maybe_step_control.done() and not maybe_step_control.cancelled() \
+            and maybe_step_control.exception() is None
+        group_size = len(maybe_step_control.result()) if ok else 0
+        self.stats.record_round(ok, time.perf_counter() - started, group_size, self._payload_bytes)
+        if not ok:
+            logger.warning("averaging round failed; applied local gradients instead")
+
+
+def build_optimizer(
+    model: torch.nn.Module,
+    dht: hivemind.DHT,
+    averaging_run_id: str,
+    cfg: TrainingSection,
+    *,
+    client_mode: bool,
+    stats: SwarmStats,
+) -> SwarmOptimizer:
+    """The hivemind optimizer for gradient averaging with AdamW, warmup+cosine and clipping."""
+    return SwarmOptimizer(
+        dht=dht,
+        run_id=averaging_run_id,
+        params=model.parameters(),
+        optimizer=lambda params: ClippedAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                              max_grad_norm=cfg.max_grad_norm),
+        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
+            opt, warmup_cosine(cfg.warmup_epochs, cfg.total_epochs)),
+        batch_size_per_step=cfg.batch_size,
+        target_batch_size=cfg.target_batch_size,
+        matchmaking_time=cfg.matchmaking_time,
+        averaging_timeout=cfg.averaging_timeout,
+        load_state_timeout=cfg.load_state_timeout,
+        client_mode=client_mode,
+        # hivemind warns (and can deadlock) when a request may outlive the matchmaking window.
+        averager_opts=dict(request_timeout=min(3.0, cfg.matchmaking_time / 2)),
+        verbose=False,
+        stats=stats,
+        load_state_attempts=cfg.load_state_attempts,
+        retry_sync_after=max(30.0, cfg.averaging_timeout),
+    )

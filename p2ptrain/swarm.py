@@ -1,0 +1,170 @@
+"""The only place that creates a ``hivemind.DHT``: identity, addresses, bootstrap, model fingerprint.
+
+A node keeps its libp2p identity in its state directory, so its peer ID survives restarts, and
+holds an exclusive lock next to it so that two live processes can never share one identity.
+Joining an existing swarm retries with exponential backoff until ``swarm.bootstrap_timeout``;
+after that it fails with one line that names the peers it tried.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hivemind
+from hivemind.p2p import P2PDaemonError
+from hivemind.utils import get_dht_time
+
+from p2ptrain.config import SwarmSection
+
+logger = logging.getLogger(__name__)
+
+FINGERPRINT_TTL = 600.0
+_MAX_BACKOFF = 15.0
+
+
+class SwarmError(Exception):
+    """The swarm could not be joined; the message is the one line to show."""
+
+
+class IdentityInUse(SwarmError):
+    """Another live process holds this state directory (and so this peer identity)."""
+
+
+class FingerprintMismatch(SwarmError):
+    """This node's model differs from the one the run is training."""
+
+
+class IdentityLock:
+    """An exclusive ``flock`` on ``<state_dir>/node.lock``; released when the process dies, however."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "node.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise IdentityInUse(
+                f"another p2ptrain node (pid {holder}) is running with state directory {self.path.parent}; "
+                "give each node its own node.state_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def dht_kwargs(cfg: SwarmSection, identity_path: Path, initial_peers: Sequence[str]) -> dict[str, Any]:
+    """Everything hivemind.DHT / P2P.create needs from config; loopback-safe when config says so."""
+    kwargs: dict[str, Any] = dict(
+        host_maddrs=list(cfg.listen_addrs),
+        initial_peers=list(initial_peers),
+        client_mode=cfg.client_mode,
+        nat_port_map=cfg.nat_port_map,
+        auto_nat=cfg.auto_nat,
+        use_relay=cfg.use_relay,
+        use_auto_relay=cfg.use_auto_relay,
+        identity_path=str(identity_path),
+        # A fresh identity cannot be taken; an old one is protected by IdentityLock locally, and the
+        # remote check costs seconds on every start.
+        check_if_identity_free=False,
+    )
+    if cfg.announce_addrs:
+        kwargs["announce_maddrs"] = list(cfg.announce_addrs)
+    return kwargs
+
+
+def start_dht(
+    cfg: SwarmSection,
+    state_dir: Path,
+    initial_peers: Sequence[str],
+    record_validators: Sequence[Any],
+    stop: threading.Event,
+    *,
+    dht_factory: Callable[..., hivemind.DHT] = hivemind.DHT,
+    clock: Callable[[], float] = time.monotonic,
+) -> hivemind.DHT:
+    """Start the DHT, retrying with backoff while no initial peer answers, bounded by bootstrap_timeout."""
+    kwargs = dht_kwargs(cfg, state_dir / "identity.key", initial_peers)
+    deadline = clock() + cfg.bootstrap_timeout
+    delay, attempt = 1.0, 0
+    while True:
+        attempt += 1
+        try:
+            return dht_factory(start=True, record_validators=list(record_validators), **kwargs)
+        except P2PDaemonError as exc:
+            if not initial_peers:
+                raise SwarmError(f"cannot start the p2p daemon on {list(cfg.listen_addrs)}: {exc}") from None
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise SwarmError(
+                    f"no initial peer answered after {attempt} attempts in {cfg.bootstrap_timeout:.0f}s "
+                    f"(swarm.bootstrap_timeout); tried {', '.join(initial_peers)}"
+                ) from None
+            wait = min(delay, remaining)
+            logger.warning("no initial peer answered (attempt %d: %s); retrying in %.1fs", attempt,
+                           str(exc).splitlines()[-1][:200], wait)
+            if stop.wait(wait):
+                raise SwarmError("stopped while joining the swarm") from None
+            delay = min(delay * 2, _MAX_BACKOFF)
+
+
+def visible_maddrs(dht: hivemind.DHT) -> list[str]:
+    return [str(addr) for addr in dht.get_visible_maddrs()]
+
+
+@dataclass(frozen=True)
+class FingerprintEntry:
+    fingerprint: str
+    first_seen: float
+
+
+def _fingerprint_key(run_id: str) -> str:
+    return f"{run_id}_model_fingerprint"
+
+
+def read_run_fingerprints(dht: hivemind.DHT, run_id: str) -> list[FingerprintEntry]:
+    """All model fingerprints published under the run, oldest first."""
+    found = dht.get(_fingerprint_key(run_id), latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return []
+    entries = []
+    for subkey, item in found.value.items():
+        value = getattr(item, "value", None)
+        if isinstance(subkey, str) and isinstance(value, int | float):
+            entries.append(FingerprintEntry(subkey, float(value)))
+    return sorted(entries, key=lambda e: (e.first_seen, e.fingerprint))
+
+
+def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_seen: float) -> float:
+    """Refuse to join a run that trains another model; otherwise (re)publish ours. Returns first_seen.
+
+    The run's model is the oldest fingerprint published under it. A node whose model differs
+    raises :class:`FingerprintMismatch` before it ever takes part in averaging.
+    """
+    entries = read_run_fingerprints(dht, run_id)
+    if entries and entries[0].fingerprint != fingerprint:
+        raise FingerprintMismatch(
+            f"model fingerprint {fingerprint} differs from run {run_id!r}'s model {entries[0].fingerprint}; "
+            "use the same [task] settings as the swarm, or another swarm.run_id"
+        )
+    first_seen = next((e.first_seen for e in entries if e.fingerprint == fingerprint), first_seen)
+    dht.store(_fingerprint_key(run_id), subkey=fingerprint, value=first_seen,
+              expiration_time=get_dht_time() + FINGERPRINT_TTL, return_future=True)
+    return first_seen

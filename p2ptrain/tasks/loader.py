@@ -1,0 +1,105 @@
+"""Turn the ``[task]`` config into a :class:`Task`: the built-in ``bytelm`` or a user entrypoint.
+
+A user entrypoint ``"package.module:function"`` must be importable (installed, or on
+``PYTHONPATH``); the function is called with one :class:`TaskContext` and must return a
+:class:`Task`.  Every way that can go wrong becomes one :class:`ConfigError` line naming
+``task.entrypoint`` (the CLI exits 78 on it); the original exception stays chained for debug logs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from p2ptrain.config import ConfigError
+from p2ptrain.tasks.base import BatchStream, Task, TaskContext
+from p2ptrain.tasks.bytelm import build_bytelm
+
+if TYPE_CHECKING:
+    from p2ptrain.config import TaskSection, TrainingSection
+
+
+def build_task(task_cfg: TaskSection, training_cfg: TrainingSection, peer_seed: int) -> Task:
+    """Build this node's task; ``peer_seed`` is its stable per-node seed (see ``corpus.stable_seed``)."""
+    context = TaskContext(
+        task=task_cfg,
+        batch_size=training_cfg.batch_size,
+        seed=training_cfg.seed,
+        peer_seed=peer_seed,
+        options=dict(task_cfg.options),
+    )
+    if task_cfg.entrypoint is None:
+        return build_bytelm(context)
+    builder = resolve_entrypoint(task_cfg.entrypoint)
+    try:
+        task = builder(context)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"task.entrypoint: {task_cfg.entrypoint} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    check_task(task, task_cfg.entrypoint)
+    return task
+
+
+def resolve_entrypoint(entrypoint: str) -> Callable[[TaskContext], Any]:
+    """Import ``"package.module:function"`` and return the function."""
+    module_name, _, function_name = entrypoint.partition(":")
+    if not module_name or not function_name:
+        raise ConfigError(f"task.entrypoint: must look like 'package.module:function', got {entrypoint!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Tell "the user's module is not there" apart from "it imports something that is not there".
+        if exc.name is not None and (exc.name == module_name or module_name.startswith(exc.name + ".")):
+            raise ConfigError(
+                f"task.entrypoint: no module named {module_name!r} "
+                "(install it or add its folder to PYTHONPATH)"
+            ) from exc
+        raise ConfigError(f"task.entrypoint: importing {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise ConfigError(
+            f"task.entrypoint: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    function = getattr(module, function_name, None)
+    if function is None:
+        raise ConfigError(f"task.entrypoint: module {module_name!r} has no attribute {function_name!r}")
+    if not callable(function):
+        raise ConfigError(f"task.entrypoint: {entrypoint} is a {type(function).__name__}, not a function")
+    return function
+
+
+def check_task(task: object, entrypoint: str) -> None:
+    """Reject a builder result that is not a usable :class:`Task`, naming the first problem."""
+    if not isinstance(task, Task):
+        raise ConfigError(
+            f"task.entrypoint: {entrypoint} returned {type(task).__name__}, expected p2ptrain.tasks.Task"
+        )
+    if not isinstance(task.model, torch.nn.Module):
+        problem = "model is not a torch.nn.Module"
+    elif not any(True for _ in task.model.parameters()):
+        problem = "model has no parameters"
+    elif not callable(task.loss_fn):
+        problem = "loss_fn is not callable"
+    elif not isinstance(task.train_batches, BatchStream):
+        problem = "train_batches lacks next()/state_dict()/load_state_dict()"
+    elif not callable(task.validation_batches):
+        problem = "validation_batches is not callable"
+    elif not _is_json(task.shape_config):
+        problem = "shape_config is not a JSON-serialisable dict"
+    else:
+        return
+    raise ConfigError(f"task.entrypoint: {entrypoint} returned a Task whose {problem}")
+
+
+def _is_json(value: object) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, dict)

@@ -1,0 +1,86 @@
+"""One local training step and what it measured. No network, no HTTP: the optimizer hides the swarm.
+
+Non-finite gradients are never handed to the optimizer (and so never reach peers): the step is
+skipped, counted and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from p2ptrain.tasks.base import Task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    loss: float
+    samples: int
+    seconds: float
+    skipped_nonfinite: bool
+    epoch: int
+
+
+def gradients_are_finite(model: torch.nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return True
+    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+
+class Trainer:
+    """Runs micro-batches of ``task`` through ``optimizer`` (a hivemind optimizer or any look-alike)."""
+
+    def __init__(self, task: Task, optimizer: Any, batch_size: int, *,
+                 corrupt_gradients: Callable[[torch.nn.Module], None] | None = None) -> None:
+        self.task = task
+        self.optimizer = optimizer
+        self.batch_size = batch_size
+        self.nonfinite_skips = 0
+        self.samples_processed = 0
+        # Test-only hook (fault injection): lets a test make this node produce bad gradients.
+        self._corrupt_gradients = corrupt_gradients
+
+    @property
+    def epoch(self) -> int:
+        return int(self.optimizer.local_epoch)
+
+    def step(self) -> StepStats:
+        started = time.perf_counter()
+        model = self.task.model
+        model.train()
+        batch = self.task.train_batches.next()
+        loss = self.task.loss_fn(model, batch)
+        loss.backward()
+        if self._corrupt_gradients is not None:
+            self._corrupt_gradients(model)
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value) or not gradients_are_finite(model):
+            self.optimizer.zero_grad()
+            self.nonfinite_skips += 1
+            logger.warning("non-finite loss or gradient (loss=%s): skipped this contribution (%d so far)",
+                           loss_value, self.nonfinite_skips)
+            return StepStats(loss_value, 0, time.perf_counter() - started, True, self.epoch)
+        self.optimizer.step(batch_size=self.batch_size)
+        self.optimizer.zero_grad()
+        self.samples_processed += self.batch_size
+        return StepStats(loss_value, self.batch_size, time.perf_counter() - started, False, self.epoch)
+
+    @torch.no_grad()
+    def validation_loss(self) -> float:
+        model = self.task.model
+        model.eval()
+        total, count = 0.0, 0
+        for batch in self.task.validation_batches():
+            total += float(self.task.loss_fn(model, batch))
+            count += 1
+        model.train()
+        return total / count if count else math.nan
