@@ -8,25 +8,16 @@ timeout), and under systemd ``KillMode=mixed`` reaps the rest of the cgroup.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 
-_PR_SET_PDEATHSIG = 1
+from p2ptrain.proc import die_with_parent
+
 _installed = False
-
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: rely on clean shutdown only
 
 
 def tie_children_to_this_process() -> None:
     """Install the at-fork hook once per process."""
     global _installed
     if not _installed:
-        os.register_at_fork(after_in_child=_die_with_parent)
+        os.register_at_fork(after_in_child=die_with_parent)
         _installed = True

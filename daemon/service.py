@@ -83,7 +83,7 @@ class ServiceHooks(NodeHooks):
         if self.book is None:
             return node.swarm_view
         self.book.publish(own)
-        return self.book.read(now=time.time())
+        return self.book.poll(now=time.time())
 
     def reload(self, node: Node) -> None:
         try:

@@ -1,0 +1,183 @@
+"""Real nodes on 127.0.0.1, each a ``p2ptrain run`` subprocess: for the demo, tests and benchmarks.
+
+Every node gets its own work directory (config, state, log file), listens and announces on
+loopback only, with NAT port mapping and AutoNAT off, and an API on a free port that is found
+through ``<state_dir>/api.url``.  Children are started in their own session (so a Ctrl-C aimed
+at the parent does not hit them mid-step) and are told by the kernel to stop if the parent dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2ptrain.proc import die_with_parent
+from p2ptrain.status import StatusSnapshot, SwarmView
+
+LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
+
+
+def local_node_config(state_dir: Path, run_id: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """TOML for a loopback node tuned for a small machine; ``overrides`` patch sections/keys."""
+    sections: dict[str, dict[str, Any]] = {
+        "node": {"state_dir": str(state_dir)},
+        "swarm": {"run_id": run_id, "listen_addrs": [LOOPBACK_LISTEN], "nat_port_map": False, "auto_nat": False,
+                  "use_relay": False, "bootstrap_timeout": 30.0},
+        "training": {"threads": 1, "target_batch_size": 64, "matchmaking_time": 2.0, "averaging_timeout": 15.0,
+                     "load_state_timeout": 20.0, "validate_every": 10.0, "warmup_epochs": 3},
+        "checkpoint": {"interval": 30.0, "keep": 3},
+        "api": {"host": "127.0.0.1", "port": 0},
+    }
+    for section, values in (overrides or {}).items():
+        sections.setdefault(section, {}).update(values)
+    lines: list[str] = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {json.dumps(value)}" for key, value in values.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+@dataclass
+class LocalNode:
+    """One node process and its files."""
+
+    name: str
+    workdir: Path
+    run_id: str
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "node.toml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "node.log"
+
+    def write_config(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(local_node_config(self.state_dir, self.run_id, self.overrides), encoding="utf-8")
+
+    def start(self, join: Iterable[str] = ()) -> None:
+        """Start ``p2ptrain run`` for this node (writes its config first if missing)."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError(f"{self.name} is already running")
+        if not self.config_path.exists():
+            self.write_config()
+        (self.state_dir / "api.url").unlink(missing_ok=True)
+        command = [sys.executable, "-m", "p2ptrain.cli", "run", "--config", str(self.config_path)]
+        for addr in join:
+            command += ["--join", addr]
+        log = self.log_path.open("ab")
+        try:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+                start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM),
+            )
+        finally:
+            log.close()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def api_url(self) -> str | None:
+        try:
+            return (self.state_dir / "api.url").read_text(encoding="utf-8").strip() or None
+        except OSError:
+            return None
+
+    def _get(self, path: str, timeout: float) -> Any:
+        url = self.api_url()
+        if url is None or not self.running:
+            return None
+        try:
+            with urllib.request.urlopen(url + path, timeout=timeout) as response:
+                return json.loads(response.read())
+        except (OSError, ValueError, urllib.error.URLError):
+            return None
+
+    def status(self, timeout: float = 2.0) -> StatusSnapshot | None:
+        data = self._get("/api/v1/status", timeout)
+        return StatusSnapshot.from_dict(data) if isinstance(data, dict) else None
+
+    def peers(self, timeout: float = 2.0) -> SwarmView | None:
+        data = self._get("/api/v1/peers", timeout)
+        return SwarmView.from_dict(data) if isinstance(data, dict) else None
+
+    def wait_for(self, predicate: Callable[[StatusSnapshot], bool], timeout: float,
+                 what: str = "condition") -> StatusSnapshot:
+        """Poll the status until ``predicate`` holds; raise TimeoutError (with the log tail) if not."""
+        deadline = time.monotonic() + timeout
+        last: StatusSnapshot | None = None
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode if self.process else None} "
+                                   f"while waiting for {what}:\n{self.log_tail()}")
+            status = self.status()
+            if status is not None:
+                last = status
+                if predicate(status):
+                    return status
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name}: no {what} within {timeout:.0f}s (last state "
+                           f"{last.state if last else 'unknown'}):\n{self.log_tail()}")
+
+    def join_addrs(self, timeout: float = 60.0) -> list[str]:
+        """The multiaddrs others can join this node with (waits until it has joined)."""
+        status = self.wait_for(lambda s: bool(s.visible_maddrs), timeout, "swarm address")
+        return list(status.visible_maddrs)
+
+    def signal(self, sig: int) -> None:
+        if self.running and self.process is not None:
+            self.process.send_signal(sig)
+
+    def wait(self, timeout: float) -> int | None:
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = 40.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL the whole session if it did not go."""
+        if self.process is None:
+            return None
+        self.signal(signal.SIGTERM)
+        code = self.wait(timeout)
+        if code is None:
+            self.kill()
+            code = self.wait(10)
+        return code
+
+    def kill(self) -> None:
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"

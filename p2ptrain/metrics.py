@@ -1,0 +1,151 @@
+"""A Prometheus collector that turns the node's latest snapshot into metrics at scrape time.
+
+Nothing is counted here: every family is built fresh from :class:`~p2ptrain.status.LatestSnapshot`
+on each scrape (the client_python "custom collector" pattern), so the node loop never touches
+Prometheus objects.  Names follow Prometheus conventions: ``p2ptrain_`` prefix, base units,
+counters ending in ``_total``; no peer ids as labels (per-peer detail lives in the JSON API).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from p2ptrain import health
+from p2ptrain.status import ROUND_DURATION_BUCKETS, LatestSnapshot, NodeState, PauseReason, StatusSnapshot
+
+_P = "p2ptrain_"
+
+
+def _gauge(name: str, doc: str, value: float | None) -> Iterator[Metric]:
+    """A gauge, or nothing when the value is unknown (absent beats a fake 0 or NaN in PromQL)."""
+    if value is not None and math.isfinite(value):
+        yield GaugeMetricFamily(_P + name, doc, value=value)
+
+
+def _g(name: str, doc: str, value: float) -> Metric:
+    return GaugeMetricFamily(_P + name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> Metric:
+    return CounterMetricFamily(_P + name, doc, value=max(0.0, float(value)))
+
+
+def _outcomes(name: str, doc: str, ok: float, failed: float) -> Metric:
+    family = CounterMetricFamily(_P + name, doc, labels=["outcome"])
+    family.add_metric(["ok"], max(0.0, float(ok)))
+    family.add_metric(["failed"], max(0.0, float(failed)))
+    return family
+
+
+def round_duration_histogram(status: StatusSnapshot) -> HistogramMetricFamily:
+    """Cumulative buckets from the snapshot's per-bucket counts (a malformed list reads as empty)."""
+    counts = list(status.round_duration_bucket_counts)
+    if len(counts) != len(ROUND_DURATION_BUCKETS) + 1 or any(c < 0 for c in counts):
+        counts = [0] * (len(ROUND_DURATION_BUCKETS) + 1)
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip((*ROUND_DURATION_BUCKETS, math.inf), counts, strict=True):
+        running += count
+        buckets.append(("+Inf" if math.isinf(bound) else repr(float(bound)), float(running)))
+    total = status.round_duration_sum_seconds
+    return HistogramMetricFamily(
+        _P + "averaging_round_duration_seconds", "Duration of finished averaging rounds.",
+        buckets=buckets, sum_value=total if math.isfinite(total) else 0.0,
+    )
+
+
+class P2PTrainCollector(Collector):
+    """Reads ``latest`` on every ``collect()``; ``clock`` is injectable for ages computed at scrape time."""
+
+    def __init__(self, latest: LatestSnapshot, clock: Callable[[], float] = time.time) -> None:
+        self._latest = latest
+        self._clock = clock
+
+    def describe(self) -> list[Metric]:
+        # Describing would call collect() on registration; an empty list keeps registration cheap.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._latest.status()
+        swarm = self._latest.swarm()
+        now = self._clock()
+
+        yield InfoMetricFamily(_P + "build", "p2ptrain build information.",
+                               value={"version": s.version or "unknown"})
+        yield StateSetMetricFamily(_P + "node_state", "Lifecycle state of the node.",
+                                   {state.value: s.state == state.value for state in NodeState})
+        reason = s.pause_reason if s.state == NodeState.PAUSED else ""
+        yield StateSetMetricFamily(_P + "pause_reason", "Why the node is paused (none while not paused).",
+                                   {(r.value or "none"): reason == r.value for r in PauseReason})
+        yield _g("node_start_time_seconds", "Unix time the node started.", s.started_at)
+        yield _g("uptime_seconds", "Seconds since the node started.", s.uptime_seconds)
+        if s.taken_at > 0:
+            yield _g("status_age_seconds", "Age of the status snapshot behind these metrics.",
+                     max(0.0, now - s.taken_at))
+        yield from _gauge("last_progress_age_seconds",
+                          "Seconds since the last completed local training step.",
+                          health.progress_age(s, now))
+
+        yield _g("local_epoch", "Epoch this node's parameters are at.", s.local_epoch)
+        yield _g("global_epoch", "Highest epoch seen in the swarm.",
+                 max(s.global_epoch, swarm.global_epoch))
+        yield _g("samples_accumulated", "Samples the swarm accumulated towards the next epoch.",
+                 s.samples_accumulated)
+        yield _g("target_batch_size", "Samples per epoch (global batch size).", s.target_batch_size)
+        yield _counter("samples_processed", "Training samples this node has processed.",
+                       s.samples_processed_total)
+        yield _g("local_samples_per_second", "This node's training throughput.", s.local_samples_per_second)
+        yield _g("swarm_samples_per_second", "Sum of the throughputs the swarm's peers report.",
+                 s.swarm_samples_per_second)
+        yield _g("swarm_peers_online", "Peers of this run with a live record (self included).",
+                 s.peers_online)
+        yield from _gauge("loss", "Latest training loss.", s.loss)
+        yield from _gauge("validation_loss", "Latest validation loss.", s.val_loss)
+        yield _counter("nonfinite_gradient_skips", "Steps skipped because gradients were NaN or infinite.",
+                       s.nonfinite_skips_total)
+
+        yield _outcomes("averaging_rounds", "Averaging rounds by outcome.",
+                        s.averaging_rounds_ok_total, s.averaging_rounds_failed_total)
+        yield round_duration_histogram(s)
+        yield _g("averaging_group_size", "Peers in the last averaging group.", s.last_round_group_size)
+        yield _counter("network_sent_bytes", "Bytes sent to peers.", s.bytes_sent_total)
+        yield _counter("network_received_bytes", "Bytes received from peers.", s.bytes_received_total)
+
+        yield _counter("state_downloads", "Downloads of the training state from peers (all attempts).",
+                       s.state_downloads_total)
+        yield _counter("state_downloads_failed", "Downloads of the training state from peers that failed.",
+                       s.state_downloads_failed_total)
+        yield _counter("state_download_seconds", "Seconds spent downloading state from peers.",
+                       s.state_download_seconds_total)
+        yield from _gauge("state_download_progress_ratio", "Progress (0..1) of the running state download.",
+                          s.state_download_progress)
+
+        yield _outcomes("checkpoint_writes", "Local checkpoint writes by outcome.",
+                        s.checkpoint_writes_ok_total, s.checkpoint_writes_failed_total)
+        yield from _gauge("last_checkpoint_timestamp_seconds",
+                          "Unix time of the last complete local checkpoint.", s.last_checkpoint_time)
+        yield _counter("rejected_peer_records", "Peer records dropped as forged, malformed or oversized.",
+                       max(s.rejected_records_total, swarm.rejected_records_total))
+
+
+def build_registry(latest: LatestSnapshot, *, process: bool = True,
+                   clock: Callable[[], float] = time.time) -> CollectorRegistry:
+    """A private registry with the p2ptrain collector (and process CPU/memory metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(P2PTrainCollector(latest, clock=clock))
+    if process:
+        ProcessCollector(registry=registry)
+    return registry

@@ -1,0 +1,262 @@
+"""The HTTP API on 127.0.0.1: every endpoint, auth, bad requests, and clients that misbehave."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import stat
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from monitoring_fixtures import populated_status, populated_swarm
+
+from p2ptrain.daemon.api import ApiServer, is_loopback
+from p2ptrain.daemon.auth import load_or_create_token, token_matches
+from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
+from p2ptrain.daemon.logbuffer import LogRing
+from p2ptrain.metrics import build_registry
+from p2ptrain.status import LatestSnapshot
+
+TOKEN = "t" * 43
+
+
+class Node:
+    """An API server with its inputs, as the node wires them."""
+
+    def __init__(self, **kwargs) -> None:
+        self.now = time.time()
+        self.latest = LatestSnapshot()
+        self.latest.publish(populated_status(self.now), populated_swarm())
+        self.logs = LogRing(capacity=50)
+        self.control = ControlQueue(maxsize=2)
+        self.server = ApiServer(host="127.0.0.1", port=0, latest=self.latest, logs=self.logs,
+                                control=self.control, registry=build_registry(self.latest), token=TOKEN,
+                                clock=lambda: self.now, **kwargs)
+        self.server.start()
+
+    def request(self, method: str, path: str, body: bytes | None = None, token: str | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        req = urllib.request.Request(self.server.url + path, data=body, method=method, headers=headers or {})
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read()
+
+    def json(self, method: str, path: str, **kw) -> tuple[int, dict]:
+        status, headers, body = self.request(method, path, **kw)
+        assert headers["Content-Type"] == "application/json"
+        return status, json.loads(body)
+
+
+@pytest.fixture
+def node():
+    n = Node(request_timeout=1.0, max_connections=4)
+    yield n
+    n.server.stop()
+
+
+def test_reads_status_peers_metrics(node):
+    assert node.server.url == f"http://127.0.0.1:{node.server.port}" and node.server.port > 0
+    status, body = node.json("GET", "/api/v1/status")
+    assert status == 200 and body["peer_id"] == "QmSelf" and body["local_epoch"] == 7
+    assert body["visible_maddrs"] == ["/ip4/127.0.0.1/tcp/41400"] and body["schema_version"] == 1
+    status, body = node.json("GET", "/api/v1/peers")
+    assert status == 200 and body["peers_online"] == 2 and body["fastest_peer"] == "QmB"
+    assert [p["peer_id"] for p in body["peers"]] == ["QmA", "QmB"]
+    status, headers, text = node.request("GET", "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert b"p2ptrain_samples_processed_total 12345.0" in text and b"process_cpu_seconds_total" in text
+
+
+def test_non_finite_numbers_become_null(node):
+    node.latest.publish(dataclasses.replace(populated_status(node.now), loss=float("nan")))
+    assert node.json("GET", "/api/v1/status")[1]["loss"] is None
+
+
+def test_healthz_follows_snapshot_and_clock(node):
+    status, body = node.json("GET", "/healthz")
+    assert status == 200 and body["healthy"] and body["state"] == "training"
+    node.now += 1000  # the node loop stopped publishing
+    status, body = node.json("GET", "/healthz")
+    assert status == 503 and "not refreshed" in body["reason"]
+    paused = dataclasses.replace(populated_status(node.now), state="paused", pause_reason="manual")
+    node.latest.publish(paused)
+    assert node.json("GET", "/healthz") == (503, {"healthy": False, "reason": "state is paused (manual)",
+                                                   "state": "paused"})
+
+
+def test_logs_paging_and_bad_queries(node):
+    log = logging.getLogger("p2ptrain.test_api_logs")
+    log.addHandler(node.logs)
+    log.setLevel(logging.INFO)
+    try:
+        for i in range(5):
+            log.info("line %d", i)
+    finally:
+        log.removeHandler(node.logs)
+    status, body = node.json("GET", "/api/v1/logs")
+    assert status == 200 and [x["message"] for x in body["lines"]] == [f"line {i}" for i in range(5)]
+    assert body["last_seq"] == 5
+    status, body = node.json("GET", "/api/v1/logs?since=3")
+    assert [x["seq"] for x in body["lines"]] == [4, 5] and body["last_seq"] == 5
+    assert node.json("GET", "/api/v1/logs?since=5")[1] == {"lines": [], "last_seq": 5}
+    assert [x["seq"] for x in node.json("GET", "/api/v1/logs?since=0&limit=2")[1]["lines"]] == [4, 5]
+    for bad in ("since=-1", "since=abc", "since=%C2%B2", "limit=0", "limit=99999", "foo=1", "since=1&&"):
+        status, body = node.json("GET", f"/api/v1/logs?{bad}")
+        assert status == 400 and body["error"], bad
+
+
+def test_control_needs_token(node):
+    for token in (None, "wrong", TOKEN[:-1]):
+        status, headers, body = node.request("POST", "/api/v1/control/pause", token=token)
+        assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+        assert "token" in json.loads(body)["error"]
+    status, _, _ = node.request("POST", "/api/v1/control/pause", headers={"Authorization": f"Basic {TOKEN}"})
+    assert status == 401
+    assert node.control.drain() == []
+
+
+def test_control_commands_are_queued(node):
+    status, body = node.json("POST", "/api/v1/control/pause", body=b'{"duration_seconds": 7200}', token=TOKEN)
+    assert status == 202 and body == {"accepted": True, "command": "pause", "duration_seconds": 7200.0}
+    assert node.json("POST", "/api/v1/control/checkpoint", token=TOKEN)[0] == 202
+    # The queue holds two: a third request is refused, not buffered.
+    status, headers, _ = node.request("POST", "/api/v1/control/resume", token=TOKEN)
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert node.control.drain() == [ControlRequest(Command.PAUSE, 7200.0, "api"),
+                                    ControlRequest(Command.CHECKPOINT, None, "api")]
+    assert node.json("POST", "/api/v1/control/leave", body=b"", token=TOKEN)[0] == 202
+    assert node.control.drain() == [ControlRequest(Command.LEAVE, None, "api")]
+
+
+@pytest.mark.parametrize("body", [b"{", b"[1]", b'{"duration_seconds": -5}', b'{"duration_seconds": "1h"}',
+                                  b'{"duration_seconds": true}', b'{"duration_seconds": 1e99}', b'{"x": 1}',
+                                  b"\xff\xfe"])
+def test_bad_pause_bodies_are_400(node, body):
+    status, answer = node.json("POST", "/api/v1/control/pause", body=body, token=TOKEN)
+    assert status == 400 and answer["error"]
+    assert node.control.drain() == []
+
+
+def test_wrong_path_method_and_size(node):
+    assert node.json("GET", "/nope")[0] == 404
+    assert node.json("POST", "/api/v1/control/reboot", token=TOKEN)[0] == 404
+    status, headers, _ = node.request("POST", "/api/v1/status", body=b"{}")
+    assert status == 405 and headers["Allow"] == "GET"
+    assert node.json("GET", "/api/v1/control/pause")[0] == 405
+    assert node.json("DELETE", "/metrics")[0] == 405
+    status, body = node.json("POST", "/api/v1/control/resume", body=b"x" * 10_000, token=TOKEN)
+    assert status == 413 and "4096" in body["error"]
+    assert node.json("GET", "/api/v1/status/")[0] == 200  # a trailing slash is the same endpoint
+
+
+def raw(node: Node, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", node.server.port), timeout=5) as sock:
+        sock.sendall(payload)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_malformed_requests_get_json_errors(node):
+    answer = raw(node, b"GARBAGE\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.0 400") and b"Bad request syntax" in answer
+    answer = raw(node, b"GET / HTTP/1.1 extra\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.0 400") and b'"error"' in answer
+    answer = raw(node, b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n")
+    assert answer.split(b" ")[1].startswith(b"4")
+    answer = raw(node, b"POST /api/v1/control/pause HTTP/1.1\r\nAuthorization: Bearer " + TOKEN.encode()
+                 + b"\r\nContent-Length: nope\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.0 400")
+    answer = raw(node, b"POST /api/v1/control/pause HTTP/1.1\r\nAuthorization: Bearer " + TOKEN.encode()
+                 + b"\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.0 411")
+    assert node.json("GET", "/healthz")[0] == 200  # still serving
+
+
+def test_silent_and_non_reading_clients_do_not_block_others(node):
+    idle = [socket.create_connection(("127.0.0.1", node.server.port)) for _ in range(2)]
+    # This one asks for the biggest answer and never reads it.
+    greedy = socket.create_connection(("127.0.0.1", node.server.port))
+    greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    greedy.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+    try:
+        started = time.monotonic()
+        assert node.json("GET", "/api/v1/status")[0] == 200
+        assert time.monotonic() - started < 1.0
+        # The server drops the silent ones after its 1 s request timeout.
+        idle[0].settimeout(5)
+        assert idle[0].recv(100) == b""
+    finally:
+        for sock in (*idle, greedy):
+            sock.close()
+
+
+def test_connection_cap_refuses_then_recovers(node):
+    hogs = [socket.create_connection(("127.0.0.1", node.server.port)) for _ in range(4)]
+    try:
+        time.sleep(0.2)
+        status, headers, body = node.request("GET", "/api/v1/status")
+        assert status == 503 and b"too many connections" in body
+    finally:
+        for sock in hogs:
+            sock.close()
+    deadline = time.monotonic() + 5
+    while node.request("GET", "/healthz")[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert node.request("GET", "/healthz")[0] == 200
+
+
+def test_off_loopback_reads_need_token_but_metrics_and_healthz_do_not(node):
+    node.server.loopback = False  # what binding to a non-loopback address sets
+    assert node.request("GET", "/api/v1/status")[0] == 401
+    assert node.request("GET", "/api/v1/peers")[0] == 401
+    assert node.request("GET", "/api/v1/logs")[0] == 401
+    assert node.request("GET", "/api/v1/status", token=TOKEN)[0] == 200
+    assert node.request("GET", "/metrics")[0] == 200
+    assert node.request("GET", "/healthz")[0] == 200
+
+
+def test_without_token_control_is_refused():
+    n = Node()
+    n.server.token = ""
+    try:
+        assert n.json("POST", "/api/v1/control/pause", token="anything")[0] == 403
+    finally:
+        n.server.stop()
+
+
+def test_is_loopback():
+    assert is_loopback("127.0.0.1") and is_loopback("127.5.0.1") and is_loopback("::1")
+    assert is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1") and not is_loopback("node.example")
+
+
+def test_token_file_created_0600_and_reused(tmp_path):
+    state = tmp_path / "state"
+    token = load_or_create_token(state)
+    path = state / "api.token"
+    assert len(token) >= 40 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_or_create_token(state) == token
+    path.chmod(0o644)
+    assert load_or_create_token(state) == token and stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.write_text("short\n")
+    fresh = load_or_create_token(state)
+    assert fresh != token and len(fresh) >= 40 and path.read_text().strip() == fresh
+    assert [p.name for p in state.iterdir()] == ["api.token"]  # no temp files left behind
+    assert os.access(path, os.R_OK)
+
+
+def test_token_matches():
+    assert token_matches(TOKEN, f"Bearer {TOKEN}") and token_matches(TOKEN, f"bearer  {TOKEN} ")
+    assert not token_matches(TOKEN, None) and not token_matches(TOKEN, TOKEN)
+    assert not token_matches("", "Bearer ") and not token_matches(TOKEN, f"Bearer {TOKEN}x")
