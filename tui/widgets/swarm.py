@@ -1,0 +1,146 @@
+"""The Swarm view: a sortable, filterable table of every peer's record, with a totals row."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, Input
+
+from p2ptrain.status import PeerRecord, SwarmView
+from p2ptrain.tui.widgets.format import (
+    DASH,
+    REACHABILITY_STYLES,
+    STATE_STYLES,
+    duration,
+    number,
+    short_id,
+)
+
+
+def _loss_key(p: PeerRecord) -> float:
+    return p.loss if p.loss is not None and not math.isnan(p.loss) else math.inf
+
+
+#: (title, sort key); "seen" (last seen) sorts newest first.  Cells stay narrow so 80 columns hold them all.
+COLUMNS: tuple[tuple[str, Callable[[PeerRecord], Any]], ...] = (
+    ("peer", lambda p: p.peer_id),
+    ("state", lambda p: p.state),
+    ("epoch", lambda p: p.epoch),
+    ("samp/s", lambda p: p.samples_per_second),
+    ("loss", _loss_key),
+    ("reach", lambda p: p.reachability),
+    ("seen", lambda p: -p.published_at),
+    ("version", lambda p: p.version),
+)
+TOTAL_KEY = "__total__"
+
+
+class SwarmPanel(Vertical):
+    """Keeps the last view and re-renders on sort/filter changes; fetches nothing."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sort_column = 0
+        self.sort_reverse = False
+        self.filter_text = ""
+        self._view = SwarmView()
+        self._self_id = ""
+        self._now = 0.0
+        self._ready = False  # data can arrive before the table exists
+        self.filter_box = Input(placeholder="filter peers (any column); Enter keeps, Esc clears", id="filter")
+        self.table: DataTable[Any] = DataTable(id="peers", cursor_type="row", zebra_stripes=True)
+
+    def compose(self) -> ComposeResult:
+        yield self.filter_box
+        yield self.table
+
+    def on_mount(self) -> None:
+        self._ready = True
+        self._render_table()
+
+    def show(self, view: SwarmView, self_id: str, now: float) -> None:
+        self._view, self._self_id, self._now = view, self_id, now
+        self._render_table()
+
+    def cycle_sort(self) -> str:
+        self.sort_by(self.sort_column + 1 if self.sort_column + 1 < len(COLUMNS) else 0)
+        return COLUMNS[self.sort_column][0]
+
+    def sort_by(self, index: int) -> None:
+        """A second click on the same column reverses it, as in most table UIs."""
+        if index == self.sort_column:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_column, self.sort_reverse = index, False
+        self._render_table()
+
+    def set_filter(self, text: str) -> None:
+        self.filter_text = text.strip().lower()
+        self._render_table()
+
+    def _cells(self, p: PeerRecord) -> list[Text]:
+        mine = p.peer_id == self._self_id and bool(p.peer_id)
+        return [
+            Text(("▶ " if mine else "  ") + short_id(p.peer_id), style="bold" if mine else ""),
+            Text(p.state, style=STATE_STYLES.get(p.state, "")),
+            Text(str(p.epoch), justify="right"),
+            Text(number(p.samples_per_second), justify="right"),
+            Text(number(p.loss, 3), justify="right"),
+            Text(p.reachability, style=REACHABILITY_STYLES.get(p.reachability, "")),
+            Text(duration(self._now - p.published_at) if p.published_at else DASH),
+            Text(p.version or DASH),
+        ]
+
+    def visible_peers(self) -> list[PeerRecord]:
+        peers = list(self._view.peers)
+        if self.filter_text:
+            peers = [p for p in peers if any(self.filter_text in cell.plain.lower() or
+                                             self.filter_text in p.peer_id.lower()
+                                             for cell in self._cells(p))]
+        key = COLUMNS[self.sort_column][1]
+        return sorted(peers, key=lambda p: (key(p), p.peer_id), reverse=self.sort_reverse)
+
+    def _render_table(self) -> None:
+        if not self._ready:
+            return
+        table = self.table
+        cursor = table.cursor_row
+        table.clear(columns=True)
+        for i, (title, _) in enumerate(COLUMNS):
+            arrow = (" ▼" if self.sort_reverse else " ▲") if i == self.sort_column else ""
+            table.add_column(title + arrow, key=title)
+        peers = self.visible_peers()
+        for p in peers:
+            cells = self._cells(p)
+            if p.peer_id == self._self_id and p.peer_id:
+                for cell in cells:
+                    cell.stylize("reverse")  # this node stands out in any theme
+            table.add_row(*cells, key=p.peer_id or None)
+        table.add_row(*self._totals(peers), key=TOTAL_KEY)
+        if peers:
+            table.move_cursor(row=min(cursor, len(peers) - 1), animate=False)
+
+    def _totals(self, peers: list[PeerRecord]) -> list[Text]:
+        losses = [p.loss for p in peers if p.loss is not None and not math.isnan(p.loss)]
+        states = Counter(p.state for p in peers)
+        reach = Counter(p.reachability for p in peers)
+        shown = f"{len(peers)}/{self._view.peers_online}" if self.filter_text else str(len(peers))
+        cells = [
+            f"Σ {shown} peers",
+            f"{states.get('training', 0)} train",
+            str(max((p.epoch for p in peers), default=0)),
+            number(sum(p.samples_per_second for p in peers)),
+            f"μ {number(sum(losses) / len(losses), 3)}" if losses else DASH,
+            f"{reach.get('direct', 0)} direct",
+            "",
+            "mixed" if len({p.version for p in peers}) > 1 else "",
+        ]
+        justify = {2, 3, 4}
+        return [Text(c, style="bold", justify="right" if i in justify else "left")
+                for i, c in enumerate(cells)]
