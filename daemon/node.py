@@ -70,6 +70,8 @@ class Node:
     ) -> None:
         self.config = config
         self.initial_peers = list(dict.fromkeys([*config.swarm.initial_peers, *extra_peers]))
+        #: Stop cleanly once this epoch is reached (0: never); reloadable.
+        self.max_epochs = config.training.max_epochs
         self.logs = log_ring or LogRing()
         self.hooks = hooks or NodeHooks()
         self.clock = clock
@@ -248,6 +250,7 @@ class Node:
                 self._record_step(self.trainer.step())
             else:
                 self._set_state(NodeState.PAUSED)
+                self.hooks.idle(self)
                 self.stopper.wait(0.5)
             now = self.clock()
             if now >= next_snapshot:
@@ -266,8 +269,8 @@ class Node:
             if now >= next_fingerprint:
                 self._refresh_fingerprint()
                 next_fingerprint = now + FINGERPRINT_EVERY
-            if cfg.training.max_epochs and self.trainer.epoch >= cfg.training.max_epochs:
-                logger.info("reached training.max_epochs=%d", cfg.training.max_epochs)
+            if self.max_epochs and self.trainer.epoch >= self.max_epochs:
+                logger.info("reached training.max_epochs=%d", self.max_epochs)
                 self.request_stop("max_epochs reached")
 
     def _record_step(self, stats: StepStats) -> None:
@@ -392,7 +395,8 @@ class Node:
             samples_processed_total=trainer.samples_processed if trainer else 0,
             local_samples_per_second=self._rate.rate(now),
             swarm_samples_per_second=self.swarm_view.swarm_samples_per_second,
-            peers_online=max(self.swarm_view.peers_online, tracker.global_progress.num_peers if tracker else 0),
+            # Signed records are the swarm view; hivemind's progress entries outlive departed peers.
+            peers_online=self.swarm_view.peers_online or (tracker.global_progress.num_peers if tracker else 0),
             loss=self._loss.value, val_loss=self._val_loss,
             averaging_rounds_ok_total=stats.rounds_ok, averaging_rounds_failed_total=stats.rounds_failed,
             last_round_duration_seconds=stats.last_round_duration, last_round_group_size=stats.last_group_size,

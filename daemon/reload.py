@@ -7,7 +7,7 @@ from typing import Any
 from p2ptrain.config import NodeConfig
 
 #: Dotted fields (or whole sections, ending in ".") the node applies without restarting.
-RELOADABLE = ("node.log_level", "swarm.initial_peers", "training.threads", "volunteer.")
+RELOADABLE = ("node.log_level", "swarm.initial_peers", "training.threads", "training.max_epochs", "volunteer.")
 
 
 def _is_reloadable(name: str) -> bool:

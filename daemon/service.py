@@ -99,6 +99,7 @@ class ServiceHooks(NodeHooks):
 
             torch.set_num_threads(new.training.threads or os.cpu_count() or 1)
         node.initial_peers = list(dict.fromkeys([*new.swarm.initial_peers, *node.initial_peers]))
+        node.max_epochs = new.training.max_epochs
         self.config = new
         logger.info("reloaded %s: applied %s%s", self.config_path or "config", ", ".join(applied) or "nothing",
                     f"; needs a restart: {', '.join(needs_restart)}" if needs_restart else "")

@@ -1,0 +1,158 @@
+"""``p2ptrain demo``: a first look at an elastic swarm, on this machine only.
+
+It starts N real nodes on 127.0.0.1 (separate processes, loopback only, no NAT traversal),
+makes one leave part way and a new one join, prints a live table, and ends with a summary of
+what the swarm learned and survived.  Every process it started is stopped on the way out,
+Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from p2ptrain.localswarm import LocalNode
+from p2ptrain.status import StatusSnapshot
+
+#: Small enough for several nodes to share two cores and still learn visibly in 90 s.
+DEMO_OVERRIDES = {
+    "training": {"target_batch_size": 128, "validate_every": 10.0, "lr": 2e-3, "warmup_epochs": 2},
+    "checkpoint": {"interval": 20.0},
+}
+REFRESH_SECONDS = 3.0
+LEAVE_AT, JOIN_AT = 0.35, 0.55
+
+
+@dataclass
+class DemoRun:
+    """What the demo saw: the nodes, their last status, the churn events."""
+
+    workdir: Path
+    nodes: list[LocalNode] = field(default_factory=list)
+    last: dict[str, StatusSnapshot] = field(default_factory=dict)
+    first_val_loss: float | None = None
+    events: list[str] = field(default_factory=list)
+    joins: int = 0
+    leaves: int = 0
+
+    def add_node(self, run_id: str, join: list[str]) -> LocalNode:
+        name = f"node{len(self.nodes) + 1}"
+        node = LocalNode(name, self.workdir / name, run_id, DEMO_OVERRIDES)
+        node.start(join=join)
+        self.nodes.append(node)
+        return node
+
+    def poll(self) -> None:
+        for node in self.nodes:
+            status = node.status(timeout=1.0)
+            if status is not None:
+                self.last[node.name] = status
+                if self.first_val_loss is None and status.val_loss is not None:
+                    self.first_val_loss = status.val_loss
+
+    def stop_all(self) -> None:
+        for node in self.nodes:
+            node.signal(15)
+        for node in self.nodes:
+            node.stop(timeout=30)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(run: DemoRun, elapsed: float, out: TextIO) -> None:
+    out.write(f"\n t={elapsed:5.1f}s   node     state      epoch  samples/s    loss  val loss  peers\n")
+    for node in run.nodes:
+        status = run.last.get(node.name)
+        if not node.running:
+            out.write(f"{'':12} {node.name:<8} {'(gone)':<10}\n")
+            continue
+        if status is None:
+            out.write(f"{'':12} {node.name:<8} {'starting':<10}\n")
+            continue
+        out.write(f"{'':12} {node.name:<8} {status.state:<10} {status.local_epoch:5d} "
+                  f"{status.local_samples_per_second:10.1f} {_fmt(status.loss, '7.3f')} "
+                  f"{_fmt(status.val_loss, '9.3f')} {status.peers_online:6d}\n")
+    out.flush()
+
+
+def print_summary(run: DemoRun, elapsed: float, out: TextIO) -> None:
+    finals = [s.val_loss for s in run.last.values() if s.val_loss is not None]
+    final = min(finals) if finals else None
+    samples = sum(s.samples_processed_total for s in run.last.values())
+    epoch = max((s.local_epoch for s in run.last.values()), default=0)
+    out.write("\n=== p2ptrain demo summary ===\n")
+    out.write(f"  ran for            {elapsed:.0f} s with {len(run.nodes)} nodes in all\n")
+    out.write(f"  validation loss    {_fmt(run.first_val_loss, '.3f')} at the start -> {_fmt(final, '.3f')} now\n")
+    out.write(f"  samples processed  {samples:,} (all nodes)\n")
+    out.write(f"  swarm epoch        {epoch}\n")
+    out.write(f"  churn survived     {run.leaves} leave(s), {run.joins} join(s)\n")
+    for event in run.events:
+        out.write(f"    - {event}\n")
+    out.write(f"  node logs          {run.workdir}\n")
+    out.flush()
+
+
+def _churn(run: DemoRun, run_id: str, join: list[str], elapsed: float, duration: float, out: TextIO) -> None:
+    live = [node for node in run.nodes if node.running]
+    if run.leaves == 0 and elapsed >= LEAVE_AT * duration and len(live) > 1:
+        leaver = live[-1]
+        leaver.signal(15)
+        run.leaves += 1
+        run.events.append(f"{leaver.name} left gracefully at t={elapsed:.0f}s (SIGTERM)")
+        out.write(f"\n>>> {leaver.name} leaves the swarm (SIGTERM: last step, checkpoint, goodbye)\n")
+    if run.joins == 0 and elapsed >= JOIN_AT * duration:
+        newcomer = run.add_node(run_id, join)
+        run.joins += 1
+        run.events.append(f"{newcomer.name} joined late at t={elapsed:.0f}s and synced from its peers")
+        out.write(f"\n>>> {newcomer.name} joins late: it will download the swarm's state and contribute\n")
+
+
+def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    peers, duration = int(args.peers), float(args.duration)
+    if not 1 <= peers <= 8:
+        print("p2ptrain demo: --peers must be between 1 and 8", file=sys.stderr)
+        return 2
+    # The work directory is kept: its node logs and checkpoints are worth a look afterwards.
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="p2ptrain-demo-"))
+    run_id = f"demo-{uuid.uuid4().hex[:6]}"
+    run = DemoRun(workdir)
+    started = time.monotonic()
+    out.write(f"p2ptrain demo: {peers} nodes on 127.0.0.1 for {duration:.0f}s (run {run_id}, state in {workdir})\n")
+    try:
+        first = run.add_node(run_id, [])
+        join = first.join_addrs(timeout=90)[:1]
+        out.write(f"first node is up; the others join with --join {join[0]}\n")
+        for _ in range(peers - 1):
+            run.add_node(run_id, join)
+        out.write(f"watch any node live: p2ptrain top --url {first.api_url()}\n")
+        while (elapsed := time.monotonic() - started) < duration:
+            run.poll()
+            print_table(run, elapsed, out)
+            _churn(run, run_id, join, elapsed, duration, out)
+            time.sleep(REFRESH_SECONDS)
+        run.poll()
+        out.write("\nstopping all nodes (each writes a final checkpoint) ...\n")
+        run.stop_all()
+        print_summary(run, time.monotonic() - started, out)
+        return 0
+    except KeyboardInterrupt:
+        out.write("\ninterrupted: stopping all nodes ...\n")
+        run.stop_all()
+        print_summary(run, time.monotonic() - started, out)
+        return 130
+    except (TimeoutError, RuntimeError) as error:
+        out.write(f"\np2ptrain demo: {error}\n")
+        run.stop_all()
+        return 1
+    finally:
+        for node in run.nodes:  # nothing outlives the demo, whatever happened above
+            if node.running:
+                node.kill()

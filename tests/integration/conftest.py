@@ -1,0 +1,40 @@
+"""Real nodes as separate ``p2ptrain run`` processes on 127.0.0.1, cleaned up after each test."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2ptrain.localswarm import LocalNode
+
+#: Small and quick: epochs every few seconds on two shared cores.
+FAST_TRAINING = {"target_batch_size": 48, "batch_size": 8, "validate_every": 5.0}
+
+NodeFactory = Callable[..., LocalNode]
+
+
+@pytest.fixture
+def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
+    """``make_node(name, run_id=..., **section_overrides)``; every node is stopped at teardown."""
+    nodes: list[LocalNode] = []
+    default_run = f"it-{uuid.uuid4().hex[:8]}"
+    counter = itertools.count()
+
+    def factory(name: str | None = None, run_id: str | None = None,
+                **sections: Mapping[str, Any]) -> LocalNode:
+        overrides: dict[str, dict[str, Any]] = {"training": dict(FAST_TRAINING)}
+        for section, values in sections.items():
+            overrides.setdefault(section, {}).update(values)
+        node_name = name or f"node{next(counter)}"
+        node = LocalNode(node_name, tmp_path / node_name, run_id or default_run, overrides)
+        nodes.append(node)
+        return node
+
+    yield factory
+    for node in nodes:
+        node.stop(timeout=30)

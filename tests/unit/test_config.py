@@ -1,0 +1,182 @@
+"""Config validation: every bad input gets one line naming the file and the dotted field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from p2ptrain.config import (
+    EX_CONFIG,
+    ConfigError,
+    NodeConfig,
+    env_overrides,
+    load_config,
+    parse_config,
+    resolve_state_dir,
+)
+from p2ptrain.config_template import render_template
+
+REPO = Path(__file__).resolve().parents[2]
+PEER = "/ip4/127.0.0.1/tcp/41400/p2p/QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "node.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("[swarm]\nbogus = 1\n", "swarm.bogus: unknown key"),
+        ("[nonsense]\nx = 1\n", "nonsense: unknown key"),
+        ("[training]\nbatch_size = \"eight\"\n", "training.batch_size: Input should be a valid integer"),
+        ("[training]\nbatch_size = -4\n", "training.batch_size: Input should be greater than 0 (got -4)"),
+        ("[training]\ntarget_batch_size = 0\n", "training.target_batch_size: Input should be greater than 0"),
+        ("[swarm]\ninitial_peers = [\"/ip4/1.2.3/tcp/1\"]\n", "swarm.initial_peers: not a valid multiaddr"),
+        ("[swarm]\ninitial_peers = [\"/ip4/127.0.0.1/tcp/1\"]\n", "swarm.initial_peers: multiaddr"),
+        ("[swarm]\nlisten_addrs = [\"tcp://0.0.0.0:1\"]\n", "swarm.listen_addrs: not a valid multiaddr"),
+        ("[swarm]\nrun_id = \"has.dot\"\n", "swarm.run_id: must be 1-64 characters"),
+        ("[task]\nd_model = 130\nn_heads = 4\n", "task: n_heads (4) must divide d_model (130)"),
+        ("[task]\nentrypoint = \"not a path\"\n", "task.entrypoint: must look like 'package.module:function'"),
+        ("[api]\nport = 70000\n", "api.port: Input should be less than or equal to 65535"),
+        ("[swarm]\nclient_mode = \"maybe\"\n", "swarm.client_mode: Input should be a valid boolean"),
+    ],
+)
+def test_bad_values_name_file_and_field(tmp_path: Path, toml: str, expected: str) -> None:
+    path = _write(tmp_path, toml)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.toml: no such file \(create one with: p2ptrain config init"):
+        load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_unreadable_toml(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[swarm\nrun_id = 1\n")
+    with pytest.raises(ConfigError, match=r"node\.toml: not valid TOML: "):
+        load_config(path, environ={})
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_bytes(b"\xff\xfe[swarm]")
+    with pytest.raises(ConfigError, match=r"node\.toml: cannot read"):
+        load_config(path, environ={})
+
+
+def test_directory_instead_of_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path, environ={})
+
+
+def test_several_problems_are_counted_in_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[training]\nbatch_size = -1\nlr = -2\n")
+    with pytest.raises(ConfigError, match=r"\(\+1 more problem\)$"):
+        load_config(path, environ={})
+
+
+def test_defaults_work_everywhere() -> None:
+    config = NodeConfig()
+    assert config.swarm.listen_addrs == ["/ip4/0.0.0.0/tcp/41400"]
+    assert config.api.host == "127.0.0.1"
+    assert config.swarm.nat_port_map and config.swarm.auto_nat  # real deployments need them
+
+
+def test_env_overrides_parse_toml_literals() -> None:
+    environ = {
+        "P2PTRAIN_TRAINING__BATCH_SIZE": "4",
+        "P2PTRAIN_SWARM__NAT_PORT_MAP": "false",
+        "P2PTRAIN_SWARM__INITIAL_PEERS": f'["{PEER}"]',
+        "P2PTRAIN_SWARM__RUN_ID": "plain-string",
+        "UNRELATED": "x",
+    }
+    config = parse_config({"training": {"batch_size": 16}}, "f.toml", environ)
+    assert config.training.batch_size == 4  # env wins over the file
+    assert config.swarm.nat_port_map is False
+    assert config.swarm.initial_peers == [PEER]
+    assert config.swarm.run_id == "plain-string"
+
+
+def test_bad_env_override_names_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"^f\.toml: training\.batch_size: Input should be greater than 0"):
+        parse_config({}, "f.toml", {"P2PTRAIN_TRAINING__BATCH_SIZE": "-1"})
+    with pytest.raises(ConfigError, match="swarm.colour: unknown key"):
+        parse_config({}, "f.toml", {"P2PTRAIN_SWARM__COLOUR": "blue"})
+    with pytest.raises(ConfigError, match="P2PTRAIN___X"):
+        env_overrides({"P2PTRAIN___X": "1"})
+
+
+def test_state_dir_resolution() -> None:
+    assert resolve_state_dir(None, {"STATE_DIRECTORY": "/var/lib/p2ptrain:/x"}) == Path("/var/lib/p2ptrain")
+    assert resolve_state_dir(None, {"XDG_STATE_HOME": "/home/u/.st"}) == Path("/home/u/.st/p2ptrain")
+    assert resolve_state_dir(Path("/srv/n1"), {"STATE_DIRECTORY": "/y"}) == Path("/srv/n1")
+
+
+def test_template_is_valid_and_matches_the_shipped_example(tmp_path: Path) -> None:
+    text = render_template()
+    path = _write(tmp_path, text)
+    assert load_config(path, environ={}) == NodeConfig()
+    uncommented = "\n".join(line[1:] if line.startswith("#") and " = " in line and "(unset)" not in line
+                            else line for line in text.splitlines())
+    assert load_config(_write(tmp_path, uncommented), environ={}) == NodeConfig()
+    assert (REPO / "configs" / "node.example.toml").read_text() == text, \
+        "configs/node.example.toml is stale: regenerate with p2ptrain config init configs/node.example.toml --force"
+    for field in NodeConfig.model_fields["training"].annotation.model_fields:
+        assert f"#{field} = " in text
+
+
+def test_shipped_loopback_config_stays_on_loopback() -> None:
+    config = load_config(REPO / "configs" / "local-swarm.toml", environ={})
+    assert all("/ip4/127.0.0.1/" in addr for addr in config.swarm.listen_addrs)
+    assert not (config.swarm.nat_port_map or config.swarm.auto_nat or config.swarm.use_relay)
+    assert config.api.host == "127.0.0.1"
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "p2ptrain.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=60)
+
+
+def test_cli_config_check_exits_78_with_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[training]\nbatch_size = -1\n")
+    result = _cli("config", "check", str(path), cwd=tmp_path)
+    assert result.returncode == EX_CONFIG
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert f"{path}: training.batch_size" in result.stderr
+
+
+def test_cli_run_with_bad_config_exits_78_before_starting_anything(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[swarm]\ninitial_peers = [\"garbage\"]\n")
+    result = _cli("run", "--config", str(path), cwd=tmp_path)
+    assert result.returncode == EX_CONFIG
+    assert result.stderr.strip().count("\n") == 0 and "swarm.initial_peers" in result.stderr
+
+
+def test_cli_run_rejects_a_bad_join_address(tmp_path: Path) -> None:
+    result = _cli("run", "--join", "/ip4/127.0.0.1/tcp/1", cwd=tmp_path)
+    assert result.returncode == EX_CONFIG
+    assert "--join" in result.stderr and "/p2p/" in result.stderr
+
+
+def test_cli_config_init_writes_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    path = tmp_path / "new.toml"
+    assert _cli("config", "init", str(path), cwd=tmp_path).returncode == 0
+    assert path.read_text() == render_template()
+    again = _cli("config", "init", str(path), cwd=tmp_path)
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_cli_version(tmp_path: Path) -> None:
+    result = _cli("--version", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("p2ptrain ")

@@ -1,0 +1,158 @@
+"""Swarm join logic without a network: identity lock, bootstrap retries, fingerprint claims."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hivemind.p2p import P2PDaemonError
+
+from p2ptrain.config import SwarmSection
+from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.swarm import (
+    FingerprintMismatch,
+    IdentityInUse,
+    IdentityLock,
+    SwarmError,
+    claim_fingerprint,
+    dht_kwargs,
+    start_dht,
+)
+
+PEER = "/ip4/127.0.0.1/tcp/41400/p2p/QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
+
+
+def test_identity_lock_refuses_a_second_process(tmp_path: Path) -> None:
+    lock = IdentityLock(tmp_path)
+    lock.acquire()
+    try:
+        code = ("import sys; from pathlib import Path; from p2ptrain.swarm import IdentityLock, IdentityInUse\n"
+                "try:\n    IdentityLock(Path(sys.argv[1])).acquire()\nexcept IdentityInUse as e:\n"
+                "    print(e); sys.exit(3)\n")
+        other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                               timeout=60)
+        assert other.returncode == 3
+        assert f"pid {__import__('os').getpid()}" in other.stdout and str(tmp_path) in other.stdout
+    finally:
+        lock.release()
+    again = IdentityLock(tmp_path)
+    again.acquire()  # released locks can be taken again
+    again.release()
+
+
+def test_identity_lock_is_exclusive_within_a_process_too(tmp_path: Path) -> None:
+    first = IdentityLock(tmp_path)
+    first.acquire()
+    with pytest.raises(IdentityInUse):
+        IdentityLock(tmp_path).acquire()
+    first.release()
+
+
+def test_dht_kwargs_carry_loopback_safety_switches(tmp_path: Path) -> None:
+    cfg = SwarmSection(listen_addrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False, auto_nat=False,
+                       announce_addrs=["/ip4/127.0.0.1/tcp/5000"])
+    kwargs = dht_kwargs(cfg, tmp_path / "identity.key", [PEER])
+    assert kwargs["nat_port_map"] is False and kwargs["auto_nat"] is False
+    assert kwargs["host_maddrs"] == ["/ip4/127.0.0.1/tcp/0"]
+    assert kwargs["announce_maddrs"] == ["/ip4/127.0.0.1/tcp/5000"]
+    assert kwargs["identity_path"] == str(tmp_path / "identity.key")
+    assert kwargs["initial_peers"] == [PEER]
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _ClockStopper:
+    """A stop event whose waits advance a fake clock instead of sleeping."""
+
+    def __init__(self, clock: _FakeClock) -> None:
+        self.clock = clock
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        self.clock.now += timeout or 0.0
+        return False
+
+
+def test_bootstrap_retries_with_backoff_then_gives_up(tmp_path: Path) -> None:
+    clock = _FakeClock()
+    stop = _ClockStopper(clock)
+    attempts: list[dict[str, Any]] = []
+
+    def failing_dht(**kwargs: Any) -> Any:
+        attempts.append(kwargs)
+        raise P2PDaemonError("Daemon failed to start: failed to connect to bootstrap peers")
+
+    cfg = SwarmSection(bootstrap_timeout=40)
+    with pytest.raises(SwarmError, match=r"no initial peer answered after \d+ attempts in 40s"):
+        start_dht(cfg, tmp_path, [PEER], [], stop, dht_factory=failing_dht, clock=clock)
+    assert stop.waits[:5] == [1.0, 2.0, 4.0, 8.0, 15.0]  # exponential, capped
+    assert sum(stop.waits) == pytest.approx(40.0)
+
+
+def test_bootstrap_succeeds_after_transient_failures(tmp_path: Path) -> None:
+    clock = _FakeClock()
+    calls = {"n": 0}
+
+    def flaky_dht(**kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            raise P2PDaemonError("failed to connect to bootstrap peers")
+        return SimpleNamespace(kind="dht")
+
+    dht = start_dht(SwarmSection(), tmp_path, [PEER], [], _ClockStopper(clock), dht_factory=flaky_dht, clock=clock)
+    assert dht.kind == "dht" and calls["n"] == 3
+
+
+def test_bootstrap_stops_when_asked(tmp_path: Path) -> None:
+    stopper = Stopper()
+    threading.Timer(0.2, stopper.request, args=("test",)).start()
+
+    def failing_dht(**kwargs: Any) -> Any:
+        raise P2PDaemonError("failed to connect to bootstrap peers")
+
+    with pytest.raises(SwarmError, match="stopped while joining"):
+        start_dht(SwarmSection(bootstrap_timeout=600), tmp_path, [PEER], [], stopper, dht_factory=failing_dht)
+
+
+def test_first_node_with_a_broken_listen_address_fails_at_once(tmp_path: Path) -> None:
+    def failing_dht(**kwargs: Any) -> Any:
+        raise P2PDaemonError("address already in use")
+
+    with pytest.raises(SwarmError, match="cannot start the p2p daemon"):
+        start_dht(SwarmSection(), tmp_path, [], [], Stopper(), dht_factory=failing_dht)
+
+
+class _FakeDHT:
+    """Just enough of hivemind.DHT's get/store for fingerprint claims."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, float] = {}
+
+    def get(self, key: str, latest: bool = False) -> Any:
+        if not self.entries:
+            return None
+        return SimpleNamespace(value={fp: SimpleNamespace(value=t) for fp, t in self.entries.items()})
+
+    def store(self, key: str, subkey: str, value: float, **kwargs: Any) -> None:
+        self.entries[subkey] = value
+
+
+def test_fingerprint_first_claim_wins_and_others_are_refused() -> None:
+    dht = _FakeDHT()
+    assert claim_fingerprint(dht, "run", "aaaa", first_seen=100.0) == 100.0
+    assert claim_fingerprint(dht, "run", "aaaa", first_seen=200.0) == 100.0  # keeps the original time
+    with pytest.raises(FingerprintMismatch, match="model fingerprint bbbb differs from run 'run'.s model aaaa"):
+        claim_fingerprint(dht, "run", "bbbb", first_seen=300.0)
+    assert "bbbb" not in dht.entries  # a refused node never advertises its model
