@@ -12,6 +12,8 @@ import hashlib
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,7 +30,9 @@ from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.rates import Ema, WindowRate
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.fingerprint import model_fingerprint
+from p2ptrain.guard import ParameterGuard
 from p2ptrain.optim import SwarmOptimizer, SwarmStats, build_optimizer
+from p2ptrain.proc import descendants, signal_all
 from p2ptrain.status import (
     LatestSnapshot,
     NodeState,
@@ -48,6 +52,9 @@ SNAPSHOT_EVERY = 0.5
 RECORD_EVERY = 5.0
 FINGERPRINT_EVERY = 60.0
 SYNC_WAIT = 10.0
+#: A stop that takes longer than this (hivemind waiting on a round) is cut short; the final
+#: checkpoint is already on disk by then, so nothing is lost.
+SHUTDOWN_DEADLINE = 20.0
 
 
 def peer_seed(peer_id: str) -> int:
@@ -97,11 +104,14 @@ class Node:
         self.dht: Any = None
         self.optimizer: SwarmOptimizer | None = None
         self.trainer: Trainer | None = None
+        self.guard: ParameterGuard | None = None
         self.store: CheckpointStore | None = None
         self.peer_id = ""
         self.maddrs: list[str] = []
         self.fingerprint = ""
         self._fingerprint_first_seen = wall_clock()
+        #: Exit code if shutdown has to be cut short: 0 only once the final checkpoint is safe.
+        self._forced_exit_code = 1
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -154,6 +164,7 @@ class Node:
         self.trainer = Trainer(task, self.optimizer, cfg.training.batch_size,
                                corrupt_gradients=self.hooks.corrupt_gradients)
         self.trainer.samples_processed = int(restored.get("samples_processed", 0)) if restored else 0
+        self.guard = ParameterGuard(task.model, self.optimizer)
 
         self._set_state(NodeState.SYNCING)
         self._sync_with_swarm()
@@ -166,9 +177,14 @@ class Node:
         self._set_state(NodeState.STOPPING)
         logger.info("stopping (%s): writing a final checkpoint", self.stopper.reason)
         self._checkpoint()
+        if not self._last_checkpoint_error:
+            self._forced_exit_code = 0
         return 0
 
     def _shutdown(self) -> None:
+        deadline = threading.Timer(SHUTDOWN_DEADLINE, self._force_exit)
+        deadline.daemon = True
+        deadline.start()
         self.hooks.stopping(self)
         if self.optimizer is not None:
             try:
@@ -180,8 +196,20 @@ class Node:
                 self.dht.shutdown()
             except Exception as exc:
                 logger.warning("DHT shutdown: %r", exc)
+        deadline.cancel()
         self._set_state(NodeState.STOPPED)
         self.stopper.close()
+
+    def _force_exit(self) -> None:
+        """Runs on a timer thread when shutting down hangs: stop every helper, then the process."""
+        helpers = descendants()
+        logger.warning("leaving the swarm took over %.0fs: stopping %d helper processes and exiting",
+                       SHUTDOWN_DEADLINE, len(helpers))
+        signal_all(helpers, signal.SIGTERM)
+        time.sleep(1.0)
+        signal_all(descendants(), signal.SIGKILL)
+        logging.shutdown()
+        os._exit(self._forced_exit_code)
 
     # ------------------------------------------------------------------ start-up helpers
 
@@ -279,6 +307,8 @@ class Node:
         if not stats.skipped_nonfinite:
             self._rate.add(now, stats.samples)
             self._loss.add(stats.loss)
+        if self.guard is not None:  # a peer's non-finite contribution must not stay in our parameters
+            self.guard.after_step(stats.epoch)
         self.hooks.progress(self)
 
     def _handle_control(self) -> None:
@@ -409,6 +439,7 @@ class Node:
             checkpoint_writes_ok_total=self._checkpoint_ok, checkpoint_writes_failed_total=self._checkpoint_failed,
             last_checkpoint_time=self._last_checkpoint_time, last_checkpoint_error=self._last_checkpoint_error,
             nonfinite_skips_total=trainer.nonfinite_skips if trainer else 0,
+            rollbacks_total=self.guard.rollbacks if self.guard else 0,
             rejected_records_total=self.swarm_view.rejected_records_total,
             seconds_since_progress=None if self._last_progress is None else now - self._last_progress,
             uptime_seconds=now - self._started_mono, started_at=self.started_at, taken_at=wall,

@@ -1,9 +1,12 @@
-"""Process hygiene: children that die with their parent, however the parent dies."""
+"""Process hygiene: children that die with their parent, and finding every descendant of a process."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import signal
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -18,3 +21,45 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of a live process; None for vanished processes and zombies."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] == "Z" else int(fields[1])
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def descendants(root: int | None = None) -> dict[int, str]:
+    """Live descendants of ``root`` (default: this process) with their command lines, from /proc."""
+    root = os.getpid() if root is None else root
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parent = _parent_of(int(entry))
+            if parent is not None:
+                parents[int(entry)] = parent
+    found: dict[int, str] = {}
+    frontier = {root}
+    while frontier:
+        children = {pid for pid, parent in parents.items() if parent in frontier and pid not in found}
+        for pid in children:
+            found[pid] = cmdline(pid)
+        frontier = children
+    return found
+
+
+def signal_all(pids: dict[int, str] | list[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
