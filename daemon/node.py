@@ -31,7 +31,7 @@ from p2ptrain.daemon.rates import Ema, WindowRate
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.fingerprint import model_fingerprint
 from p2ptrain.guard import ParameterGuard
-from p2ptrain.optim import SwarmOptimizer, SwarmStats, build_optimizer
+from p2ptrain.optim import SwarmStats, bandwidth_hint, build_optimizer
 from p2ptrain.proc import descendants, signal_all
 from p2ptrain.status import (
     LatestSnapshot,
@@ -102,7 +102,8 @@ class Node:
         self._last_checkpoint_time: float | None = None
         self._last_checkpoint_error = ""
         self.dht: Any = None
-        self.optimizer: SwarmOptimizer | None = None
+        #: hivemind's optimizer (gradient mode) or the DiLoCo outer loop; the same duck-typed interface.
+        self.optimizer: Any = None
         self.trainer: Trainer | None = None
         self.guard: ParameterGuard | None = None
         self.store: CheckpointStore | None = None
@@ -158,7 +159,9 @@ class Node:
         restored = self._load_local_checkpoint(task)
         self.optimizer = build_optimizer(task.model, self.dht, f"{cfg.swarm.run_id}_{self.fingerprint}",
                                          cfg.training, client_mode=cfg.swarm.client_mode,
-                                         stats=self.swarm_stats)
+                                         stats=self.swarm_stats,
+                                         bandwidth=bandwidth_hint(cfg.volunteer.upload_kbps,
+                                                                  cfg.volunteer.download_kbps))
         if restored is not None:
             self._restore_optimizer(restored)
         self.trainer = Trainer(task, self.optimizer, cfg.training.batch_size,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from p2ptrain import __version__
-from p2ptrain.config import EX_CONFIG, ConfigError
+from p2ptrain.errors import EX_CONFIG, ConfigError  # not p2ptrain.config: no pydantic at start-up
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -18,17 +18,16 @@ from typing import Annotated, Any, Literal
 from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-EX_CONFIG = 78
+# Re-exported (the "as" form): callers keep importing both from p2ptrain.config.
+from p2ptrain.errors import EX_CONFIG as EX_CONFIG
+from p2ptrain.errors import ConfigError as ConfigError
+
 ENV_PREFIX = "P2PTRAIN_"
 DEFAULT_SWARM_PORT = 41400
 DEFAULT_API_PORT = 41480
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
-
-
-class ConfigError(Exception):
-    """A configuration problem, already phrased as the one line the user should see."""
 
 
 class _Section(BaseModel):
@@ -172,7 +171,8 @@ class TrainingSection(_Section):
 
     target_batch_size: PositiveInt = 256
     """Sequences the whole swarm accumulates per optimizer epoch. Larger means fewer, bigger averaging
-    rounds: aim for an epoch every 10-60 s of swarm time."""
+    rounds: aim for an epoch every 10-60 s of swarm time (at least ~5x the measured all-reduce time,
+    or communication shows up in throughput). Gradient mode only; DiLoCo paces by inner_steps."""
 
     lr: PositiveFloat = 1e-3
     """Peak AdamW learning rate."""
@@ -190,10 +190,14 @@ class TrainingSection(_Section):
     """Clip the local gradient to this L2 norm before it is accumulated."""
 
     matchmaking_time: PositiveFloat = 5.0
-    """Seconds to look for peers to average with before each round."""
+    """Seconds to look for peers to average with before each round. Matchmaking starts this long before
+    the round is due (it overlaps compute), so it costs nothing while rounds are longer than it; make
+    it at least ~3x the DHT round trip between peers (1-2 s on loopback/LAN, 5+ s across the internet)."""
 
     averaging_timeout: PositiveFloat = 30.0
-    """Seconds after which an averaging round is abandoned (the node goes on with local progress)."""
+    """Seconds after which an averaging round is abandoned (the node goes on with local progress); a
+    dead peer never stalls the others longer than this. Make it ~3x a measured round (status:
+    last_round_duration) plus matchmaking_time."""
 
     load_state_timeout: PositiveFloat = 60.0
     """Seconds to wait for one donor when downloading the swarm's state."""
@@ -212,6 +216,44 @@ class TrainingSection(_Section):
 
     seed: int = 0
     """Seed for model initialisation (must match across the swarm)."""
+
+    mode: Literal["gradient", "diloco"] = "gradient"
+    """gradient: average gradients with the swarm every optimizer epoch (hivemind.Optimizer); best on
+    fast links. diloco: train alone for inner_steps steps with AdamW, then average the parameter change
+    (pseudo-gradient) with the swarm and apply an outer Nesterov SGD step; ~inner_steps times less
+    traffic, the mode for home-internet volunteers. All peers of a run must use the same mode."""
+
+    grad_compression: Literal["none", "fp16", "8bit"] = "fp16"
+    """Wire format of what is averaged each round (gradients, or DiLoCo pseudo-gradients): none (fp32),
+    fp16 (half the bytes, no measurable loss change), 8bit (a quarter; uniform 8-bit quantisation of
+    large tensors, fp16 for small ones; slightly noisier updates)."""
+
+    state_compression: Literal["none", "fp16", "8bit"] = "none"
+    """Wire format of parameters when peers average them and when a newcomer downloads the state.
+    Lossy choices perturb the weights themselves: keep "none" unless the link is the bottleneck;
+    never "8bit" for a long run."""
+
+    overlap: bool = True
+    """Gradient mode: average gradients and run the optimizer step in the background while the next
+    batches are computed (hivemind's delay_grad_averaging + delay_optimizer_step). Updates then use
+    gradients one epoch old, which costs little at a target_batch_size of 100+ sequences."""
+
+    average_state_every: PositiveInt = 16
+    """Gradient mode: epochs between parameter-averaging rounds, which only repair the drift left by
+    failed gradient rounds (hivemind's default of 1 doubles the traffic)."""
+
+    inner_steps: PositiveInt = 100
+    """DiLoCo mode: local AdamW steps (H) between two outer steps. Pick it so one round takes at least
+    ~30x the all-reduce time of the model on the slowest peer's link (e.g. 20 s+ on home links)."""
+
+    outer_lr: PositiveFloat = 0.7
+    """DiLoCo mode: learning rate of the outer SGD step applied to the averaged pseudo-gradient."""
+
+    outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    """DiLoCo mode: momentum of the outer SGD step."""
+
+    outer_nesterov: bool = True
+    """DiLoCo mode: use Nesterov momentum for the outer step (the DiLoCo paper's choice)."""
 
 
 class CheckpointSection(_Section):
@@ -269,8 +311,9 @@ class VolunteerSection(_Section):
     For a hard limit use systemd's MemoryMax= on the unit."""
 
     upload_kbps: Annotated[int, Field(ge=0)] = 0
-    """Upload bandwidth hint in kilobits/s. Not a cap: it is only given to hivemind's averager as this
-    node's bandwidth (so faster peers take a larger share of each all-reduce). 0: no hint.
+    """Upload bandwidth hint in kilobits/s. Not a cap: the slower of upload_kbps/download_kbps is given to
+    hivemind's averager as this node's relative bandwidth, so it reduces a smaller share of each
+    all-reduce than faster peers (peers without a hint count as the group's average). 0: no hint.
     To enforce a limit use a traffic shaper (tc) or systemd's IPAccounting/cgroup controls."""
 
     download_kbps: Annotated[int, Field(ge=0)] = 0

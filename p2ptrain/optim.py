@@ -1,4 +1,4 @@
-"""Builds the hivemind collaborative optimizer from config, and counts what it does with the swarm.
+"""Builds the swarm optimizer from config (gradient averaging or DiLoCo) and counts its swarm traffic.
 
 hivemind's ``Optimizer`` swallows swarm failures (that is what keeps a swarm elastic) but tells
 nobody about them except its log, and its ``load_state_from_peers`` retries forever when no
@@ -18,6 +18,7 @@ from typing import Any
 import hivemind
 import torch
 
+from p2ptrain.compression import make_compression, wire_bytes
 from p2ptrain.config import TrainingSection
 from p2ptrain.status import ROUND_DURATION_BUCKETS
 
@@ -90,47 +91,53 @@ class SwarmOptimizer(hivemind.Optimizer):
     """hivemind.Optimizer with bounded state downloads and per-round accounting."""
 
     def __init__(self, *args: Any, stats: SwarmStats, load_state_attempts: int, retry_sync_after: float,
-                 **kwargs: Any) -> None:
+                 wire_format: str = "none", **kwargs: Any) -> None:
         self.stats = stats
         self._load_state_attempts = load_state_attempts
         self._retry_sync_after = retry_sync_after
         self._last_failed_sync = -math.inf
         super().__init__(*args, **kwargs)
-        self._payload_bytes = sum(p.numel() * p.element_size() for p in self._parameters())
+        self._payload_bytes = wire_bytes(sum(p.numel() for p in self._parameters()), wire_format)  # type: ignore[arg-type]
         self._bound_state_download()
 
     def _parameters(self) -> list[torch.Tensor]:
         return [p for group in self.param_groups for p in group["params"]]
 
+    def _state_marker(self) -> tuple[int, float]:
+        """Changes whenever hivemind loads a peer's state (it applies it in place and returns None)."""
+        first = next(iter(self.state_averager.optimizer.param_groups[0]["params"]))
+        return int(self.state_averager.local_epoch), float(first.detach().double().sum())
+
     def _bound_state_download(self) -> None:
         """Make each hivemind download call give up after N failed attempts instead of looping."""
         original = self.state_averager.load_state_from_peers
 
-        def bounded(**kwargs: Any) -> Any:
+        def bounded(**kwargs: Any) -> None:
             if time.monotonic() - self._last_failed_sync < self._retry_sync_after:
-                return None  # failed recently: keep training locally rather than stall every step
+                return  # failed recently: keep training locally rather than stall every step
             self.stats.state_download_progress = 0.0
             started = time.perf_counter()
             try:
                 for attempt in range(1, self._load_state_attempts + 1):
+                    before = self._state_marker()
                     try:
-                        result = original(**kwargs)
+                        original(**kwargs)
                     except Exception as exc:  # timeouts and vanished donors are normal weather
                         logger.warning("state download attempt %d/%d failed: %r", attempt,
                                        self._load_state_attempts, exc)
-                        continue
-                    if result is None and attempt < self._load_state_attempts:
+                    else:
+                        if self._state_marker() != before:
+                            self.stats.state_downloads += 1
+                            self.stats.state_download_seconds += time.perf_counter() - started
+                            logger.info("downloaded the swarm's state: now at epoch %d", self.local_epoch)
+                            return
                         logger.info("no donor answered (attempt %d/%d)", attempt, self._load_state_attempts)
-                        continue
-                    if result is None:
-                        break
-                    self.stats.state_downloads += 1
-                    self.stats.state_download_seconds += time.perf_counter() - started
-                    return result
+                    if attempt < self._load_state_attempts:
+                        # A node that has just joined may not see the donors' DHT entries yet.
+                        time.sleep(2.0 * attempt)
                 self.stats.state_downloads_failed += 1
                 self._last_failed_sync = time.monotonic()
                 logger.warning("could not download state from any peer; continuing with local state")
-                return None
             finally:
                 self.stats.state_download_progress = None
 
@@ -149,6 +156,16 @@ class SwarmOptimizer(hivemind.Optimizer):
             logger.warning("averaging round failed; applied local gradients instead")
 
 
+def bandwidth_hint(upload_kbps: int, download_kbps: int) -> float | None:
+    """hivemind's averager ``bandwidth`` (a relative weight: its share of each all-reduce) in Mbit/s.
+
+    A peer that reduces a part both receives and sends it, so the slower direction counts;
+    0 means "not given" and leaves hivemind's default (the group's average) in place.
+    """
+    given = [kbps for kbps in (upload_kbps, download_kbps) if kbps > 0]
+    return min(given) / 1000.0 if given else None
+
+
 def build_optimizer(
     model: torch.nn.Module,
     dht: hivemind.DHT,
@@ -157,8 +174,22 @@ def build_optimizer(
     *,
     client_mode: bool,
     stats: SwarmStats,
-) -> SwarmOptimizer:
-    """The hivemind optimizer for gradient averaging with AdamW, warmup+cosine and clipping."""
+    bandwidth: float | None = None,
+) -> Any:
+    """The swarm optimizer for ``cfg.mode``: hivemind gradient averaging, or the DiLoCo outer loop.
+
+    Both have the same duck-typed surface (``step(batch_size=)``, ``zero_grad()``, ``local_epoch``,
+    ``tracker``, ``state_averager``, ``state_dict()``, ``load_state_from_peers()``, ``shutdown()``).
+    ``bandwidth`` is this node's :func:`bandwidth_hint` (None: no hint).
+    """
+    if cfg.mode == "diloco":
+        from p2ptrain.diloco import DiLoCoOptimizer  # the gradient path never needs it
+
+        return DiLoCoOptimizer(model.parameters(), dht, averaging_run_id, cfg, client_mode=client_mode,
+                               stats=stats, bandwidth=bandwidth)
+    averager_opts: dict[str, Any] = dict(request_timeout=min(3.0, cfg.matchmaking_time / 2))
+    if bandwidth is not None:
+        averager_opts["bandwidth"] = bandwidth
     return SwarmOptimizer(
         dht=dht,
         run_id=averaging_run_id,
@@ -173,10 +204,20 @@ def build_optimizer(
         averaging_timeout=cfg.averaging_timeout,
         load_state_timeout=cfg.load_state_timeout,
         client_mode=client_mode,
+        # Overlap: averaging and the optimizer step run in the background during the next epoch's
+        # compute (one-epoch-stale updates); without it every epoch stalls for a full round.
+        delay_grad_averaging=cfg.overlap,
+        delay_optimizer_step=cfg.overlap,
+        # With averaged gradients the parameters stay identical; state rounds only repair drift.
+        average_state_every=cfg.average_state_every,
+        grad_compression=make_compression(cfg.grad_compression),
+        state_averaging_compression=make_compression(cfg.state_compression),
+        load_state_compression=make_compression(cfg.state_compression),
         # hivemind warns (and can deadlock) when a request may outlive the matchmaking window.
-        averager_opts=dict(request_timeout=min(3.0, cfg.matchmaking_time / 2)),
+        averager_opts=averager_opts,
         verbose=False,
         stats=stats,
         load_state_attempts=cfg.load_state_attempts,
         retry_sync_after=max(30.0, cfg.averaging_timeout),
+        wire_format=cfg.grad_compression,
     )

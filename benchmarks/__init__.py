@@ -1,0 +1,1 @@
+"""Side-by-side performance harness (not part of the test suite)."""

@@ -1,0 +1,215 @@
+"""One benchmark peer: trains the shared model in one mode for a fixed number of sequences, writes JSON.
+
+Started by :mod:`benchmarks.swarm` as a real subprocess (``python -m benchmarks.worker``), never
+through multiprocessing's spawn (hivemind forks helpers).  Peers meet through files in ``--run-dir``
+(the first peer's DHT address, start/finish barriers), so no port is guessed twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from p2ptrain.config import TaskSection, TrainingSection
+from p2ptrain.optim import ClippedAdamW, SwarmStats, build_optimizer
+from p2ptrain.tasks.loader import build_task
+
+MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco")
+BARRIER_TIMEOUT = 180.0
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def barrier(run_dir: Path, name: str, rank: int, world: int) -> None:
+    (run_dir / f"{name}.{rank}").touch()
+    wait_for(lambda: all((run_dir / f"{name}.{r}").exists() for r in range(world)), BARRIER_TIMEOUT, name)
+
+
+def training_section(args: argparse.Namespace) -> TrainingSection:
+    return TrainingSection(
+        batch_size=args.micro_batch, target_batch_size=args.global_batch, lr=args.lr, warmup_epochs=0,
+        total_epochs=100_000, mode="diloco" if args.mode == "diloco" else "gradient",
+        grad_compression=args.compression, inner_steps=args.inner_steps, matchmaking_time=args.matchmaking_time,
+        averaging_timeout=args.averaging_timeout, load_state_timeout=30.0, threads=1, seed=0,
+    )
+
+
+def start_dht(args: argparse.Namespace, run_dir: Path) -> Any:
+    import hivemind
+
+    addr_file = run_dir / "dht0.addr"
+    initial: list[str] = []
+    if args.rank > 0:
+        wait_for(addr_file.exists, BARRIER_TIMEOUT, "the first peer's DHT address")
+        initial = addr_file.read_text().split()
+    dht = hivemind.DHT(start=True, host_maddrs=[f"/ip4/{args.host}/tcp/0"], initial_peers=initial,
+                       nat_port_map=False, auto_nat=False)
+    if args.rank == 0:
+        addrs = [str(a) for a in dht.get_visible_maddrs() if str(a).startswith(f"/ip4/{args.host}/")]
+        tmp = addr_file.with_suffix(".tmp")
+        tmp.write_text(" ".join(addrs))
+        tmp.rename(addr_file)
+    return dht
+
+
+class Runner:
+    """Builds the mode's optimizer and exposes ``micro_step(batch)``; everything else is shared."""
+
+    def __init__(self, args: argparse.Namespace, task: Any, run_dir: Path) -> None:
+        self.args, self.task, self.model = args, task, task.model
+        self.stats = SwarmStats()
+        self.dht: Any = None
+        self.opt: Any = None
+        self.accumulated = 0
+        mode = args.mode
+        if mode == "compute":
+            self.opt = ClippedAdamW(self.model.parameters(), lr=args.lr, weight_decay=0.01, max_grad_norm=1.0)
+            self.accum = args.global_batch // args.micro_batch
+        elif mode == "ddp":
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
+                                    rank=args.rank, world_size=args.world, timeout=__import__("datetime").timedelta(
+                                        seconds=120))
+            self.model = torch.nn.parallel.DistributedDataParallel(self.model)
+            self.opt = ClippedAdamW(self.model.parameters(), lr=args.lr, weight_decay=0.01, max_grad_norm=1.0)
+            self.accum = args.global_batch // (args.micro_batch * args.world)
+        elif mode == "hivemind":
+            import hivemind
+
+            self.dht = start_dht(args, run_dir)
+            # What a user writes by hand: the documented constructor, hivemind's defaults otherwise.
+            self.opt = hivemind.Optimizer(
+                dht=self.dht, run_id="bench_plain", params=self.model.parameters(),
+                optimizer=lambda p: torch.optim.AdamW(p, lr=args.lr, weight_decay=0.01),
+                batch_size_per_step=args.micro_batch, target_batch_size=args.global_batch, client_mode=False,
+                verbose=False)
+        else:
+            self.dht = start_dht(args, run_dir)
+            self.opt = build_optimizer(self.model, self.dht, f"bench_{mode}", training_section(args),
+                                       client_mode=False, stats=self.stats)
+
+    def micro_step(self, batch: torch.Tensor) -> None:
+        mode = self.args.mode
+        if mode in ("compute", "ddp"):
+            self.accumulated += 1
+            last = self.accumulated % self.accum == 0
+            if mode == "ddp" and not last:
+                with self.model.no_sync():
+                    self._backward(batch, self.accum)
+            else:
+                self._backward(batch, self.accum)
+            if last:
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+            return
+        self._backward(batch, 1)
+        self.opt.step(batch_size=self.args.micro_batch)
+        self.opt.zero_grad()
+
+    def _backward(self, batch: torch.Tensor, scale: int) -> None:
+        (self.task.loss_fn(self.model, batch) / scale).backward()
+
+    def epoch(self) -> int:
+        return int(getattr(self.opt, "local_epoch", self.accumulated // getattr(self, "accum", 1)))
+
+    def shutdown(self) -> None:
+        if self.args.mode == "ddp":
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+        if self.dht is not None:
+            self.opt.shutdown()
+            self.dht.shutdown()
+
+
+@torch.no_grad()
+def validation_loss(task: Any) -> float:
+    model = task.model
+    model.eval()
+    losses = [float(task.loss_fn(model, batch)) for batch in task.validation_batches()]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    run_dir = Path(args.run_dir)
+    task_cfg = TaskSection(seq_len=args.seq_len, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                           validation_batches=args.val_batches)
+    task = build_task(task_cfg, training_section(args), peer_seed=1000 + args.rank)
+    runner = Runner(args, task, run_dir)
+    timeline: list[tuple[float, int]] = []
+    curve: list[tuple[float, int, float]] = []
+    try:
+        barrier(run_dir, "ready", args.rank, args.world)
+        train_time, seqs = 0.0, 0
+        curve.append((0.0, 0, validation_loss(task)))
+        # A mode slower than the cap stops early (and reports fewer sequences): every run stays bounded.
+        while seqs < args.sequences and train_time < args.max_train_seconds:
+            started = time.perf_counter()
+            runner.micro_step(task.train_batches.next())
+            train_time += time.perf_counter() - started
+            seqs += args.micro_batch
+            timeline.append((train_time, seqs))
+            if seqs % args.eval_every == 0 or seqs >= args.sequences or train_time >= args.max_train_seconds:
+                curve.append((train_time, seqs, validation_loss(task)))
+        final = curve[-1][2]
+        result = {"mode": args.mode, "rank": args.rank, "world": args.world, "sequences": seqs,
+                  "target_sequences": args.sequences, "train_seconds": train_time, "final_val_loss": final,
+                  "curve": curve,
+                  "timeline": timeline[:: max(1, len(timeline) // 400)] + timeline[-1:],
+                  "epoch": runner.epoch(), "rounds_ok": runner.stats.rounds_ok,
+                  "rounds_failed": runner.stats.rounds_failed, "swarm_bytes_sent": runner.stats.bytes_sent,
+                  "params": sum(p.numel() for p in task.model.parameters())}
+        Path(args.out).write_text(json.dumps(result))
+        # Stay in the swarm until every peer is done, so nobody's last round loses its partner.
+        barrier(run_dir, "done", args.rank, args.world)
+        return result
+    finally:
+        runner.shutdown()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=0)
+    p.add_argument("--sequences", type=int, default=1600, help="sequences this peer trains on")
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--max-train-seconds", type=float, default=120.0)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--global-batch", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--n-layers", type=int, default=4)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--val-batches", type=int, default=4)
+    p.add_argument("--inner-steps", type=int, default=100)
+    p.add_argument("--compression", default="fp16")
+    p.add_argument("--matchmaking-time", type=float, default=2.0)
+    p.add_argument("--averaging-timeout", type=float, default=30.0)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    run(parse_args())

@@ -1,0 +1,260 @@
+"""DiLoCo: H local AdamW steps, then one swarm all-reduce of the parameter change and an outer SGD step.
+
+Each outer round starts from the shared "outer" parameters.  A peer trains alone for
+``inner_steps`` micro-batches, then averages its pseudo-gradient (outer params - current params)
+with whoever is in the round (weighted by samples) and applies Nesterov-momentum SGD to the outer
+params, which become the model's parameters for the next round.  Matchmaking for a round is started
+``matchmaking_time`` seconds before the round ends, so only the all-reduce itself costs time.
+
+Elasticity: the round is bounded by ``averaging_timeout`` (a dead peer costs the others at most
+that, and then they apply their own pseudo-gradient); a newcomer downloads the outer params,
+outer momentum and round position from a peer and finishes the current round together with it.
+The object has the duck-typed surface of ``hivemind.Optimizer`` that the trainer and node use.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import hivemind
+import torch
+from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.utils import get_dht_time
+
+from p2ptrain.compression import make_compression, wire_bytes
+from p2ptrain.config import TrainingSection
+from p2ptrain.optim import ClippedAdamW, SwarmStats, warmup_cosine
+
+logger = logging.getLogger(__name__)
+
+_ALONE: dict[Any, Any] = {}
+"""What :meth:`DiLoCoOptimizer._average` returns when nobody else is in the swarm (falsy, not None)."""
+
+
+class OuterStep:
+    """The outer update, free of networking: pseudo-gradients in, new outer parameters out."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float, momentum: float, nesterov: bool) -> None:
+        self.params = [p.detach().clone().float() for p in params]
+        self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
+
+    @torch.no_grad()
+    def pseudo_gradients(self, current: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+        """``outer - current`` for each tensor: the direction the round moved, as a gradient."""
+        return [outer - now.detach().float() for outer, now in zip(self.params, current, strict=True)]
+
+    @torch.no_grad()
+    def apply(self, averaged: Iterable[torch.Tensor], model_params: Iterable[torch.Tensor]) -> None:
+        """One SGD step of the outer params on ``averaged``; copy the result into ``model_params``."""
+        for outer, grad in zip(self.params, averaged, strict=True):
+            outer.grad = grad.detach().to(outer.dtype).clone()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for outer, param in zip(self.params, model_params, strict=True):
+            param.copy_(outer)
+
+    def momentum_buffers(self) -> list[torch.Tensor]:
+        return [self.optimizer.state.get(p, {}).get("momentum_buffer", torch.zeros_like(p)) for p in self.params]
+
+
+class _DiLoCoAverager(hivemind.DecentralizedAverager):
+    """Averages pseudo-gradients; serves (outer params, outer momentum, round position) to newcomers."""
+
+    def __init__(self, *args: Any, owner: DiLoCoOptimizer, **kwargs: Any) -> None:
+        self._owner = owner
+        super().__init__(*args, **kwargs)
+
+    def get_current_state(self) -> tuple[Any, list[torch.Tensor], Any]:
+        owner = self._owner
+        tensors = [p.clone() for p in owner.outer.params] + [b.clone() for b in owner.outer.momentum_buffers()]
+        return dict(epoch=owner.local_epoch, inner_step=owner.inner_step), tensors, None
+
+
+class DiLoCoOptimizer:
+    """The DiLoCo outer loop behind the optimizer interface ``Trainer`` and ``Node`` use."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], dht: hivemind.DHT, run_id: str, cfg: TrainingSection,
+                 *, client_mode: bool, stats: SwarmStats, bandwidth: float | None = None) -> None:
+        self.cfg, self.stats, self.dht = cfg, stats, dht
+        self.params = [p for p in params if p.requires_grad]
+        self.param_groups = [{"params": self.params}]
+        self.inner = ClippedAdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                  max_grad_norm=cfg.max_grad_norm)
+        # The LR schedule advances per inner step: warmup/total epochs count outer rounds in config.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.inner, warmup_cosine(cfg.warmup_epochs * cfg.inner_steps, cfg.total_epochs * cfg.inner_steps))
+        self.outer = OuterStep(self.params, cfg.outer_lr, cfg.outer_momentum, cfg.outer_nesterov)
+        self.state_averager = self  # Node reads .state_averager.local_epoch / .scheduler, as on hivemind
+        self.inner_step = 0
+        self.samples_this_round = 0
+        self._local_epoch = 0
+        self._step_seconds = math.nan
+        self._last_step_end: float | None = None
+        self._scheduled: Any = None
+        self._last_failed_sync = -math.inf
+        numel = sum(p.numel() for p in self.params)
+        self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
+        self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+        self.tracker = ProgressTracker(dht, f"{run_id}_diloco", cfg.inner_steps * cfg.batch_size,
+                                       client_mode=client_mode, start=True)
+        self.averager = _DiLoCoAverager(
+            self._buffers, dht, owner=self, start=True, prefix=f"{run_id}_diloco_avg", client_mode=client_mode,
+            min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
+            allreduce_timeout=cfg.averaging_timeout, next_chunk_timeout=cfg.averaging_timeout / 3,
+            compression=make_compression(cfg.grad_compression),
+            state_compression=make_compression(cfg.state_compression), bandwidth=bandwidth,
+        )
+
+    # ------------------------------------------------------------------ optimizer surface
+
+    @property
+    def local_epoch(self) -> int:
+        return self._local_epoch
+
+    @local_epoch.setter
+    def local_epoch(self, epoch: int) -> None:
+        self._local_epoch = int(epoch)
+        with self.tracker.pause_updates():
+            self.tracker.update_epoch(self._local_epoch)
+        if not self.averager.client_mode:
+            self.averager.state_sharing_priority = self._local_epoch
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self, batch_size: int | None = None) -> None:
+        """One inner AdamW step; after ``inner_steps`` of them, the outer round."""
+        self.inner.step()
+        self.scheduler.step()
+        self.inner_step += 1
+        self.samples_this_round += batch_size or self.cfg.batch_size
+        self.tracker.report_local_progress(self.local_epoch, self.samples_this_round)
+        self._time_step()
+        self._maybe_schedule_round()
+        if self.inner_step >= self.cfg.inner_steps:
+            self._outer_round()
+
+    def _time_step(self) -> None:
+        now = time.perf_counter()
+        if self._last_step_end is not None:
+            took = now - self._last_step_end
+            self._step_seconds = took if math.isnan(self._step_seconds) else 0.9 * self._step_seconds + 0.1 * took
+        self._last_step_end = now
+
+    def _maybe_schedule_round(self) -> None:
+        """Start matchmaking while the last inner steps still compute, so the round starts on time."""
+        if self._scheduled is not None or math.isnan(self._step_seconds) or self.tracker.global_progress.num_peers < 2:
+            return
+        eta = (self.cfg.inner_steps - self.inner_step) * self._step_seconds
+        if eta > self.cfg.matchmaking_time:
+            return
+        try:
+            self._scheduled = self.averager.step(
+                weight=float(self.cfg.inner_steps * self.cfg.batch_size), gather=self.local_epoch,
+                scheduled_time=get_dht_time() + max(eta, 0.5), timeout=self.cfg.averaging_timeout,
+                require_trigger=True, wait=False)
+        except Exception as exc:  # the averager process being gone is swarm weather too
+            logger.warning("could not schedule the DiLoCo round: %r", exc)
+
+    # ------------------------------------------------------------------ the outer round
+
+    def _outer_round(self) -> None:
+        started = time.perf_counter()
+        pseudo = self.outer.pseudo_gradients(self.params)
+        with self.averager.get_tensors() as buffers:
+            for buffer, grad in zip(buffers, pseudo, strict=True):
+                buffer.copy_(grad)
+        group = self._average()
+        if group:
+            with self.averager.get_tensors() as buffers:
+                pseudo = [buffer.clone() for buffer in buffers]
+        self.outer.apply(pseudo, self.params)
+        if group is not _ALONE:  # alone in the swarm is not a failed round
+            self.stats.record_round(group is not None, time.perf_counter() - started, len(group or ()),
+                                    self._payload_bytes)
+        self.inner_step, self.samples_this_round = 0, 0
+        self._last_step_end = None  # the round's time is not an inner step's
+        self.local_epoch = self._local_epoch + 1
+        if self.tracker.global_epoch > self.local_epoch:
+            logger.info("swarm is at round %d, we are at %d: syncing", self.tracker.global_epoch, self.local_epoch)
+            self.load_state_from_peers()
+
+    def _average(self) -> Any:
+        """All-reduce the buffers with the round's group: its gathered info, ``_ALONE``, or None (failed)."""
+        control, self._scheduled = self._scheduled, None
+        if control is None and self.tracker.global_progress.num_peers < 2:
+            return _ALONE
+        try:
+            if control is None:
+                control = self.averager.step(weight=float(max(self.samples_this_round, 1)), gather=self.local_epoch,
+                                             timeout=self.cfg.averaging_timeout, require_trigger=True, wait=False)
+            control.weight = float(max(self.samples_this_round, 1))
+            control.allow_allreduce()
+            return control.result(timeout=self.cfg.averaging_timeout)
+        except Exception as exc:  # timeouts, vanished peers: apply our own pseudo-gradient instead
+            if control is not None:
+                control.cancel()
+            logger.warning("DiLoCo round %d failed (%r); applied the local pseudo-gradient", self.local_epoch, exc)
+            return None
+
+    # ------------------------------------------------------------------ state
+
+    def load_state_from_peers(self, **_: Any) -> None:
+        """Download outer params, momentum and round position from a peer; bounded, never raises."""
+        if time.monotonic() - self._last_failed_sync < max(30.0, self.cfg.averaging_timeout):
+            return
+        started = time.perf_counter()
+        self.stats.state_download_progress = 0.0
+        try:
+            for attempt in range(1, self.cfg.load_state_attempts + 1):
+                try:
+                    loaded = self.averager.load_state_from_peers(timeout=self.cfg.load_state_timeout)
+                except Exception as exc:
+                    logger.warning("state download attempt %d failed: %r", attempt, exc)
+                    continue
+                if loaded is not None:
+                    self._adopt(*loaded)
+                    self.stats.state_downloads += 1
+                    self.stats.state_download_seconds += time.perf_counter() - started
+                    return
+            self.stats.state_downloads_failed += 1
+            self._last_failed_sync = time.monotonic()
+            logger.warning("could not download state from any peer; continuing with local state")
+        finally:
+            self.stats.state_download_progress = None
+
+    @torch.no_grad()
+    def _adopt(self, metadata: dict[str, Any], tensors: list[torch.Tensor]) -> None:
+        count = len(self.params)
+        for outer, param, value in zip(self.outer.params, self.params, tensors[:count], strict=True):
+            outer.copy_(value)
+            param.copy_(value)
+        for outer, buffer in zip(self.outer.params, tensors[count:], strict=True):
+            self.outer.optimizer.state[outer]["momentum_buffer"] = buffer.clone()
+        # Finish the donor's current round with it instead of drifting a partial round behind.
+        self.inner_step = min(int(metadata.get("inner_step", 0)), self.cfg.inner_steps - 1)
+        self.samples_this_round = 0
+        self.local_epoch = int(metadata["epoch"])
+        logger.info("loaded round %d (inner step %d) from a peer", self.local_epoch, self.inner_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"inner": self.inner.state_dict(), "outer": self.outer.optimizer.state_dict(),
+                "outer_params": [p.clone() for p in self.outer.params], "inner_step": self.inner_step}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["inner"])
+        for outer, value in zip(self.outer.params, state["outer_params"], strict=True):
+            outer.copy_(value)
+        self.outer.optimizer.load_state_dict(state["outer"])
+        self.inner_step = int(state.get("inner_step", 0))
+
+    def shutdown(self) -> None:
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+        self.tracker.shutdown()
+        self.averager.shutdown()

@@ -1,0 +1,34 @@
+"""DiLoCo stays elastic: a late peer syncs from the swarm and averages; a dead peer stalls nobody."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+DILOCO = {"mode": "diloco", "inner_steps": 10, "matchmaking_time": 2.0, "averaging_timeout": 8.0,
+          "load_state_timeout": 20.0}
+
+
+def test_late_peer_syncs_and_dead_peer_does_not_stall(make_node):
+    a = make_node("a", training=DILOCO)
+    a.start()
+    a.wait_for(lambda s: s.state == "training" and s.local_epoch >= 2, 120, "A alone past round 2")
+    b = make_node("b", training=DILOCO)
+    b.start(join=a.join_addrs()[:1])
+    joined = b.wait_for(lambda s: s.state == "training", 120, "B training")
+    assert joined.state_downloads_total >= 1, b.log_tail()
+    assert joined.local_epoch >= 2  # started from the swarm's round, not from scratch
+    for node in (a, b):
+        node.wait_for(lambda s: s.averaging_rounds_ok_total >= 2, 120, "two averaged DiLoCo rounds")
+
+    b.kill()
+    before = a.status()
+    assert before is not None
+    started = time.monotonic()
+    # Without B every round ends after at most averaging_timeout (plus the rounds' own compute).
+    after = a.wait_for(lambda s: s.local_epoch >= before.local_epoch + 2, 60, "A two rounds past B's death")
+    assert time.monotonic() - started < 2 * (DILOCO["averaging_timeout"] + 10)
+    assert after.state == "training"

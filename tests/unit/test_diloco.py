@@ -1,0 +1,62 @@
+"""DiLoCo: the outer step's math against hand-computed numbers (averaging done by an in-process fake)."""
+
+from __future__ import annotations
+
+import torch
+
+from p2ptrain.diloco import OuterStep
+
+torch.set_num_threads(1)
+
+
+def fake_all_reduce(*peer_grads: list[torch.Tensor], weights: list[float]) -> list[torch.Tensor]:
+    """What the swarm's weighted all-reduce returns, computed in-process."""
+    total = sum(weights)
+    return [sum(w * g[i] for w, g in zip(weights, peer_grads, strict=True)) / total
+            for i in range(len(peer_grads[0]))]
+
+
+def test_pseudo_gradient_is_start_minus_current() -> None:
+    param = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    outer = OuterStep([param], lr=0.7, momentum=0.9, nesterov=True)
+    with torch.no_grad():
+        param.sub_(torch.tensor([0.5, -1.0]))  # what the inner steps did
+    (grad,) = outer.pseudo_gradients([param])
+    assert torch.allclose(grad, torch.tensor([0.5, -1.0]))
+
+
+def test_two_outer_rounds_match_hand_computed_nesterov() -> None:
+    param = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    outer = OuterStep([param], lr=0.7, momentum=0.9, nesterov=True)
+
+    # Round 1: we moved to [0.8, -1.6]; the other peer's delta is [0.4, -0.2] with twice our samples.
+    with torch.no_grad():
+        param.copy_(torch.tensor([0.8, -1.6]))
+    ours = outer.pseudo_gradients([param])  # [0.2, -0.4]
+    averaged = fake_all_reduce(ours, [torch.tensor([0.4, -0.2])], weights=[1.0, 2.0])
+    # g1 = (0.2 + 2*0.4)/3, (-0.4 + 2*-0.2)/3 = [1/3, -0.8/3]; buf1 = g1; step = g1 + 0.9*buf1 = 1.9*g1
+    g1 = torch.tensor([1 / 3, -0.8 / 3])
+    assert torch.allclose(averaged[0], g1)
+    outer.apply(averaged, [param])
+    expected1 = torch.tensor([1.0, -2.0]) - 0.7 * 1.9 * g1
+    assert torch.allclose(param.detach(), expected1, atol=1e-6)
+    assert torch.allclose(outer.params[0], expected1, atol=1e-6)
+
+    # Round 2, alone: the local delta is the pseudo-gradient; buf2 = 0.9*buf1 + g2; step = g2 + 0.9*buf2.
+    with torch.no_grad():
+        param.sub_(torch.tensor([0.1, 0.1]))
+    g2 = torch.tensor([0.1, 0.1])
+    outer.apply(outer.pseudo_gradients([param]), [param])
+    buf2 = 0.9 * g1 + g2
+    expected2 = expected1 - 0.7 * (g2 + 0.9 * buf2)
+    assert torch.allclose(param.detach(), expected2, atol=1e-6)
+    assert torch.allclose(outer.momentum_buffers()[0], buf2, atol=1e-6)
+
+
+def test_plain_sgd_without_momentum_is_lr_times_delta() -> None:
+    param = torch.nn.Parameter(torch.zeros(3))
+    outer = OuterStep([param], lr=1.0, momentum=0.0, nesterov=True)
+    with torch.no_grad():
+        param.add_(torch.tensor([1.0, 2.0, 3.0]))
+    outer.apply(outer.pseudo_gradients([param]), [param])
+    assert torch.allclose(param.detach(), torch.tensor([1.0, 2.0, 3.0]))  # lr 1, no momentum: keep local
