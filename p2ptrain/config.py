@@ -102,7 +102,8 @@ class SwarmSection(_Section):
     @classmethod
     def _run_id_is_a_name(cls, value: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", value):
-            raise ValueError("must be 1-64 characters of letters, digits, '_' and '-' (hivemind keys cannot contain '.')")
+            raise ValueError("must be 1-64 characters of letters, digits, '_' and '-' "
+                             "(hivemind keys cannot contain '.')")
         return value
 
     @field_validator("initial_peers")
