@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # Re-exported (the "as" form): callers keep importing both from p2ptrain.config.
 from p2ptrain.errors import EX_CONFIG as EX_CONFIG
 from p2ptrain.errors import ConfigError as ConfigError
+from p2ptrain.paths import resolve_state_dir
 
 ENV_PREFIX = "P2PTRAIN_"
 DEFAULT_SWARM_PORT = 41400
@@ -347,16 +348,6 @@ class NodeConfig(_Section):
 
     def checkpoint_dir(self) -> Path:
         return self.checkpoint.dir if self.checkpoint.dir is not None else self.state_dir() / "checkpoints"
-
-
-def resolve_state_dir(configured: Path | None, environ: Mapping[str, str]) -> Path:
-    """systemd's ``$STATE_DIRECTORY`` first, then XDG's state home."""
-    if configured is not None:
-        return configured.expanduser()
-    if environ.get("STATE_DIRECTORY"):
-        return Path(environ["STATE_DIRECTORY"].split(":")[0])
-    xdg = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(xdg) / "p2ptrain"
 
 
 def _parse_env_value(raw: str) -> Any:

@@ -2,7 +2,7 @@
 
 Reads the config TOML directly (``node.state_dir``, ``api.host``/``api.port`` and their
 ``P2PTRAIN_*`` env overrides) instead of importing :mod:`p2ptrain.config`, so ``p2ptrain top``
-starts without pydantic.  The state-dir rules mirror ``p2ptrain.config.resolve_state_dir``.
+starts without pydantic.  The state-dir rules are the node's own (``p2ptrain.paths``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from p2ptrain.paths import resolve_state_dir
 
 DEFAULT_URL = "http://127.0.0.1:41480"
 URL_FILE = "api.url"
@@ -49,16 +51,9 @@ def _setting(data: dict[str, Any], section: str, key: str, environ: Mapping[str,
 
 
 def state_dir(configured: Any, environ: Mapping[str, str]) -> Path | None:
-    """Same order as the node: config, ``$STATE_DIRECTORY``, ``$XDG_STATE_HOME``, ``~/.local/state``."""
-    if isinstance(configured, str) and configured:
-        return Path(configured).expanduser()
-    if environ.get("STATE_DIRECTORY"):
-        return Path(environ["STATE_DIRECTORY"].split(":")[0])
-    xdg = environ.get("XDG_STATE_HOME")
-    if xdg:
-        return Path(xdg) / "p2ptrain"
+    """The node's state directory by the node's own rules; None when there is no home to fall back on."""
     try:
-        return Path.home() / ".local" / "state" / "p2ptrain"
+        return resolve_state_dir(configured if isinstance(configured, str) else None, environ)
     except RuntimeError:  # no HOME and no passwd entry
         return None
 
