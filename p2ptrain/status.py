@@ -44,6 +44,7 @@ class PauseReason(enum.StrEnum):
     MANUAL = "manual"
     SCHEDULE = "schedule"
     BUSY = "busy"
+    MEMORY = "memory"  # resident memory above volunteer.max_memory_mb
 
 
 class Reachability(enum.StrEnum):
@@ -170,6 +171,8 @@ class StatusSnapshot:
     last_checkpoint_time: float | None = None
     last_checkpoint_error: str = ""
     nonfinite_skips_total: int = 0
+    #: Times the parameters turned non-finite after averaging and were restored to the last good state.
+    rollbacks_total: int = 0
     rejected_records_total: int = 0
     #: Monotonic-clock age of the last completed local step; None before the first step.
     seconds_since_progress: float | None = None
