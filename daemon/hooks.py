@@ -38,6 +38,9 @@ class NodeHooks:
     def progress(self, node: Node) -> None:
         """One local step completed."""
 
+    def idle(self, node: Node) -> None:
+        """One pass of the loop while deliberately not training (paused): the loop itself is alive."""
+
     def long_operation(self, node: Node, seconds: float) -> None:
         """A blocking operation of up to ``seconds`` is about to run (state download, checkpoint)."""
 

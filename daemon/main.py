@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import signal
 import sys
 from types import FrameType
@@ -17,6 +18,7 @@ from types import FrameType
 from p2ptrain.config import EX_CONFIG, ConfigError, load_config, parse_multiaddr
 from p2ptrain.daemon.children import tie_children_to_this_process
 from p2ptrain.daemon.control import Command, ControlRequest
+from p2ptrain.daemon.faults import gradient_fault
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.logsetup import configure_logging
 from p2ptrain.daemon.node import Node
@@ -46,6 +48,26 @@ def _install_signal_handlers(node: Node) -> None:
     signal.signal(signal.SIGHUP, on_hup)
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; returns (before, after).
+
+    libp2p keeps a socket per connected peer and hivemind opens pipes per helper process, so a
+    node in a large swarm outgrows the common default of 1024.  The hard limit is what the
+    admin (or ``LimitNOFILE=``) allows; going up to it needs no privilege.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # "unlimited" is refused for NOFILE (the kernel caps it at fs.nr_open): use a large finite value.
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as error:
+        logger.debug("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, target, error)
+        return soft, soft
+    return soft, target
+
+
 def run_node(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     for addr in args.join:
@@ -55,10 +77,14 @@ def run_node(args: argparse.Namespace) -> int:
             raise ConfigError(f"--join: {exc}") from None
     log_ring = LogRing()
     configure_logging(config.node.log_level, config.node.log_format, [log_ring])
+    before, after = raise_open_files_limit()
+    if after != before:
+        logger.debug("open files limit raised from %d to %d", before, after)
     tie_children_to_this_process()
     notifier = SystemdNotifier.from_environ(os.environ)
-    node = Node(config, extra_peers=args.join, log_ring=log_ring,
-                hooks=ServiceHooks(config, args.config, notifier))
+    hooks = ServiceHooks(config, args.config, notifier)
+    hooks.corrupt_gradients = gradient_fault(os.environ)  # test-only: None unless P2PTRAIN_TEST_FAULTS is set
+    node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks)
     _install_signal_handlers(node)
     try:
         return node.run()
