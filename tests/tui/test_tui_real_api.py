@@ -31,6 +31,7 @@ def real_api() -> Iterator[tuple[ApiServer, LatestSnapshot, LogRing, ControlQueu
     log = logging.getLogger("p2ptrain.tui-contract-test")
     log.addHandler(ring)
     log.propagate = False
+    log.setLevel(logging.DEBUG)  # other tests may have set the level of the "p2ptrain" parent logger
     for i in range(3):
         log.warning("line %d", i)
     server = ApiServer(host="127.0.0.1", port=0, latest=latest, logs=ring, control=queue,
