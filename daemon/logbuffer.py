@@ -8,6 +8,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from p2ptrain.daemon.logsetup import level_name
+
 
 @dataclass(frozen=True)
 class LogLine:
@@ -23,7 +25,7 @@ class LogLine:
 
 
 class LogRing(logging.Handler):
-    """Keeps the last ``capacity`` records; each gets a increasing sequence number for paging."""
+    """Keeps the last ``capacity`` records; each gets an increasing sequence number for paging."""
 
     def __init__(self, capacity: int = 2000) -> None:
         super().__init__()
@@ -37,7 +39,8 @@ class LogRing(logging.Handler):
         except Exception:  # a bad format string must not break logging
             message = str(record.msg)
         with self._ring_lock:
-            self._lines.append(LogLine(self._next_seq, record.created or time.time(), record.levelname,
+            self._lines.append(LogLine(self._next_seq, record.created or time.time(),
+                                       level_name(record.levelno),
                                        record.name, message))
             self._next_seq += 1
 

@@ -35,7 +35,8 @@ def _priority(levelno: int) -> int:
     return 7
 
 
-def _level_name(levelno: int) -> str:
+def level_name(levelno: int) -> str:
+    """The standard name of a level, whatever hivemind renamed it to."""
     for threshold, name in sorted(_LEVEL_NAME.items(), reverse=True):
         if levelno >= threshold:
             return name
@@ -64,7 +65,7 @@ class HumanFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = f"{self.formatTime(record, self.datefmt)}.{int(record.msecs):03d}"
-        text = f"{stamp} {_level_name(record.levelno):<7} {record.name}: {record.getMessage()}"
+        text = f"{stamp} {level_name(record.levelno):<7} {record.name}: {record.getMessage()}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         if record.stack_info:
