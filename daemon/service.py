@@ -20,7 +20,7 @@ from p2ptrain.daemon.systemd import SystemdNotifier
 from p2ptrain.metrics import build_registry
 from p2ptrain.records import RecordBook, record_validators
 from p2ptrain.status import PauseReason, PeerRecord, SwarmView
-from p2ptrain.volunteer import VolunteerPolicy, os_load_source
+from p2ptrain.volunteer import VolunteerPolicy, os_load_source, own_rss_bytes
 
 if TYPE_CHECKING:
     from p2ptrain.daemon.node import Node
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STATUS_EVERY = 5.0
+#: Reading /proc is cheap, but the loop asks between every step; memory does not jump that fast.
+MEMORY_CHECK_EVERY = 2.0
 
 
 class ServiceHooks(NodeHooks):
@@ -43,6 +45,8 @@ class ServiceHooks(NodeHooks):
         self.book: RecordBook | None = None
         self._validators: list[Any] = []
         self._next_status = 0.0
+        self._next_memory_check = 0.0
+        self._over_memory = False
 
     def starting(self, node: Node) -> None:
         if not self.config.api.enabled:
@@ -66,6 +70,13 @@ class ServiceHooks(NodeHooks):
         self.notifier.ready(self._status_line(node))
 
     def progress(self, node: Node) -> None:
+        self._alive(node)
+
+    def idle(self, node: Node) -> None:
+        # A deliberate pause is not a hang: keep feeding the watchdog (a stuck step never gets here).
+        self._alive(node)
+
+    def _alive(self, node: Node) -> None:
         self.watchdog.progress()
         now = time.monotonic()
         if now >= self._next_status:
@@ -77,7 +88,26 @@ class ServiceHooks(NodeHooks):
         self.watchdog.expect_delay(seconds)
 
     def policy_pause_reason(self, node: Node) -> PauseReason:
-        return self.policy.pause_reason()
+        reason = self.policy.pause_reason()
+        if reason is PauseReason.NONE and self._memory_exceeded():
+            return PauseReason.MEMORY
+        return reason
+
+    def _memory_exceeded(self) -> bool:
+        """volunteer.max_memory_mb against this process's RSS, re-read every few seconds."""
+        now = time.monotonic()
+        if now < self._next_memory_check:
+            return self._over_memory
+        self._next_memory_check = now + MEMORY_CHECK_EVERY
+        rss = own_rss_bytes()
+        over = rss is not None and self.policy.over_memory(rss)
+        if over and not self._over_memory:
+            logger.warning("resident memory %.0f MiB is over volunteer.max_memory_mb=%d: pausing training",
+                           (rss or 0) / 2**20, self.policy.config.max_memory_mb)
+        elif self._over_memory and not over:
+            logger.info("resident memory is back under volunteer.max_memory_mb")
+        self._over_memory = over
+        return over
 
     def exchange_records(self, node: Node, own: PeerRecord) -> SwarmView:
         if self.book is None:
@@ -113,5 +143,6 @@ class ServiceHooks(NodeHooks):
     @staticmethod
     def _status_line(node: Node) -> str:
         status = node.latest.status()
-        return (f"{status.state} epoch={status.local_epoch} peers={status.peers_online} "
+        state = f"{status.state} ({status.pause_reason})" if status.pause_reason else status.state
+        return (f"{state} epoch={status.local_epoch} peers={status.peers_online} "
                 f"{status.local_samples_per_second:.1f} samples/s")

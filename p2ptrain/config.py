@@ -382,7 +382,9 @@ def _merge(base: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[s
 
 def _describe(error: ValidationError, origin: str) -> str:
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    # A TOML key or a value may hold newlines or control characters: quote those, so the error
+    # stays the one line the CLI prints.
+    field = ".".join(str(part) if str(part).isprintable() else repr(part) for part in first["loc"]) or "(top level)"
     kind = first["type"]
     if kind == "extra_forbidden":
         problem = "unknown key"
@@ -394,6 +396,7 @@ def _describe(error: ValidationError, origin: str) -> str:
             problem += f" (got {first['input']!r})"
     more = len(error.errors()) - 1
     suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
+    problem = " ".join(problem.split())
     return f"{origin}: {field}: {problem}{suffix}"
 
 

@@ -8,6 +8,7 @@ at the parent does not hit them mid-step) and are told by the kernel to stop if 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -171,10 +172,8 @@ class LocalNode:
 
     def kill(self) -> None:
         if self.process is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def log_tail(self, lines: int = 30) -> str:
         try:

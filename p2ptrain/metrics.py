@@ -116,6 +116,8 @@ class P2PTrainCollector(Collector):
         yield from _gauge("validation_loss", "Latest validation loss.", s.val_loss)
         yield _counter("nonfinite_gradient_skips", "Steps skipped because gradients were NaN or infinite.",
                        s.nonfinite_skips_total)
+        yield _counter("parameter_rollbacks", "Rollbacks to the last good parameters after averaging made them "
+                       "non-finite.", s.rollbacks_total)
 
         yield _outcomes("averaging_rounds", "Averaging rounds by outcome.",
                         s.averaging_rounds_ok_total, s.averaging_rounds_failed_total)

@@ -162,6 +162,15 @@ class VolunteerPolicy:
         return limit > 0 and rss_bytes > limit * 1024 * 1024
 
 
+def own_rss_bytes() -> int | None:
+    """Resident memory of this process from /proc/self/statm; None where it cannot be read."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def _read_proc_stat() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine since boot."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import signal
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -14,27 +15,34 @@ from p2ptrain.localswarm import LocalNode
 
 #: Small and quick: epochs every few seconds on two shared cores.
 FAST_TRAINING = {"target_batch_size": 48, "batch_size": 8, "validate_every": 5.0}
+#: A model small enough that start-up and checkpoints cost almost nothing (pass as ``task=TINY_TASK``).
+TINY_TASK = {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32}
 
 NodeFactory = Callable[..., LocalNode]
 
 
 @pytest.fixture
 def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
-    """``make_node(name, run_id=..., **section_overrides)``; every node is stopped at teardown."""
+    """``make_node(name, run_id=..., env=..., **section_overrides)``; every node is stopped at teardown."""
     nodes: list[LocalNode] = []
     default_run = f"it-{uuid.uuid4().hex[:8]}"
     counter = itertools.count()
 
-    def factory(name: str | None = None, run_id: str | None = None,
+    def factory(name: str | None = None, run_id: str | None = None, env: Mapping[str, str] | None = None,
                 **sections: Mapping[str, Any]) -> LocalNode:
         overrides: dict[str, dict[str, Any]] = {"training": dict(FAST_TRAINING)}
         for section, values in sections.items():
             overrides.setdefault(section, {}).update(values)
         node_name = name or f"node{next(counter)}"
-        node = LocalNode(node_name, tmp_path / node_name, run_id or default_run, overrides)
+        node = LocalNode(node_name, tmp_path / node_name, run_id or default_run, overrides, env or {})
         nodes.append(node)
         return node
 
     yield factory
+    # SIGTERM all first, then wait: nodes leave in parallel instead of one after another.
     for node in nodes:
-        node.stop(timeout=30)
+        node.signal(signal.SIGTERM)
+    for node in nodes:
+        if node.running and node.wait(30) is None:  # not stop(): a second SIGTERM means "exit now"
+            node.kill()
+            node.wait(10)
