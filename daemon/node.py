@@ -55,6 +55,8 @@ SYNC_WAIT = 10.0
 #: A stop that takes longer than this (hivemind waiting on a round) is cut short; the final
 #: checkpoint is already on disk by then, so nothing is lost.
 SHUTDOWN_DEADLINE = 20.0
+#: How often a paused node re-withdraws its progress record (hivemind re-publishes it every 30 s).
+STEP_ASIDE_EVERY = 10.0
 
 
 def peer_seed(peer_id: str) -> int:
@@ -89,6 +91,7 @@ class Node:
         self.state = NodeState.STARTING
         self.pause_reason = PauseReason.NONE
         self._manual_pause_until: float | None = None
+        self._next_step_aside = 0.0
         self.swarm_stats = SwarmStats()
         self.swarm_view = SwarmView()
         self.started_at = wall_clock()
@@ -277,9 +280,13 @@ class Node:
                 break
             self._update_pause()
             if self.pause_reason is PauseReason.NONE:
+                if self.state is NodeState.PAUSED:
+                    self._rejoin_training()
                 self._set_state(NodeState.TRAINING)
                 self._record_step(self.trainer.step())
             else:
+                if self.state is not NodeState.PAUSED or self.clock() >= self._next_step_aside:
+                    self._step_aside()
                 self._set_state(NodeState.PAUSED)
                 self.hooks.idle(self)
                 self.stopper.wait(0.5)
@@ -303,6 +310,18 @@ class Node:
             if self.max_epochs and self.trainer.epoch >= self.max_epochs:
                 logger.info("reached training.max_epochs=%d", self.max_epochs)
                 self.request_stop("max_epochs reached")
+
+    def _step_aside(self) -> None:
+        """Paused: peers must not wait for us in their rounds (we still serve state to newcomers)."""
+        try:
+            self.optimizer.step_aside()
+        except Exception as exc:  # the DHT being slow must not break the pause
+            logger.warning("could not withdraw from averaging while paused: %r", exc)
+        self._next_step_aside = self.clock() + STEP_ASIDE_EVERY
+
+    def _rejoin_training(self) -> None:
+        tracker = self.optimizer.tracker
+        tracker.report_local_progress(tracker.local_progress.epoch, tracker.local_progress.samples_accumulated)
 
     def _record_step(self, stats: StepStats) -> None:
         now = self.clock()

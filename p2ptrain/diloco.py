@@ -27,7 +27,7 @@ from hivemind.utils import get_dht_time
 
 from p2ptrain.compression import make_compression, wire_bytes
 from p2ptrain.config import TrainingSection
-from p2ptrain.optim import ClippedAdamW, SwarmStats, warmup_cosine
+from p2ptrain.optim import ClippedAdamW, SwarmStats, warmup_cosine, withdraw_progress
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,10 @@ class DiLoCoOptimizer:
             self.tracker.update_epoch(self._local_epoch)
         if not self.averager.client_mode:
             self.averager.state_sharing_priority = self._local_epoch
+
+    def step_aside(self) -> None:
+        """Stop being counted on while paused (see :func:`p2ptrain.optim.withdraw_progress`)."""
+        withdraw_progress(self.tracker)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)

@@ -17,6 +17,8 @@ from typing import Any
 
 import hivemind
 import torch
+from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.utils import get_dht_time
 
 from p2ptrain.compression import make_compression, wire_bytes
 from p2ptrain.config import TrainingSection
@@ -58,6 +60,17 @@ class SwarmStats:
         index = next((i for i, bound in enumerate(ROUND_DURATION_BUCKETS) if duration <= bound),
                      len(ROUND_DURATION_BUCKETS))
         self.round_bucket_counts[index] += 1
+
+
+def withdraw_progress(tracker: ProgressTracker) -> None:
+    """Tell the swarm this peer is not accumulating samples now (what hivemind does when leaving).
+
+    Peers count every live progress record as a partner and wait for it in each averaging round
+    (up to ``averaging_timeout``); a paused node must not be waited for.  The tracker re-publishes
+    its record every ``metadata_expiration / 2``, so a paused node repeats this now and then.
+    """
+    tracker.dht.store(tracker.training_progress_key, subkey=tracker._local_public_key, value=None,
+                      expiration_time=get_dht_time() + tracker.metadata_expiration, return_future=True)
 
 
 def warmup_cosine(warmup: int, total: int, floor: float = 0.1) -> Callable[[int], float]:
@@ -142,6 +155,16 @@ class SwarmOptimizer(hivemind.Optimizer):
                 self.stats.state_download_progress = None
 
         self.state_averager.load_state_from_peers = bounded  # type: ignore[method-assign]
+
+    def step_aside(self) -> None:
+        """Stop being counted on while paused: finish any round already scheduled with zero weight
+        (so its partners are not left waiting) and withdraw this peer's progress record."""
+        for name in ("scheduled_grads", "scheduled_state"):
+            control = getattr(self, name, None)
+            if control is not None and not control.done():
+                self._tag_along_with_zero_weight(control)
+            setattr(self, name, None)
+        withdraw_progress(self.tracker)
 
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Any) -> None:
         started = time.perf_counter()

@@ -100,8 +100,12 @@ def test_api_of_a_live_node(make_node):
         # still lists A.  (B's view catches up only between B's steps, which may take a while.)
         mine = wait_until(lambda: _record_of(a, a_id, "paused"), 30, "A's paused record in the DHT")
         assert mine.pause_reason == "manual"
-        assert _record_of(b, a_id, None) is not None, b.peers()
+        wait_until(lambda: _record_of(b, a_id, None), 30, "B listing the paused A")
         assert a.status().samples_processed_total == frozen, "a paused node kept training"
+        # ... and B is not left waiting for A in its averaging rounds: it keeps making epochs
+        # (without the step-aside each of B's rounds would stall for averaging_timeout).
+        b_epoch = b.status().local_epoch
+        b.wait_for(lambda s: s.local_epoch >= b_epoch + 5, 40, "five epochs of B while A is paused")
     finally:
         for sock in stalled:
             sock.close()
