@@ -97,28 +97,29 @@ class RejectCounter:
         return int(self._value.value)
 
 
-class _CountingSignatureValidator(RSASignatureValidator):
+class _CountsRejects:
+    """Mixin: count the records of the run's key that the wrapped hivemind validator refuses."""
+
+    _key_id: bytes
+    _counter: RejectCounter
+
+    def validate(self, record: DHTRecord) -> bool:
+        ok = super().validate(record)  # type: ignore[misc]
+        if not ok and record.key == self._key_id:
+            self._counter.reject(record.subkey, record.value)
+        return ok
+
+
+class _CountingSignatureValidator(_CountsRejects, RSASignatureValidator):
     def __init__(self, key_id: bytes, counter: RejectCounter, private_key: RSAPrivateKey | None) -> None:
         super().__init__(private_key)
         self._key_id, self._counter = key_id, counter
 
-    def validate(self, record: DHTRecord) -> bool:
-        ok = super().validate(record)
-        if not ok and record.key == self._key_id:
-            self._counter.reject(record.subkey, record.value)
-        return ok
 
-
-class _CountingSchemaValidator(SchemaValidator):
+class _CountingSchemaValidator(_CountsRejects, SchemaValidator):
     def __init__(self, key_id: bytes, counter: RejectCounter, prefix: str) -> None:
         super().__init__(PeersSchema, allow_extra_keys=True, prefix=prefix)
         self._key_id, self._counter = key_id, counter
-
-    def validate(self, record: DHTRecord) -> bool:
-        ok = super().validate(record)
-        if not ok and record.key == self._key_id:
-            self._counter.reject(record.subkey, record.value)
-        return ok
 
 
 class SizeValidator(RecordValidatorBase):

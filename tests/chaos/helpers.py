@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
 from p2ptrain.localswarm import LocalNode
 from p2ptrain.status import StatusSnapshot
+from tests.livenode import wait_until
 from tests.procs import descendants
 
 _T = TypeVar("_T")
@@ -31,13 +31,7 @@ def rss_bytes(pid: int) -> int:
 
 def poll(probe: Callable[[], _T | None], timeout: float, what: str, every: float = 0.5) -> _T:
     """Call ``probe`` until it returns something truthy; raise AssertionError naming ``what`` if it never does."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"no {what} within {timeout:.0f}s")
+    return wait_until(probe, timeout, what, interval=every)
 
 
 def statuses(nodes: Iterable[LocalNode]) -> dict[str, StatusSnapshot]:
