@@ -1,9 +1,8 @@
 """A real node under a fake systemd: sd_notify order, watchdog, journald format, SIGHUP reload,
 volunteer pauses (time window, memory limit), and exit code 78 for bad config.
 
-"The watchdog stops when training is stuck" is tested at the unit level
-(tests/unit/test_systemd_notify.py::test_watchdog_stops_when_progress_stops): a stuck step is
-hard to produce on demand in a real node, and the pacer only pings from the loop.
+"The watchdog stops when training is stuck" uses the test-only fault switch
+``P2PTRAIN_TEST_FAULTS=stall_training`` (one step hangs for a few seconds).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import time
 
 import pytest
 
+from p2ptrain.daemon import faults
 from tests.integration.conftest import TINY_TASK
 from tests.livenode import NotifySocket, call, wait_until
 
@@ -81,6 +81,29 @@ def test_notify_watchdog_and_journal_format(make_node):
     own = [line for line in lines if "p2ptrain." in line.split(":", 1)[0]]
     assert len(own) >= 10 and all(re.match(r"^<[0-7]>p2ptrain\.", line) for line in own), own[:5]
     assert "<6>p2ptrain.daemon.node: state TRAINING -> STOPPING" in lines
+
+
+def test_watchdog_pings_stop_while_training_is_stuck(make_node, notify_socket):
+    env = {"NOTIFY_SOCKET": notify_socket.path, "WATCHDOG_USEC": str(WATCHDOG_USEC),
+           "P2PTRAIN_TEST_FAULTS": "stall_training"}
+    a = make_node("a", env=env, task=TINY_TASK)
+    a.start()
+    wait_until(lambda: _log_has(a, "hangs for"), 120, "the stalled step")
+    stalled_at = time.monotonic()
+    # The API (another thread) still answers while the loop is stuck ...
+    # (the loop publishes the snapshots, so the one served is as old as the stall)
+    stuck = wait_until(lambda: (s := a.status()) is not None and time.time() - s.taken_at >= 3 and s, 10,
+                       "the API answering with a stale snapshot")
+    assert stuck.state == "training"
+    time.sleep(max(0.0, stalled_at + faults.STALL_SECONDS + 3 - time.monotonic()))
+    # ... but the watchdog heard nothing during the stall, and pings resumed once the step ended.
+    pings = [m.at for m in notify_socket.with_key("WATCHDOG", "1")]
+    before = [t for t in pings if t <= stalled_at]
+    after = [t for t in pings if t > stalled_at]
+    assert before and after, pings
+    assert after[0] - before[-1] >= faults.STALL_SECONDS - 1, (before[-3:], after[:3])
+    a.signal(signal.SIGTERM)
+    assert a.wait(60) == 0, a.log_tail()
 
 
 def _window_excluding_now() -> str:
