@@ -95,6 +95,9 @@ def run_node(args: argparse.Namespace) -> int:
         print(f"p2ptrain: {error}", file=sys.stderr)
         return EX_TEMPFAIL
     except SwarmError as error:
+        if node.stopper.is_set():  # asked to stop while still joining: a clean stop, not a failure
+            logger.info("stopped before joining the swarm (%s)", node.stopper.reason)
+            return 0
         print(f"p2ptrain: {error}", file=sys.stderr)
         return 1
     except OSError as error:  # e.g. the API port is taken, the state directory is not writable

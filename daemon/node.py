@@ -174,11 +174,12 @@ class Node:
 
         self._set_state(NodeState.SYNCING)
         self._sync_with_swarm()
-        self._val_loss = self.trainer.validation_loss()
-        logger.info("validation loss %.4f at epoch %d", self._val_loss, self.trainer.epoch)
-        self._set_state(NodeState.TRAINING)
-        self.hooks.ready(self)
-        self._loop()
+        if not self.stopper.is_set():  # a stop during the sync skips straight to the final checkpoint
+            self._val_loss = self.trainer.validation_loss()
+            logger.info("validation loss %.4f at epoch %d", self._val_loss, self.trainer.epoch)
+            self._set_state(NodeState.TRAINING)
+            self.hooks.ready(self)
+            self._loop()
 
         self._set_state(NodeState.STOPPING)
         logger.info("stopping (%s): writing a final checkpoint", self.stopper.reason)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import time
 
 import pytest
@@ -166,3 +167,18 @@ def test_node_with_another_model_is_refused(make_node):
     fingerprint = a.status().model_fingerprint
     assert fingerprint in refusal[0]
     assert a.status().averaging_rounds_ok_total == 0
+
+
+def test_sigterm_while_still_joining_is_a_clean_stop(make_node):
+    with socket.socket() as probe:  # a port nobody listens on: the initial peer never answers
+        probe.bind(("127.0.0.1", 0))
+        dead = f"/ip4/127.0.0.1/tcp/{probe.getsockname()[1]}/p2p/QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
+    a = make_node("a", swarm={"bootstrap_timeout": 120.0})
+    a.start(join=[dead])
+    deadline = time.monotonic() + 60
+    while "no initial peer answered" not in a.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    a.signal(signal.SIGTERM)
+    assert a.wait(30) == 0, a.log_tail()
+    log = a.log_path.read_text()
+    assert "stopped before joining the swarm (SIGTERM)" in log and "Traceback" not in log
