@@ -1,4 +1,4 @@
-"""Issue-level acceptance for the node: real hivemind peers as separate processes on 127.0.0.1."""
+"""The node end to end: real hivemind peers as separate processes on 127.0.0.1, each with a real CLI."""
 
 from __future__ import annotations
 
