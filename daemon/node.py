@@ -413,14 +413,7 @@ class Node:
         return Reachability.DIRECT if self.maddrs else Reachability.UNKNOWN
 
     def _own_record(self) -> PeerRecord:
-        now = self.clock()
-        return PeerRecord(
-            peer_id=self.peer_id, version=__version__, state=self.state.value,
-            epoch=self.trainer.epoch if self.trainer else 0, samples_per_second=self._rate.rate(now),
-            loss=self._loss.value, val_loss=self._val_loss, reachability=self._reachability().value,
-            uptime_seconds=now - self._started_mono, pause_reason=self.pause_reason.value,
-            published_at=self.wall_clock(),
-        )
+        return PeerRecord.from_status(self.snapshot())
 
     def _set_state(self, state: NodeState) -> None:
         if state is not self.state:

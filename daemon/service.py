@@ -15,6 +15,7 @@ from p2ptrain.daemon.api import ApiServer
 from p2ptrain.daemon.auth import load_or_create_token
 from p2ptrain.daemon.hooks import NodeHooks
 from p2ptrain.daemon.logsetup import set_log_level
+from p2ptrain.daemon.recordloop import RecordExchange
 from p2ptrain.daemon.reload import reloadable_changes
 from p2ptrain.daemon.systemd import SystemdNotifier
 from p2ptrain.metrics import build_registry
@@ -42,7 +43,7 @@ class ServiceHooks(NodeHooks):
         self.watchdog = notifier.watchdog_pacer(time.monotonic)
         self.policy = VolunteerPolicy(config.volunteer, load=os_load_source())
         self.api: ApiServer | None = None
-        self.book: RecordBook | None = None
+        self.records: RecordExchange | None = None
         self._validators: list[Any] = []
         self._next_status = 0.0
         self._next_memory_check = 0.0
@@ -66,7 +67,9 @@ class ServiceHooks(NodeHooks):
         return self._validators
 
     def ready(self, node: Node) -> None:
-        self.book = RecordBook(node.dht, node.config.swarm.run_id, self._validators)
+        self.records = RecordExchange(RecordBook(node.dht, node.config.swarm.run_id, self._validators),
+                                      node.latest)
+        self.records.start()
         self.notifier.ready(self._status_line(node))
 
     def progress(self, node: Node) -> None:
@@ -110,10 +113,8 @@ class ServiceHooks(NodeHooks):
         return over
 
     def exchange_records(self, node: Node, own: PeerRecord) -> SwarmView:
-        if self.book is None:
-            return node.swarm_view
-        self.book.publish(own)
-        return self.book.poll(now=time.time())
+        # Records go out on their own thread (daemon/recordloop.py); the loop just takes the view.
+        return self.records.view if self.records is not None else node.swarm_view
 
     def reload(self, node: Node) -> None:
         try:
@@ -136,6 +137,9 @@ class ServiceHooks(NodeHooks):
 
     def stopping(self, node: Node) -> None:
         self.notifier.stopping("leaving the swarm")
+        if self.records is not None:
+            self.records.stop()
+            self.records = None
         if self.api is not None:
             self.api.stop()
             self.api = None

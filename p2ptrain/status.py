@@ -98,6 +98,15 @@ class PeerRecord:
     def from_dict(cls, data: dict[str, Any]) -> PeerRecord:
         return _from_dict(cls, data)
 
+    @classmethod
+    def from_status(cls, status: StatusSnapshot) -> PeerRecord:
+        """What a node says about itself, taken from its latest snapshot."""
+        return cls(peer_id=status.peer_id, version=status.version, state=status.state,
+                   epoch=status.local_epoch, samples_per_second=status.local_samples_per_second,
+                   loss=status.loss, val_loss=status.val_loss, reachability=status.reachability,
+                   uptime_seconds=status.uptime_seconds, pause_reason=status.pause_reason,
+                   published_at=status.taken_at)
+
 
 @dataclass(frozen=True)
 class SwarmView:

@@ -20,7 +20,8 @@ def test_every_mode_trains_and_reports(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "benchmarks.swarm", "--peers", "2", "--out", str(out), "--shaped-modes", "",
            "--sequences", "160", "--eval-every", "80", "--micro-batch", "8", "--global-batch", "32",
            "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--val-batches", "2", "--inner-steps", "5",
-           "--mode-timeout", "60"]
+           # every peer stops itself well inside the mode timeout (hivemind's defaults are slow here)
+           "--max-train-seconds", "25", "--mode-timeout", "60"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=220, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "results.json").read_text())

@@ -1,0 +1,60 @@
+"""Publishes this node's peer record and refreshes its swarm view on a timer of its own.
+
+A training step can block for up to ``averaging_timeout`` while hivemind waits on a round. If
+records went out only between steps, a node would vanish from its peers' swarm views exactly
+when the swarm is in trouble. This thread reads only the latest snapshot (never the node's
+internals) and talks only to the DHT, so the one-way flow is kept: snapshot -> record -> DHT.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from p2ptrain.records import RecordBook
+from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
+
+logger = logging.getLogger(__name__)
+
+RECORD_PERIOD = 5.0
+
+
+class RecordExchange:
+    def __init__(self, book: RecordBook, latest: LatestSnapshot, period: float = RECORD_PERIOD) -> None:
+        self._book = book
+        self._latest = latest
+        self._period = period
+        self._stop = threading.Event()
+        self._view = SwarmView()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="p2ptrain-records", daemon=True)
+
+    @property
+    def view(self) -> SwarmView:
+        with self._lock:
+            return self._view
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._period + 5)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._exchange()
+            except Exception as exc:  # the DHT being slow or odd must never stop the node
+                logger.warning("peer records unavailable: %r", exc)
+            if self._stop.wait(self._period):
+                return
+
+    def _exchange(self) -> None:
+        status = self._latest.status()
+        if status.peer_id:
+            self._book.publish(PeerRecord.from_status(status))
+        view = self._book.poll()
+        with self._lock:
+            self._view = view
