@@ -6,10 +6,13 @@ import time
 
 import pytest
 
-from tests.procs import become_subreaper, descendants, kill_all
+from tests.procs import become_subreaper, descendants, kill_all, reap_orphans
 
 #: How long helpers of a stopped node may take to exit (p2pd leaves once its client is gone).
 LEAK_GRACE_SECONDS = 45.0
+#: Started by torch once per process for shared-memory tensors (in-process DHTs use them); it
+#: stays for the life of the test run and exits with it, so it is not a leak.
+PER_RUN_HELPERS = ("torch_shm_manager",)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -22,10 +25,18 @@ def no_leaked_processes(request: pytest.FixtureRequest):
     """Fail the test that leaves a process behind (after a grace period), and kill the leftovers."""
     before = set(descendants())
     yield
+    try:
+        _wait_for_leftovers(request, before)
+    finally:
+        reap_orphans()
+
+
+def _wait_for_leftovers(request: pytest.FixtureRequest, before: set[int]) -> None:
     deadline = time.monotonic() + LEAK_GRACE_SECONDS
     leaked = {}
     while time.monotonic() < deadline:
-        leaked = {pid: cmd for pid, cmd in descendants().items() if pid not in before}
+        leaked = {pid: cmd for pid, cmd in descendants().items()
+                  if pid not in before and not cmd.split(" ", 1)[0].endswith(PER_RUN_HELPERS)}
         if not leaked:
             return
         time.sleep(0.5)
