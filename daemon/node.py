@@ -33,6 +33,7 @@ from p2ptrain.fingerprint import model_fingerprint
 from p2ptrain.guard import ParameterGuard
 from p2ptrain.optim import SwarmStats, bandwidth_hint, build_optimizer
 from p2ptrain.proc import descendants, signal_all
+from p2ptrain.rejoin import Rejoiner
 from p2ptrain.status import (
     LatestSnapshot,
     NodeState,
@@ -105,6 +106,7 @@ class Node:
         self._last_checkpoint_time: float | None = None
         self._last_checkpoint_error = ""
         self.dht: Any = None
+        self.rejoiner: Rejoiner | None = None
         #: hivemind's optimizer (gradient mode) or the DiLoCo outer loop; the same duck-typed interface.
         self.optimizer: Any = None
         self.trainer: Trainer | None = None
@@ -145,6 +147,8 @@ class Node:
         self.dht = start_dht(cfg.swarm, state_dir, self.initial_peers, validators, self.stopper)
         self.peer_id = str(self.dht.peer_id)
         self.maddrs = visible_maddrs(self.dht)
+        self.rejoiner = Rejoiner(self.dht, self.initial_peers)
+        self.rejoiner.start()
         if self.initial_peers:
             logger.info("joined swarm %r as %s", cfg.swarm.run_id, self.peer_id)
         else:
@@ -193,6 +197,8 @@ class Node:
         deadline.daemon = True
         deadline.start()
         self.hooks.stopping(self)
+        if self.rejoiner is not None:
+            self.rejoiner.stop()
         if self.optimizer is not None:
             try:
                 self.optimizer.shutdown()

@@ -93,8 +93,12 @@ def test_partition_heals_into_one_swarm_and_slow_link_still_averages(make_node, 
         _ip("-n", ns_a, "link", "set", dev_a, "up")
         healed_at = time.monotonic()
 
+        last: dict[str, str] = {}
+
         def reunited():
             found = {n.name: n.status() for n in nodes}
+            last.update({k: f"peers {s.peers_online}, epoch {s.local_epoch}, rounds ok {s.averaging_rounds_ok_total}"
+                         for k, s in found.items() if s is not None})
             if any(s is None for s in found.values()):
                 return None
             epochs = [s.local_epoch for s in found.values()]
@@ -102,7 +106,10 @@ def test_partition_heals_into_one_swarm_and_slow_link_still_averages(make_node, 
                      for name, s in found.items())
             return found if ok and max(epochs) - min(epochs) <= 1 else None
 
-        joined = poll(reunited, HEAL_BOUND_SECONDS, "one swarm (one view, one epoch) after healing", every=1.0)
+        try:
+            joined = poll(reunited, HEAL_BOUND_SECONDS, "one swarm (one view, one epoch) after healing", every=1.0)
+        except AssertionError as error:
+            raise AssertionError(f"{error}; last seen: {last}\n{a.log_tail()}\n{b.log_tail()}") from None
         heal_seconds = time.monotonic() - healed_at
 
         # A slow link: 1 Mbit/s with 100 ms of queue; averaging must still complete.
