@@ -192,9 +192,10 @@ class TrainingSection(_Section):
     """Clip the local gradient to this L2 norm before it is accumulated."""
 
     matchmaking_time: PositiveFloat = 5.0
-    """Seconds to look for peers to average with before each round. Matchmaking starts this long before
-    the round is due (it overlaps compute), so it costs nothing while rounds are longer than it; make
-    it at least ~3x the DHT round trip between peers (1-2 s on loopback/LAN, 5+ s across the internet)."""
+    """Seconds to look for peers to average with before each round. The group is only closed when this
+    window ends, so a round lasts at least this long; it starts this long before the round is due
+    (overlapping compute) and costs nothing while epochs are longer than it. Make it ~3x the DHT round
+    trip between peers: 0.5 s on loopback, 1-2 s on a LAN, 5+ s across the internet."""
 
     averaging_timeout: PositiveFloat = 30.0
     """Seconds after which an averaging round is abandoned (the node goes on with local progress); a
@@ -238,7 +239,9 @@ class TrainingSection(_Section):
     overlap: bool = True
     """Gradient mode: average gradients and run the optimizer step in the background while the next
     batches are computed (hivemind's delay_grad_averaging + delay_optimizer_step). Updates then use
-    gradients one epoch old, which costs little at a target_batch_size of 100+ sequences."""
+    gradients one epoch old, which costs little at a target_batch_size of 100+ sequences.
+    DiLoCo mode: the outer round's all-reduce runs while the next inner steps compute; its outer step
+    lands a few steps late, with the local progress made meanwhile kept on top."""
 
     average_state_every: PositiveInt = 16
     """Gradient mode: epochs between parameter-averaging rounds, which only repair the drift left by

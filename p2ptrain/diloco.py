@@ -4,7 +4,10 @@ Each outer round starts from the shared "outer" parameters.  A peer trains alone
 ``inner_steps`` micro-batches, then averages its pseudo-gradient (outer params - current params)
 with whoever is in the round (weighted by samples) and applies Nesterov-momentum SGD to the outer
 params, which become the model's parameters for the next round.  Matchmaking for a round is started
-``matchmaking_time`` seconds before the round ends, so only the all-reduce itself costs time.
+``matchmaking_time`` seconds before the round ends.  With ``overlap`` (the default) the all-reduce
+itself runs while the next round's inner steps compute: when it lands, the outer step is applied
+and the local progress made in the meantime is kept on top of the new outer params (a one-round
+delayed outer update), so neither the all-reduce nor waiting for a slower peer stalls training.
 
 Elasticity: the round is bounded by ``averaging_timeout`` (a dead peer costs the others at most
 that, and then they apply their own pseudo-gradient); a newcomer downloads the outer params,
@@ -16,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import hivemind
@@ -32,7 +37,7 @@ from p2ptrain.optim import ClippedAdamW, SwarmStats, warmup_cosine, withdraw_pro
 logger = logging.getLogger(__name__)
 
 _ALONE: dict[Any, Any] = {}
-"""What :meth:`DiLoCoOptimizer._average` returns when nobody else is in the swarm (falsy, not None)."""
+"""What :meth:`DiLoCoOptimizer._begin_average` returns when nobody else is in the swarm (falsy, not None)."""
 
 
 class OuterStep:
@@ -48,17 +53,36 @@ class OuterStep:
         return [outer - now.detach().float() for outer, now in zip(self.params, current, strict=True)]
 
     @torch.no_grad()
-    def apply(self, averaged: Iterable[torch.Tensor], model_params: Iterable[torch.Tensor]) -> None:
-        """One SGD step of the outer params on ``averaged``; copy the result into ``model_params``."""
+    def apply(self, averaged: Iterable[torch.Tensor], model_params: Iterable[torch.Tensor],
+              carry: Iterable[torch.Tensor] | None = None) -> None:
+        """One SGD step of the outer params on ``averaged``; copy the result into ``model_params``.
+
+        ``carry`` (same shapes) is local progress made since the pseudo-gradients were taken; it is
+        added on top of the new outer params, so an overlapped round loses none of it.
+        """
         for outer, grad in zip(self.params, averaged, strict=True):
             outer.grad = grad.detach().to(outer.dtype).clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        for outer, param in zip(self.params, model_params, strict=True):
-            param.copy_(outer)
+        carried = list(carry) if carry is not None else [None] * len(self.params)
+        for outer, param, extra in zip(self.params, model_params, carried, strict=True):
+            param.copy_(outer if extra is None else outer + extra)
 
     def momentum_buffers(self) -> list[torch.Tensor]:
         return [self.optimizer.state.get(p, {}).get("momentum_buffer", torch.zeros_like(p)) for p in self.params]
+
+
+@dataclass
+class _RoundInFlight:
+    """An overlapped outer round: its all-reduce runs while the next inner steps compute."""
+
+    control: Any
+    snapshot: list[torch.Tensor]
+    """The parameters when the pseudo-gradients were taken: progress since then is carried over."""
+    pseudo: list[torch.Tensor]
+    """Our own pseudo-gradients, applied instead of the average if the round fails."""
+    started: float
+    epoch: int
 
 
 class _DiLoCoAverager(hivemind.DecentralizedAverager):
@@ -70,6 +94,9 @@ class _DiLoCoAverager(hivemind.DecentralizedAverager):
 
     def get_current_state(self) -> tuple[Any, list[torch.Tensor], Any]:
         owner = self._owner
+        # Runs in a thread of the training process. A newcomer must get the outer params after the
+        # round in flight is applied, or it would start from params its peers have already left.
+        owner.round_settled.wait(timeout=owner.cfg.averaging_timeout + owner.cfg.matchmaking_time)
         tensors = [p.clone() for p in owner.outer.params] + [b.clone() for b in owner.outer.momentum_buffers()]
         return dict(epoch=owner.local_epoch, inner_step=owner.inner_step), tensors, None
 
@@ -95,6 +122,10 @@ class DiLoCoOptimizer:
         self._step_seconds = math.nan
         self._last_step_end: float | None = None
         self._scheduled: Any = None
+        self._in_flight: _RoundInFlight | None = None
+        #: Set while no round is in flight (state served to newcomers waits for it).
+        self.round_settled = threading.Event()
+        self.round_settled.set()
         self._last_failed_sync = -math.inf
         numel = sum(p.numel() for p in self.params)
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
@@ -138,8 +169,10 @@ class DiLoCoOptimizer:
         self.samples_this_round += batch_size or self.cfg.batch_size
         self.tracker.report_local_progress(self.local_epoch, self.samples_this_round)
         self._time_step()
+        self._settle_round(block=False)
         self._maybe_schedule_round()
         if self.inner_step >= self.cfg.inner_steps:
+            self._settle_round(block=True)  # one round at a time: the previous one lands first
             self._outer_round()
 
     def _time_step(self) -> None:
@@ -169,41 +202,86 @@ class DiLoCoOptimizer:
     def _outer_round(self) -> None:
         started = time.perf_counter()
         pseudo = self.outer.pseudo_gradients(self.params)
-        with self.averager.get_tensors() as buffers:
-            for buffer, grad in zip(buffers, pseudo, strict=True):
-                buffer.copy_(grad)
-        group = self._average()
-        if group:
-            with self.averager.get_tensors() as buffers:
-                pseudo = [buffer.clone() for buffer in buffers]
-        self.outer.apply(pseudo, self.params)
-        if group is not _ALONE:  # alone in the swarm is not a failed round
-            self.stats.record_round(group is not None, time.perf_counter() - started, len(group or ()),
-                                    self._payload_bytes)
+        control = self._begin_average(pseudo)
+        if control is _ALONE or control is None or not self.cfg.overlap:
+            group = control if control is _ALONE or control is None else self._await(control)
+            self._finish_round(group, pseudo, None, started)
+        else:
+            self._in_flight = _RoundInFlight(control, [p.detach().clone() for p in self.params], pseudo, started,
+                                             self._local_epoch)
+            self.round_settled.clear()
         self.inner_step, self.samples_this_round = 0, 0
         self._last_step_end = None  # the round's time is not an inner step's
         self.local_epoch = self._local_epoch + 1
-        if self.tracker.global_epoch > self.local_epoch:
+        if self._in_flight is None and self.tracker.global_epoch > self.local_epoch:
             logger.info("swarm is at round %d, we are at %d: syncing", self.tracker.global_epoch, self.local_epoch)
             self.load_state_from_peers()
 
-    def _average(self) -> Any:
-        """All-reduce the buffers with the round's group: its gathered info, ``_ALONE``, or None (failed)."""
+    def _begin_average(self, pseudo: list[torch.Tensor]) -> Any:
+        """Hand the pseudo-gradients to the averager and let the round's all-reduce start.
+
+        Returns the round's control, ``_ALONE`` when nobody else is in the swarm, None if the round
+        could not even start.
+        """
         control, self._scheduled = self._scheduled, None
         if control is None and self.tracker.global_progress.num_peers < 2:
             return _ALONE
+        with self.averager.get_tensors() as buffers:
+            for buffer, grad in zip(buffers, pseudo, strict=True):
+                buffer.copy_(grad)
         try:
             if control is None:
                 control = self.averager.step(weight=float(max(self.samples_this_round, 1)), gather=self.local_epoch,
                                              timeout=self.cfg.averaging_timeout, require_trigger=True, wait=False)
             control.weight = float(max(self.samples_this_round, 1))
             control.allow_allreduce()
-            return control.result(timeout=self.cfg.averaging_timeout)
-        except Exception as exc:  # timeouts, vanished peers: apply our own pseudo-gradient instead
+            return control
+        except Exception as exc:  # the averager process being gone is swarm weather too
             if control is not None:
                 control.cancel()
-            logger.warning("DiLoCo round %d failed (%r); applied the local pseudo-gradient", self.local_epoch, exc)
+            logger.warning("DiLoCo round %d could not start (%r); applied the local pseudo-gradient",
+                           self.local_epoch, exc)
             return None
+
+    def _await(self, control: Any, timeout: float | None = None) -> Any:
+        """The round's gathered info, or None if it failed (timeouts, vanished peers)."""
+        try:
+            return control.result(timeout=self.cfg.averaging_timeout if timeout is None else timeout)
+        except Exception as exc:
+            control.cancel()
+            logger.warning("DiLoCo round failed (%r); applied the local pseudo-gradient", exc)
+            return None
+
+    def _settle_round(self, block: bool) -> None:
+        """Apply the round in flight once its all-reduce has landed (or, with ``block``, wait for it)."""
+        flight = self._in_flight
+        if flight is None:
+            return
+        if not flight.control.done() and not block:
+            return
+        group = self._await(flight.control, timeout=self.cfg.averaging_timeout + self.cfg.matchmaking_time)
+        carry = [p.detach() - s for p, s in zip(self.params, flight.snapshot, strict=True)]
+        self._finish_round(group, flight.pseudo, carry, flight.started)
+        self._in_flight = None
+        self.round_settled.set()
+        if self.tracker.global_epoch > self.local_epoch:
+            logger.info("swarm is at round %d, we are at %d: syncing", self.tracker.global_epoch, self.local_epoch)
+            self.load_state_from_peers()
+
+    def _finish_round(self, group: Any, pseudo: list[torch.Tensor], carry: list[torch.Tensor] | None,
+                      started: float) -> None:
+        """The outer step with the average (or our own pseudo-gradients if the round failed)."""
+        if group:
+            with self.averager.get_tensors() as buffers:
+                pseudo = [buffer.clone() for buffer in buffers]
+        self.outer.apply(pseudo, self.params, carry)
+        if group is not _ALONE:  # alone in the swarm is not a failed round
+            self.stats.record_round(group is not None, time.perf_counter() - started, len(group or ()),
+                                    self._payload_bytes)
+
+    def flush(self) -> None:
+        """Wait for the round in flight (bounded by the averaging timeout) and apply it."""
+        self._settle_round(block=True)
 
     # ------------------------------------------------------------------ state
 
@@ -211,6 +289,7 @@ class DiLoCoOptimizer:
         """Download outer params, momentum and round position from a peer; bounded, never raises."""
         if time.monotonic() - self._last_failed_sync < max(30.0, self.cfg.averaging_timeout):
             return
+        self._settle_round(block=True)  # a downloaded state replaces the round in flight, not the reverse
         started = time.perf_counter()
         self.stats.state_download_progress = 0.0
         try:
@@ -258,7 +337,9 @@ class DiLoCoOptimizer:
         self.inner_step = int(state.get("inner_step", 0))
 
     def shutdown(self) -> None:
-        if self._scheduled is not None:
-            self._scheduled.cancel()
+        for control in (self._scheduled, self._in_flight.control if self._in_flight else None):
+            if control is not None:
+                control.cancel()
+        self.round_settled.set()
         self.tracker.shutdown()
         self.averager.shutdown()

@@ -60,3 +60,22 @@ def test_plain_sgd_without_momentum_is_lr_times_delta() -> None:
         param.add_(torch.tensor([1.0, 2.0, 3.0]))
     outer.apply(outer.pseudo_gradients([param]), [param])
     assert torch.allclose(param.detach(), torch.tensor([1.0, 2.0, 3.0]))  # lr 1, no momentum: keep local
+
+
+def test_overlapped_round_keeps_local_progress_made_meanwhile() -> None:
+    param = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
+    outer = OuterStep([param], lr=1.0, momentum=0.0, nesterov=False)
+    with torch.no_grad():
+        param.copy_(torch.tensor([0.5, 0.0]))  # round k's inner steps
+    pseudo = outer.pseudo_gradients([param])  # [0.5, 1.0], sent to the swarm
+    snapshot = param.detach().clone()
+    with torch.no_grad():
+        param.add_(torch.tensor([-0.25, 0.5]))  # round k+1's first steps, while round k averages
+    averaged = [torch.tensor([0.75, 0.5])]  # what the swarm agreed on
+    outer.apply(averaged, [param], carry=[param.detach() - snapshot])
+    # New outer params = start - averaged; the steps taken meanwhile stay on top of them.
+    assert torch.allclose(outer.params[0], torch.tensor([0.25, 0.5]))
+    assert torch.allclose(param.detach(), torch.tensor([0.0, 1.0]))
+    # The next pseudo-gradient counts those steps exactly once.
+    assert torch.allclose(outer.pseudo_gradients([param])[0], torch.tensor([0.25, -0.5]))
+    assert pseudo[0].tolist() == [0.5, 1.0]
