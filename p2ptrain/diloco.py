@@ -243,14 +243,22 @@ class DiLoCoOptimizer:
                            self.local_epoch, exc)
             return None
 
-    def _await(self, control: Any, timeout: float | None = None) -> Any:
-        """The round's gathered info, or None if it failed (timeouts, vanished peers)."""
+    def _await(self, control: Any) -> Any:
+        """The round's gathered info, or None if it failed (timeouts, vanished peers).
+
+        The round ends by itself within its own timeout; it is only cancelled if hivemind misses
+        that by a wide margin, because cancelling a round that is still looking for a group can
+        break hivemind's matchmaking for good (see ``SwarmOptimizer``).
+        """
         try:
-            return control.result(timeout=self.cfg.averaging_timeout if timeout is None else timeout)
-        except Exception as exc:
+            return control.result(timeout=self.cfg.averaging_timeout + self.cfg.matchmaking_time + 5.0)
+        except TimeoutError:
             control.cancel()
+            logger.warning("DiLoCo round %d never ended: cancelled; applied the local pseudo-gradient",
+                           self.local_epoch)
+        except Exception as exc:
             logger.warning("DiLoCo round failed (%r); applied the local pseudo-gradient", exc)
-            return None
+        return None
 
     def _settle_round(self, block: bool) -> None:
         """Apply the round in flight once its all-reduce has landed (or, with ``block``, wait for it)."""
@@ -259,7 +267,7 @@ class DiLoCoOptimizer:
             return
         if not flight.control.done() and not block:
             return
-        group = self._await(flight.control, timeout=self.cfg.averaging_timeout + self.cfg.matchmaking_time)
+        group = self._await(flight.control)
         carry = [p.detach() - s for p, s in zip(self.params, flight.snapshot, strict=True)]
         self._finish_round(group, flight.pseudo, carry, flight.started)
         self._in_flight = None

@@ -8,6 +8,7 @@ download, and records every averaging round and state download into :class:`Swar
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 import hivemind
 import torch
+from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 
@@ -116,6 +118,21 @@ class SwarmOptimizer(hivemind.Optimizer):
     def _parameters(self) -> list[torch.Tensor]:
         return [p for group in self.param_groups for p in group["params"]]
 
+    # Cancelling a round while it is still looking for a group can leave hivemind's matchmaking
+    # broken for good ("aclose(): asynchronous generator is already running"; every later round
+    # then fails with "could not find a group").  hivemind cancels a pre-scheduled round when, at
+    # the epoch boundary, nobody else is there or the epoch does not average parameters after all.
+    # So gradient rounds are only pre-scheduled with someone to average with, and parameter rounds
+    # (every average_state_every epochs, only a drift repair) are not pre-scheduled at all.
+
+    def _maybe_schedule_gradient_averaging(self) -> None:
+        if self.tracker.global_progress.num_peers < 2:
+            return
+        super()._maybe_schedule_gradient_averaging()
+
+    def _maybe_schedule_state_averaging(self) -> None:
+        return
+
     def _state_marker(self) -> tuple[int, float]:
         """Changes whenever hivemind loads a peer's state (it applies it in place and returns None)."""
         first = next(iter(self.state_averager.optimizer.param_groups[0]["params"]))
@@ -210,6 +227,10 @@ def build_optimizer(
 
         return DiLoCoOptimizer(model.parameters(), dht, averaging_run_id, cfg, client_mode=client_mode,
                                stats=stats, bandwidth=bandwidth)
+    # hivemind's matchmaking can deadlock when a request may outlive the matchmaking window (two
+    # peers each waiting for the other to answer), so requests get half of it.  hivemind.Optimizer
+    # passes averager_opts to its state averager only: the gradient averager gets them through
+    # its factory, or it keeps a 3 s request timeout and, with a short window, stops forming groups.
     averager_opts: dict[str, Any] = dict(request_timeout=min(3.0, cfg.matchmaking_time / 2))
     if bandwidth is not None:
         averager_opts["bandwidth"] = bandwidth
@@ -236,8 +257,8 @@ def build_optimizer(
         grad_compression=make_compression(cfg.grad_compression),
         state_averaging_compression=make_compression(cfg.state_compression),
         load_state_compression=make_compression(cfg.state_compression),
-        # hivemind warns (and can deadlock) when a request may outlive the matchmaking window.
         averager_opts=averager_opts,
+        grad_averager_factory=functools.partial(GradientAverager, **averager_opts),
         verbose=False,
         stats=stats,
         load_state_attempts=cfg.load_state_attempts,
