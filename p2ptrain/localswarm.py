@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.proc import die_with_parent
+from p2ptrain.proc import descendants, die_with_parent, signal_all
 from p2ptrain.status import StatusSnapshot, SwarmView
 
 LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
@@ -34,7 +34,7 @@ def local_node_config(state_dir: Path, run_id: str, overrides: Mapping[str, Mapp
         "node": {"state_dir": str(state_dir)},
         "swarm": {"run_id": run_id, "listen_addrs": [LOOPBACK_LISTEN], "nat_port_map": False, "auto_nat": False,
                   "use_relay": False, "bootstrap_timeout": 30.0},
-        "training": {"threads": 1, "target_batch_size": 64, "matchmaking_time": 2.0, "averaging_timeout": 15.0,
+        "training": {"threads": 1, "target_batch_size": 64, "matchmaking_time": 0.5, "averaging_timeout": 15.0,
                      "load_state_timeout": 20.0, "validate_every": 10.0, "warmup_epochs": 3},
         "checkpoint": {"interval": 30.0, "keep": 3},
         "api": {"host": "127.0.0.1", "port": 0},
@@ -170,10 +170,16 @@ class LocalNode:
             code = self.wait(10)
         return code
 
-    def kill(self) -> None:
+    def kill(self, whole_tree: bool = True) -> None:
+        """SIGKILL the node; with ``whole_tree`` also every process it started, as when a machine
+        crashes or a service's main process dies (systemd then kills the rest of its cgroup).
+        ``whole_tree=False`` kills its process group only: its forked helpers must then die on their
+        own, and its p2pd leaves by its 30 s idle timeout."""
         if self.process is not None:
+            helpers = descendants(self.process.pid) if whole_tree else {}
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
+            signal_all(helpers, signal.SIGKILL)
 
     def log_tail(self, lines: int = 30) -> str:
         try:

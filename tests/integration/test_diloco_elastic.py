@@ -8,7 +8,7 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-DILOCO = {"mode": "diloco", "inner_steps": 10, "matchmaking_time": 2.0, "averaging_timeout": 8.0,
+DILOCO = {"mode": "diloco", "inner_steps": 10, "matchmaking_time": 0.5, "averaging_timeout": 8.0,
           "load_state_timeout": 20.0}
 
 
