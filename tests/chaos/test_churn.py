@@ -2,7 +2,11 @@
 
 The swarm must never stall longer than two averaging timeouts, the global epoch only goes up,
 and the survivors end with finite parameters that agree.  The anchor node (never killed, it is
-everyone's bootstrap peer) has its RSS (node + helpers) sampled over the whole run.
+everyone's bootstrap peer) has its RSS (node + helpers) sampled over the whole run, and must not
+grow by more than ``RSS_GROWTH_BOUND_MIB`` between the first and the last third of it.
+
+The CI run churns for ``P2PTRAIN_CHURN_SECONDS`` (60); the soak (``pytest -m soak``) for
+``P2PTRAIN_SOAK_SECONDS`` (900), which is where a slow leak would show.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from p2ptrain.tasks.loader import build_task
 from tests.chaos.conftest import AVERAGING_TIMEOUT, TINY_TASK
 from tests.chaos.helpers import rss_bytes, statuses, training
 
-pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
-
 CHURN_SECONDS = float(os.environ.get("P2PTRAIN_CHURN_SECONDS", "60"))
+SOAK_SECONDS = float(os.environ.get("P2PTRAIN_SOAK_SECONDS", "900"))
 CHURN_EVERY = 12.0
 SWARM_SIZE = 4
+#: Mean RSS of the last third of the run minus that of the first third (node + p2pd + helpers).
+RSS_GROWTH_BOUND_MIB = 64.0
 
 
 def _final_params(node):
@@ -34,7 +39,19 @@ def _final_params(node):
     return loaded.state
 
 
+@pytest.mark.chaos
+@pytest.mark.timeout(CHURN_SECONDS + 360)
 def test_churn_keeps_training_and_replicas_agree(make_node, chaos_report):
+    run_churn(make_node, chaos_report, "1_churn", CHURN_SECONDS)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(SOAK_SECONDS + 360)
+def test_churn_soak_keeps_memory_flat(make_node, chaos_report):
+    run_churn(make_node, chaos_report, "1_churn_soak", SOAK_SECONDS)
+
+
+def run_churn(make_node, chaos_report, scenario: str, churn_seconds: float) -> None:
     seed = int(os.environ.get("P2PTRAIN_CHAOS_SEED", str(int(time.time()))))
     rng = random.Random(seed)
     anchor = make_node("anchor")
@@ -60,7 +77,7 @@ def test_churn_keeps_training_and_replicas_agree(make_node, chaos_report):
     samples_lost: list[int] = []
     epoch_start_samples: dict[str, tuple[int, int]] = {}
     next_churn = started + CHURN_EVERY
-    while time.monotonic() - started < CHURN_SECONDS:
+    while time.monotonic() - started < churn_seconds:
         now = time.monotonic()
         found = statuses([anchor, *alive])
         for name, status in found.items():
@@ -127,15 +144,16 @@ def test_churn_keeps_training_and_replicas_agree(make_node, chaos_report):
     rss_values = [value for _, value in rss]
     first_third = rss_values[: max(1, len(rss_values) // 3)]
     last_third = rss_values[-max(1, len(rss_values) // 3):]
+    rss_growth = sum(last_third) / len(last_third) - sum(first_third) / len(first_third)
     chaos_report.record(
-        "1_churn", seed=seed, churn_seconds=CHURN_SECONDS, swarm_size=SWARM_SIZE, kills=kills,
+        scenario, seed=seed, churn_seconds=churn_seconds, swarm_size=SWARM_SIZE, kills=kills,
         joins=serial - (SWARM_SIZE - 1), max_stall_seconds=round(max_stall, 1),
         stall_bound_seconds=2 * AVERAGING_TIMEOUT, recover_seconds=[round(r, 1) for r in recover],
         epoch_regressions=epoch_regressions, epochs_during_churn=swarm_epoch, final_epoch=stop_epoch,
         samples_lost_per_sigkill=samples_lost, replica_spread_ratio=round(worst_ratio, 4),
-        anchor_rss_mib=rss, anchor_rss_growth_mib=round(sum(last_third) / len(last_third)
-                                                        - sum(first_third) / len(first_third), 1),
+        anchor_rss_mib=rss, anchor_rss_growth_mib=round(rss_growth, 1),
     )
     assert epoch_regressions == 0
     assert max_stall <= 2 * AVERAGING_TIMEOUT, f"swarm stalled {max_stall:.1f}s"
     assert worst_ratio <= 0.25, f"replicas {worst_ratio:.3f} of the distance travelled apart"
+    assert rss_growth <= RSS_GROWTH_BOUND_MIB, f"anchor RSS grew {rss_growth:.1f} MiB over the run"
