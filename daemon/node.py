@@ -43,7 +43,14 @@ from p2ptrain.status import (
     StatusSnapshot,
     SwarmView,
 )
-from p2ptrain.swarm import IdentityLock, claim_fingerprint, start_dht, visible_maddrs
+from p2ptrain.swarm import (
+    IdentityLock,
+    claim_fingerprint,
+    identity_path,
+    start_dht,
+    stop_stale_daemons,
+    visible_maddrs,
+)
 from p2ptrain.tasks.loader import build_task
 from p2ptrain.trainer import StepStats, Trainer
 
@@ -144,6 +151,9 @@ class Node:
 
         self._set_state(NodeState.JOINING)
         validators = self.hooks.record_validators(cfg.swarm.run_id)
+        stale = stop_stale_daemons(identity_path(state_dir))
+        if stale:
+            logger.info("stopped %d p2p daemon(s) left running by a previous run of this node", stale)
         self.dht = start_dht(cfg.swarm, state_dir, self.initial_peers, validators, self.stopper)
         self.peer_id = str(self.dht.peer_id)
         self.maddrs = visible_maddrs(self.dht)
@@ -209,6 +219,8 @@ class Node:
                 self.dht.shutdown()
             except Exception as exc:
                 logger.warning("DHT shutdown: %r", exc)
+            # hivemind kills a DHT process that does not stop in time, and its p2pd lives on.
+            stop_stale_daemons(identity_path(self.config.state_dir()))
         deadline.cancel()
         self._set_state(NodeState.STOPPED)
         self.stopper.close()

@@ -6,6 +6,8 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -57,6 +59,28 @@ def descendants(root: int | None = None) -> dict[int, str]:
             found[pid] = cmdline(pid)
         frontier = children
     return found
+
+
+def processes_matching(predicate: Callable[[str], bool]) -> dict[int, str]:
+    """Every live process (not a zombie) whose command line satisfies ``predicate``."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _parent_of(int(entry)) is not None:
+            command = cmdline(int(entry))
+            if command and predicate(command):
+                found[int(entry)] = command
+    return found
+
+
+def stop_processes(pids: Iterable[int], grace: float) -> None:
+    """SIGTERM ``pids``, give them ``grace`` seconds, SIGKILL whatever is left."""
+    pending = list(pids)
+    signal_all(pending, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pending = [pid for pid in pending if _parent_of(pid) is not None]
+    signal_all(pending, signal.SIGKILL)
 
 
 def signal_all(pids: dict[int, str] | list[int], sig: int = signal.SIGKILL) -> None:

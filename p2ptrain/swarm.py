@@ -23,6 +23,7 @@ from hivemind.p2p import P2PDaemonError
 from hivemind.utils import get_dht_time
 
 from p2ptrain.config import SwarmSection
+from p2ptrain.proc import processes_matching, stop_processes
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,11 @@ class IdentityLock:
             self._fd = None
 
 
+def identity_path(state_dir: Path) -> Path:
+    """Where the node's libp2p private key (and so its peer ID) lives."""
+    return state_dir / "identity.key"
+
+
 def dht_kwargs(cfg: SwarmSection, identity_path: Path, initial_peers: Sequence[str]) -> dict[str, Any]:
     """Everything hivemind.DHT / P2P.create needs from config; loopback-safe when config says so."""
     kwargs: dict[str, Any] = dict(
@@ -101,7 +107,7 @@ def start_dht(
     clock: Callable[[], float] = time.monotonic,
 ) -> hivemind.DHT:
     """Start the DHT, retrying with backoff while no initial peer answers, bounded by bootstrap_timeout."""
-    kwargs = dht_kwargs(cfg, state_dir / "identity.key", initial_peers)
+    kwargs = dht_kwargs(cfg, identity_path(state_dir), initial_peers)
     deadline = clock() + cfg.bootstrap_timeout
     delay, attempt = 1.0, 0
     while True:
@@ -123,6 +129,20 @@ def start_dht(
             if stop.wait(wait):
                 raise SwarmError("stopped while joining the swarm") from None
             delay = min(delay * 2, _MAX_BACKOFF)
+
+
+def stop_stale_daemons(identity_path: Path, grace: float = 2.0) -> int:
+    """Stop p2pd processes still running with this node's identity; returns how many there were.
+
+    A p2pd outlives its node by up to its 30 s idle timeout when the node was killed, or when
+    hivemind had to kill its DHT process on shutdown.  A restarted node would then share its peer
+    ID with that stale daemon, and peers may keep dialling the dead one.  Only called while this
+    process holds the state directory's :class:`IdentityLock`, so no live node owns them.
+    """
+    marker = f"-id={identity_path}"
+    stale = processes_matching(lambda command: "p2pd" in command and marker in command.split())
+    stop_processes(stale, grace)
+    return len(stale)
 
 
 def visible_maddrs(dht: hivemind.DHT) -> list[str]:

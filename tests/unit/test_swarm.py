@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -156,3 +157,26 @@ def test_fingerprint_first_claim_wins_and_others_are_refused() -> None:
     with pytest.raises(FingerprintMismatch, match="model fingerprint bbbb differs from run 'run'.s model aaaa"):
         claim_fingerprint(dht, "run", "bbbb", first_seen=300.0)
     assert "bbbb" not in dht.entries  # a refused node never advertises its model
+
+
+def test_stale_daemons_of_this_identity_are_stopped_and_no_others(tmp_path: Path) -> None:
+    from p2ptrain.swarm import identity_path, stop_stale_daemons
+
+    ours, other = identity_path(tmp_path / "a"), identity_path(tmp_path / "b")
+    sleeper = "import time; time.sleep(60)"
+    stale = subprocess.Popen([sys.executable, "-c", sleeper, "p2pd", f"-id={ours}"])
+    foreign = subprocess.Popen([sys.executable, "-c", sleeper, "p2pd", f"-id={other}"])
+    try:
+        for proc, path in ((stale, ours), (foreign, other)):  # until exec() has replaced the command line
+            deadline = time.monotonic() + 10
+            while f"-id={path}" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace"):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        assert stop_stale_daemons(ours, grace=5.0) == 1
+        assert stale.wait(5) is not None
+        assert foreign.poll() is None
+        assert stop_stale_daemons(ours) == 0
+    finally:
+        for proc in (stale, foreign):
+            proc.kill()
+            proc.wait()
