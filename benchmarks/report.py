@@ -51,6 +51,9 @@ def summarize(mode: str, results: list[dict[str, Any]], bytes_sent: int) -> dict
         "final_val_loss": sum(r["final_val_loss"] for r in results) / len(results),
         "bytes_sent": bytes_sent, "bytes_per_seq": bytes_sent / sequences if sequences else math.nan,
         "curve": rank0["curve"], "epochs": rank0["epoch"],
+        # Seconds a peer spent blocked (not computing) per optimizer epoch / outer round.
+        "stall_per_epoch_s": (sum(r.get("stall_seconds", 0.0) for r in results) / len(results)
+                              / rank0["epoch"] if rank0["epoch"] else math.nan),
         "rounds_ok": sum(r["rounds_ok"] for r in results), "rounds_failed": sum(r["rounds_failed"] for r in results),
         "short": any(r["sequences"] < r.get("target_sequences", r["sequences"]) for r in results),
     }
@@ -74,8 +77,9 @@ def _fmt(value: Any, spec: str) -> str:
 
 def markdown_table(rows: list[dict[str, Any]], title: str) -> str:
     lines = [f"### {title}", "",
-             "| mode | seq/s | vs DDP | vs ideal | bytes/seq | val loss | time to target (s) | rounds ok/failed |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| mode | seq/s | vs DDP | vs ideal | bytes/seq | val loss | time to target (s) | rounds ok/failed "
+             "| stall/epoch (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         label = LABELS.get(row["mode"], row["mode"])
         if row["mode"] == "compute":
@@ -86,5 +90,5 @@ def markdown_table(rows: list[dict[str, Any]], title: str) -> str:
             f"| {label} | {_fmt(row['seq_per_s'], '.1f')} | {_fmt(row['vs_ddp'], '.2f')} | "
             f"{_fmt(row['vs_ideal'], '.2f')} | {_fmt(row['bytes_per_seq'], ',.0f')} | "
             f"{_fmt(row['final_val_loss'], '.3f')} | {_fmt(row['time_to_target_s'], '.1f')} | "
-            f"{row['rounds_ok']}/{row['rounds_failed']} |")
+            f"{row['rounds_ok']}/{row['rounds_failed']} | {_fmt(row.get('stall_per_epoch_s'), '.2f')} |")
     return "\n".join(lines)

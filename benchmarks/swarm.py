@@ -10,7 +10,6 @@ process it started is killed and reaped, whatever happens.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -21,7 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import overhead
 from benchmarks.netns import ShapedNet, netns_unavailable, shaped_network
+from benchmarks.peers import kill_group, wait_for_peers
 from benchmarks.report import add_ratios, markdown_table, summarize
 from p2ptrain.compression import wire_bytes
 
@@ -37,14 +38,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the session this harness created for ``proc`` (the worker and its hivemind helpers)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
 
 
 def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None) -> list[dict[str, Any]]:
@@ -70,20 +63,11 @@ def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None) -> list
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                           start_new_session=True))
             log.close()
-        deadline = time.monotonic() + args.mode_timeout
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if any(p.poll() not in (None, 0) for p in procs):
-                break  # one peer crashed: the others would only wait for it
-            time.sleep(0.2)
-        failed = [(rank, p.poll()) for rank, p in enumerate(procs) if p.poll() != 0]
-        if failed:
-            tail = (run_dir / f"worker.{failed[0][0]}.log").read_text(errors="replace")[-1500:]
-            raise RuntimeError(f"{mode}: peers {failed} did not finish cleanly "
-                               f"(timeout {args.mode_timeout:.0f}s); last log lines:\n{tail}")
+        wait_for_peers(procs, args.mode_timeout, mode, lambda rank: run_dir / f"worker.{rank}.log")
         return [json.loads((run_dir / f"result.{rank}.json").read_text()) for rank in range(world)]
     finally:
         for proc in procs:
-            _kill_group(proc)
+            kill_group(proc)
 
 
 def estimated_bytes(mode: str, results: list[dict[str, Any]], args: argparse.Namespace) -> int:
@@ -143,15 +127,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inner-steps", type=int, default=100, help="DiLoCo H")
     p.add_argument("--grad-compression", default="fp16", choices=("none", "fp16", "8bit"))
     p.add_argument("--diloco-compression", default="8bit", choices=("none", "fp16", "8bit"))
-    p.add_argument("--matchmaking-time", type=float, default=2.0)
+    p.add_argument("--matchmaking-time", type=float, default=0.5,
+                   help="seconds; a round lasts about this long (0.5 suits loopback and the shaped LAN)")
     p.add_argument("--averaging-timeout", type=float, default=30.0)
     p.add_argument("--target-loss", type=float, default=None,
                    help="default: 1.05 x DDP's final validation loss on loopback")
     p.add_argument("--mode-timeout", type=float, default=420.0, help="seconds before a mode's peers are killed")
+    p.add_argument("--overhead-repeats", type=int, default=2,
+                   help="daemon-overhead runs of each variant (benchmarks.overhead); 0 skips that part")
+    p.add_argument("--overhead-seconds", type=float, default=25.0, help="measurement window of each overhead run")
     args = p.parse_args(argv)
     if args.peers < 1 or args.global_batch % (args.micro_batch * args.peers) or args.sequences % args.micro_batch:
         p.error("--global-batch must be a multiple of micro-batch x peers, --sequences of micro-batch")
     return args
+
+
+def run_overhead(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any], argparse.Namespace]:
+    """The daemon-overhead part (see :mod:`benchmarks.overhead`) with this run's model; ([], {}) if skipped."""
+    if args.overhead_repeats < 1:
+        return [], {}, args
+    opts = overhead.parse_args([
+        "--peers", str(args.peers), "--out", str(args.out), "--repeats", str(args.overhead_repeats),
+        "--measure", str(args.overhead_seconds), "--warmup", "5", "--micro-batch", str(args.micro_batch),
+        "--global-batch", str(args.global_batch), "--d-model", str(args.d_model), "--n-layers", str(args.n_layers),
+        "--n-heads", str(args.n_heads)])
+    try:
+        runs, summary = overhead.measure(opts)
+    except (RuntimeError, OSError, ValueError) as exc:
+        print(f"[bench] daemon overhead FAILED: {exc}", flush=True)
+        return [], {}, opts
+    return runs, summary, opts
 
 
 def _terminate(signum: int, _frame: Any) -> None:
@@ -185,14 +190,18 @@ def main(argv: list[str] | None = None) -> int:
             add_ratios(compute + shaped_rows, args.peers, target)
         else:
             print(f"[bench] shaped-link run skipped: {skipped}", flush=True)
+    overhead_runs, overhead_summary, overhead_args = run_overhead(args)
     report = {"command": " ".join(["python -m benchmarks.swarm", *(argv if argv is not None else sys.argv[1:])]),
               "args": {k: str(v) for k, v in vars(args).items()}, "target_val_loss": target,
               "loopback": rows, "shaped": shaped_rows, "shaped_skipped": skipped,
+              "overhead": {"runs": overhead_runs, **overhead_summary},
               "seconds": time.monotonic() - began}
     (args.out / "results.json").write_text(json.dumps(report, indent=1))
     tables = [markdown_table(rows, f"{args.peers} peers on 127.0.0.1")]
     if shaped_rows:
         tables.append(markdown_table(shaped_rows, f"{args.peers} peers, each link shaped to {args.rate} (tbf)"))
+    if overhead_runs:
+        tables.append(overhead.markdown(overhead_runs, overhead_summary, overhead_args).rstrip())
     text = "\n\n".join(tables) + f"\n\nTarget validation loss: {target if target is None else round(target, 3)}; " \
         f"wall time {report['seconds']:.0f}s.\n"
     (args.out / "results.md").write_text(text)

@@ -135,6 +135,18 @@ class Runner:
             self.dht.shutdown()
 
 
+def stall_seconds(step_seconds: list[float]) -> float:
+    """Time spent waiting rather than computing: what the steps took beyond twice the median step.
+
+    A step that ends an epoch (or an outer round) may block on communication; a plain step only
+    computes, so the median step is the compute cost and the excess of the slow ones is the stall.
+    """
+    if not step_seconds:
+        return 0.0
+    median = sorted(step_seconds)[len(step_seconds) // 2]
+    return sum(took - median for took in step_seconds if took > 2 * median)
+
+
 @torch.no_grad()
 def validation_loss(task: Any) -> float:
     model = task.model
@@ -158,13 +170,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         train_time, seqs = 0.0, 0
         curve.append((0.0, 0, validation_loss(task)))
         # A mode slower than the cap stops early (and reports fewer sequences): every run stays bounded.
+        step_seconds: list[float] = []
         while seqs < args.sequences and train_time < args.max_train_seconds:
             started = time.perf_counter()
             runner.micro_step(task.train_batches.next())
-            train_time += time.perf_counter() - started
+            step_seconds.append(time.perf_counter() - started)
+            train_time += step_seconds[-1]
             seqs += args.micro_batch
             timeline.append((train_time, seqs))
-            if seqs % args.eval_every == 0 or seqs >= args.sequences or train_time >= args.max_train_seconds:
+            done = seqs >= args.sequences or train_time >= args.max_train_seconds
+            if done and hasattr(runner.opt, "flush"):  # an overlapped DiLoCo round lands before the last loss
+                started = time.perf_counter()
+                runner.opt.flush()
+                train_time += time.perf_counter() - started
+            if seqs % args.eval_every == 0 or done:
                 curve.append((train_time, seqs, validation_loss(task)))
         final = curve[-1][2]
         result = {"mode": args.mode, "rank": args.rank, "world": args.world, "sequences": seqs,
@@ -173,7 +192,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "timeline": timeline[:: max(1, len(timeline) // 400)] + timeline[-1:],
                   "epoch": runner.epoch(), "rounds_ok": runner.stats.rounds_ok,
                   "rounds_failed": runner.stats.rounds_failed, "swarm_bytes_sent": runner.stats.bytes_sent,
-                  "params": sum(p.numel() for p in task.model.parameters())}
+                  "params": sum(p.numel() for p in task.model.parameters()),
+                  "stall_seconds": stall_seconds(step_seconds)}
         Path(args.out).write_text(json.dumps(result))
         # Stay in the swarm until every peer is done, so nobody's last round loses its partner.
         barrier(run_dir, "done", args.rank, args.world)
@@ -205,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-batches", type=int, default=4)
     p.add_argument("--inner-steps", type=int, default=100)
     p.add_argument("--compression", default="fp16")
-    p.add_argument("--matchmaking-time", type=float, default=2.0)
+    p.add_argument("--matchmaking-time", type=float, default=0.5)
     p.add_argument("--averaging-timeout", type=float, default=30.0)
     return p.parse_args(argv)
 

@@ -14,15 +14,17 @@ MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco")
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_every_mode_trains_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "benchmarks.swarm", "--peers", "2", "--out", str(out), "--shaped-modes", "",
            "--sequences", "160", "--eval-every", "80", "--micro-batch", "8", "--global-batch", "32",
            "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--val-batches", "2", "--inner-steps", "5",
            # every peer stops itself well inside the mode timeout (hivemind's defaults are slow here)
-           "--max-train-seconds", "25", "--mode-timeout", "60"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=220, cwd=Path(__file__).parents[2])
+           "--max-train-seconds", "25", "--mode-timeout", "60",
+           # one bare and one service swarm of the daemon-overhead part, with short windows
+           "--overhead-repeats", "1", "--overhead-seconds", "3"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=330, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "results.json").read_text())
     rows = {row["mode"]: row for row in report["loopback"]}
@@ -33,5 +35,10 @@ def test_every_mode_trains_and_reports(tmp_path: Path) -> None:
         assert math.isfinite(row["final_val_loss"]) and row["final_val_loss"] < start_loss, mode
     assert rows["ddp"]["bytes_per_seq"] > 0 and rows["compute"]["bytes_per_seq"] == 0
     assert rows["ddp"]["vs_ddp"] == pytest.approx(1.0)
+    overhead = report["overhead"]
+    assert [run["hooks"] for run in overhead["runs"]] == ["bare", "service"], done.stdout[-2000:]
+    assert overhead["bare_seq_per_s"] > 0 and overhead["service_seq_per_s"] > 0
+    service = overhead["runs"][1]
+    assert service["endpoint_answers"] > 0  # the service swarm was scraped while it trained
     table = (out / "results.md").read_text()
-    assert "p2ptrain DiLoCo" in table and table.strip() in done.stdout
+    assert "p2ptrain DiLoCo" in table and "Daemon overhead" in table and table.strip() in done.stdout

@@ -1,0 +1,110 @@
+"""One peer of the daemon-overhead benchmark: the real node loop, with the service hooks or without.
+
+Started by :mod:`benchmarks.overhead` as ``python -m benchmarks.node_peer``.  Both variants run
+:class:`p2ptrain.daemon.node.Node` on the same config; ``--hooks service`` adds what ``p2ptrain
+run`` adds (HTTP API with /metrics, signed peer records on their own timer, the volunteer policy
+checks), ``--hooks bare`` uses the no-op hooks.  A meter thread reads the node's own counters:
+once every peer trains it waits ``--warmup`` seconds, counts samples for ``--measure`` seconds,
+writes the result and stops the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+
+from p2ptrain.config import load_config
+from p2ptrain.daemon.hooks import NodeHooks
+from p2ptrain.daemon.node import Node
+from p2ptrain.daemon.service import ServiceHooks
+from p2ptrain.daemon.systemd import SystemdNotifier
+
+#: How long a peer waits for the others before it gives up (the harness kills it later anyway).
+BARRIER_TIMEOUT = 180.0
+
+
+def _wait_for_files(paths: list[Path], timeout: float, node: Node) -> bool:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        if time.monotonic() > deadline or node.stopper.is_set():
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _publish_address(node: Node, run_dir: Path) -> None:
+    while not node.maddrs and not node.stopper.is_set():
+        time.sleep(0.1)
+    tmp = run_dir / "peer0.addr.tmp"
+    tmp.write_text(" ".join(node.maddrs[:1]), encoding="utf-8")
+    tmp.rename(run_dir / "peer0.addr")
+
+
+def meter(node: Node, args: argparse.Namespace) -> None:
+    """Measure this peer's samples/s in the shared window, write the result, stop the node."""
+    run_dir = Path(args.run_dir)
+    try:
+        if args.rank == 0:
+            _publish_address(node, run_dir)
+        while node.latest.status().state != "training":
+            if node.stopper.is_set():
+                return
+            time.sleep(0.1)
+        (run_dir / f"training.{args.rank}").touch()
+        if not _wait_for_files([run_dir / f"training.{r}" for r in range(args.world)], BARRIER_TIMEOUT, node):
+            return
+        time.sleep(args.warmup)
+        first, began = node.latest.status().samples_processed_total, time.monotonic()
+        time.sleep(args.measure)
+        last, ended = node.latest.status().samples_processed_total, time.monotonic()
+        result = {"hooks": args.hooks, "rank": args.rank, "samples": last - first, "seconds": ended - began,
+                  "seq_per_s": (last - first) / (ended - began)}
+        Path(args.out).write_text(json.dumps(result), encoding="utf-8")
+        # Keep training until every peer has measured, so nobody's window loses its partner.
+        (run_dir / f"measured.{args.rank}").touch()
+        _wait_for_files([run_dir / f"measured.{r}" for r in range(args.world)], BARRIER_TIMEOUT, node)
+    finally:
+        node.request_stop("benchmark window over")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hooks", choices=("bare", "service"), required=True)
+    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--out", required=True)
+    p.add_argument("--warmup", type=float, default=10.0)
+    p.add_argument("--measure", type=float, default=30.0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_config(args.config)
+    hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ({})) if args.hooks == "service" \
+        else NodeHooks()
+    join: list[str] = []
+    if args.rank > 0:
+        addr = Path(args.run_dir) / "peer0.addr"
+        deadline = time.monotonic() + BARRIER_TIMEOUT
+        while not addr.exists():
+            if time.monotonic() > deadline:
+                print("benchmark peer: the first peer never published its address", file=sys.stderr)
+                return 1
+            time.sleep(0.1)
+        join = addr.read_text(encoding="utf-8").split()
+    node = Node(config, extra_peers=join, hooks=hooks)
+    threading.Thread(target=meter, args=(node, args), name="meter", daemon=True).start()
+    return node.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

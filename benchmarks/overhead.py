@@ -1,0 +1,177 @@
+"""What the daemon's own services cost: the node loop with API, metrics and records, versus without.
+
+``python -m benchmarks.overhead --peers 2`` runs the same swarm of real node loops
+(:mod:`benchmarks.node_peer`) alternately with the service hooks that ``p2ptrain run`` uses and
+with no-op hooks, ``--repeats`` times each (bare, service, bare, service, ...), so slow drift of a
+shared machine hits both variants alike.  While a service swarm trains, this process scrapes every
+node's ``/metrics``, ``/api/v1/status`` and ``/api/v1/peers`` every ``--scrape-every`` seconds, as
+Prometheus and ``p2ptrain top`` would.  Reports samples/s per run, the mean of each variant and
+the overhead (1 - service / bare); writes ``overhead.json`` and ``overhead.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from benchmarks.peers import kill_group, wait_for_peers
+from p2ptrain.daemon.auth import TOKEN_FILE
+from p2ptrain.localswarm import local_node_config
+
+REPO = Path(__file__).resolve().parent.parent
+SCRAPED = ("/metrics", "/api/v1/status", "/api/v1/peers")
+
+
+def _scrape(state_dirs: list[Path]) -> int:
+    """One pass over every node's endpoints; returns how many answered 200."""
+    answered = 0
+    for state_dir in state_dirs:
+        try:
+            url = (state_dir / "api.url").read_text(encoding="utf-8").strip()
+            token = (state_dir / TOKEN_FILE).read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        for path in SCRAPED:
+            request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {token}"})
+            with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=2.0) as response:
+                response.read()
+                answered += response.status == 200
+    return answered
+
+
+def node_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    return {
+        "task": {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads, "seq_len": 128},
+        "training": {"mode": args.mode, "batch_size": args.micro_batch, "target_batch_size": args.global_batch,
+                     "inner_steps": args.inner_steps, "threads": 1, "warmup_epochs": 0,
+                     "validate_every": 1e6, "averaging_timeout": 30.0},
+        "checkpoint": {"interval": 1e6},
+        "node": {"log_level": "WARNING"},
+    }
+
+
+def run_once(args: argparse.Namespace, hooks: str, index: int) -> dict[str, Any]:
+    """One swarm of ``--peers`` node loops with ``hooks``; bounded; every process reaped."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"overhead-{index}-{hooks}-", dir=args.out))
+    procs: list[subprocess.Popen[bytes]] = []
+    state_dirs = [run_dir / f"peer{rank}" / "state" for rank in range(args.peers)]
+    scrapes = 0
+    try:
+        for rank, state_dir in enumerate(state_dirs):
+            config = run_dir / f"peer{rank}" / "node.toml"
+            config.parent.mkdir(parents=True)
+            config.write_text(local_node_config(state_dir, f"overhead-{index}", node_overrides(args)),
+                              encoding="utf-8")
+            cmd = [sys.executable, "-m", "benchmarks.node_peer", "--hooks", hooks, "--config", str(config),
+                   "--run-dir", str(run_dir), "--rank", str(rank), "--world", str(args.peers),
+                   "--out", str(run_dir / f"result.{rank}.json"), "--warmup", str(args.warmup),
+                   "--measure", str(args.measure)]
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+            with open(run_dir / f"peer{rank}.log", "wb") as log:
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                              start_new_session=True))
+        next_scrape = time.monotonic()
+
+        def scrape_when_due() -> None:
+            nonlocal next_scrape, scrapes
+            if hooks == "service" and time.monotonic() >= next_scrape:
+                scrapes += _scrape(state_dirs)
+                next_scrape += args.scrape_every
+
+        wait_for_peers(procs, args.run_timeout, f"{hooks} run {index}", lambda rank: run_dir / f"peer{rank}.log",
+                       tick=scrape_when_due)
+        results = [json.loads((run_dir / f"result.{rank}.json").read_text()) for rank in range(args.peers)]
+    finally:
+        for proc in procs:
+            kill_group(proc)
+    return {"hooks": hooks, "run": index, "seq_per_s": sum(r["seq_per_s"] for r in results),
+            "per_peer": [round(r["seq_per_s"], 2) for r in results], "endpoint_answers": scrapes}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    bare = mean(r["seq_per_s"] for r in runs if r["hooks"] == "bare")
+    service = mean(r["seq_per_s"] for r in runs if r["hooks"] == "service")
+    return {"bare_seq_per_s": bare, "service_seq_per_s": service, "service_vs_bare": service / bare,
+            "overhead": 1.0 - service / bare}
+
+
+def markdown(runs: list[dict[str, Any]], summary: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = [f"### Daemon overhead: {args.peers} peers, {args.mode} mode, {args.measure:.0f} s windows", "",
+             "| run | hooks | seq/s (all peers) | per peer | endpoint answers |", "|---:|---|---:|---|---:|"]
+    for r in runs:
+        lines.append(f"| {r['run']} | {r['hooks']} | {r['seq_per_s']:.1f} | {r['per_peer']} | "
+                     f"{r['endpoint_answers']} |")
+    lines += ["", f"Mean: bare {summary['bare_seq_per_s']:.1f} seq/s, service {summary['service_seq_per_s']:.1f} "
+                  f"seq/s; service / bare = {summary['service_vs_bare']:.3f} "
+                  f"(overhead {100 * summary['overhead']:+.1f}%)."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.splitlines()[0])
+    p.add_argument("--peers", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("reports/benchmarks"))
+    p.add_argument("--repeats", type=int, default=2, help="runs of each variant, alternating")
+    p.add_argument("--warmup", type=float, default=10.0, help="seconds of training before the window opens")
+    p.add_argument("--measure", type=float, default=30.0, help="seconds in each measurement window")
+    p.add_argument("--scrape-every", type=float, default=1.0, help="seconds between scrapes of every endpoint")
+    p.add_argument("--mode", choices=("gradient", "diloco"), default="diloco",
+                   help="diloco (default) keeps averaging rounds out of the window, so the daemon's cost shows")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--global-batch", type=int, default=128)
+    p.add_argument("--inner-steps", type=int, default=500)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--n-layers", type=int, default=4)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--run-timeout", type=float, default=180.0, help="seconds before a run's peers are killed")
+    args = p.parse_args(argv)
+    if args.peers < 1 or args.repeats < 1 or args.measure <= 0 or args.warmup < 0 or args.scrape_every <= 0:
+        p.error("--peers and --repeats must be >= 1, --measure and --scrape-every > 0, --warmup >= 0")
+    return args
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every finally: peers killed
+
+
+def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every run, alternating bare and service; raises RuntimeError naming the run that failed."""
+    runs = []
+    for index in range(args.repeats):
+        for hooks in ("bare", "service"):
+            print(f"[overhead] run {index}: {hooks} ...", flush=True)
+            runs.append(run_once(args, hooks, index))
+            print(f"[overhead] run {index}: {hooks} {runs[-1]['seq_per_s']:.1f} seq/s", flush=True)
+    return runs, summarize(runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        runs, summary = measure(args)
+    except (RuntimeError, OSError, ValueError) as exc:
+        print(f"[overhead] FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    command = " ".join(["python -m benchmarks.overhead", *(argv if argv is not None else sys.argv[1:])])
+    (args.out / "overhead.json").write_text(json.dumps({"command": command, "runs": runs, **summary}, indent=1))
+    text = markdown(runs, summary, args)
+    (args.out / "overhead.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
