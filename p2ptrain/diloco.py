@@ -82,7 +82,6 @@ class _RoundInFlight:
     pseudo: list[torch.Tensor]
     """Our own pseudo-gradients, applied instead of the average if the round fails."""
     started: float
-    epoch: int
 
 
 class _DiLoCoAverager(hivemind.DecentralizedAverager):
@@ -207,8 +206,7 @@ class DiLoCoOptimizer:
             group = control if control is _ALONE or control is None else self._await(control)
             self._finish_round(group, pseudo, None, started)
         else:
-            self._in_flight = _RoundInFlight(control, [p.detach().clone() for p in self.params], pseudo, started,
-                                             self._local_epoch)
+            self._in_flight = _RoundInFlight(control, [p.detach().clone() for p in self.params], pseudo, started)
             self.round_settled.clear()
         self.inner_step, self.samples_this_round = 0, 0
         self._last_step_end = None  # the round's time is not an inner step's
