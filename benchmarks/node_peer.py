@@ -3,9 +3,9 @@
 Started by :mod:`benchmarks.overhead` as ``python -m benchmarks.node_peer``.  Both variants run
 :class:`p2ptrain.daemon.node.Node` on the same config; ``--hooks service`` adds what ``p2ptrain
 run`` adds (HTTP API with /metrics, signed peer records on their own timer, the volunteer policy
-checks), ``--hooks bare`` uses the no-op hooks.  A meter thread reads the node's own counters:
-once every peer trains it waits ``--warmup`` seconds, counts samples for ``--measure`` seconds,
-writes the result and stops the node.
+checks), ``--hooks bare`` uses the no-op hooks.  Once the node trains, a meter thread reads its
+own counters: when every peer trains it waits ``--warmup`` seconds, counts samples for
+``--measure`` seconds, writes the result and stops the node.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from p2ptrain.daemon.systemd import SystemdNotifier
 
 #: How long a peer waits for the others before it gives up (the harness kills it later anyway).
 BARRIER_TIMEOUT = 180.0
+#: Seconds between reads of the trainer's sample counter while measuring.
+POLL = 0.01
 
 
 def _wait_for_files(paths: list[Path], timeout: float, node: Node) -> bool:
@@ -38,11 +40,31 @@ def _wait_for_files(paths: list[Path], timeout: float, node: Node) -> bool:
 
 
 def _publish_address(node: Node, run_dir: Path) -> None:
-    while not node.maddrs and not node.stopper.is_set():
-        time.sleep(0.1)
     tmp = run_dir / "peer0.addr.tmp"
     tmp.write_text(" ".join(node.maddrs[:1]), encoding="utf-8")
     tmp.rename(run_dir / "peer0.addr")
+
+
+def _step_edges(node: Node, seconds: float) -> tuple[tuple[int, float], tuple[int, float]]:
+    """(samples, time) at the first and the last step that ended within the next ``seconds``.
+
+    Timing from step to step, not from window edge to window edge, so the count is not off by a
+    partial step (about 1% of a 30 s window); the trainer's counter is read every ``POLL`` s.
+    """
+    trainer = node.trainer
+    assert trainer is not None
+    deadline = time.monotonic() + seconds
+    seen = trainer.samples_processed
+    while trainer.samples_processed == seen:
+        time.sleep(POLL)
+    first = (trainer.samples_processed, time.monotonic())
+    last = first
+    while time.monotonic() < deadline:
+        time.sleep(POLL)
+        count = trainer.samples_processed
+        if count != last[0]:
+            last = (count, time.monotonic())
+    return first, last
 
 
 def meter(node: Node, args: argparse.Namespace) -> None:
@@ -51,17 +73,11 @@ def meter(node: Node, args: argparse.Namespace) -> None:
     try:
         if args.rank == 0:
             _publish_address(node, run_dir)
-        while node.latest.status().state != "training":
-            if node.stopper.is_set():
-                return
-            time.sleep(0.1)
         (run_dir / f"training.{args.rank}").touch()
         if not _wait_for_files([run_dir / f"training.{r}" for r in range(args.world)], BARRIER_TIMEOUT, node):
             return
         time.sleep(args.warmup)
-        first, began = node.latest.status().samples_processed_total, time.monotonic()
-        time.sleep(args.measure)
-        last, ended = node.latest.status().samples_processed_total, time.monotonic()
+        (first, began), (last, ended) = _step_edges(node, args.measure)
         result = {"hooks": args.hooks, "rank": args.rank, "samples": last - first, "seconds": ended - began,
                   "seq_per_s": (last - first) / (ended - began)}
         Path(args.out).write_text(json.dumps(result), encoding="utf-8")
@@ -102,7 +118,15 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.1)
         join = addr.read_text(encoding="utf-8").split()
     node = Node(config, extra_peers=join, hooks=hooks)
-    threading.Thread(target=meter, args=(node, args), name="meter", daemon=True).start()
+    on_ready = hooks.ready
+
+    def ready(node: Node) -> None:
+        # The meter starts with training, not before: the node forks hivemind's helpers while it
+        # joins, and a bare node has no thread of its own at that point.
+        on_ready(node)
+        threading.Thread(target=meter, args=(node, args), name="meter", daemon=True).start()
+
+    hooks.ready = ready  # type: ignore[method-assign]
     return node.run()
 
 

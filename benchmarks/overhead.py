@@ -3,10 +3,12 @@
 ``python -m benchmarks.overhead --peers 2`` runs the same swarm of real node loops
 (:mod:`benchmarks.node_peer`) alternately with the service hooks that ``p2ptrain run`` uses and
 with no-op hooks, ``--repeats`` times each (bare, service, bare, service, ...), so slow drift of a
-shared machine hits both variants alike.  While a service swarm trains, this process scrapes every
-node's ``/metrics``, ``/api/v1/status`` and ``/api/v1/peers`` every ``--scrape-every`` seconds, as
-Prometheus and ``p2ptrain top`` would.  Reports samples/s per run, the mean of each variant and
-the overhead (1 - service / bare); writes ``overhead.json`` and ``overhead.md`` under ``--out``.
+shared machine hits both variants alike.  While a service swarm trains, this process reads the
+nodes as their users would: every node's ``/metrics`` every ``--scrape-every`` seconds (the shipped
+Prometheus config: 15 s) and, like ``p2ptrain top`` attached to the first node, its
+``/api/v1/status`` and ``/api/v1/peers`` every ``--watch-every`` seconds (1 s).  Reports samples/s
+per run, the mean of each variant and the overhead (1 - service / bare); writes ``overhead.json``
+and ``overhead.md`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from p2ptrain.daemon.auth import TOKEN_FILE
 from p2ptrain.localswarm import local_node_config
 
 REPO = Path(__file__).resolve().parent.parent
-SCRAPED = ("/metrics", "/api/v1/status", "/api/v1/peers")
+#: What Prometheus reads from every node, and what ``p2ptrain top`` reads from the node it watches.
+SCRAPED = ("/metrics",)
+WATCHED = ("/api/v1/status", "/api/v1/peers")
 
 
-def _scrape(state_dirs: list[Path]) -> int:
-    """One pass over every node's endpoints; returns how many answered 200."""
+def _read(state_dirs: list[Path], paths: tuple[str, ...]) -> int:
+    """GET ``paths`` from every node in ``state_dirs`` with its token; returns how many answered 200."""
     answered = 0
     for state_dir in state_dirs:
         try:
@@ -42,12 +46,30 @@ def _scrape(state_dirs: list[Path]) -> int:
             token = (state_dir / TOKEN_FILE).read_text(encoding="utf-8").strip()
         except OSError:
             continue
-        for path in SCRAPED:
+        for path in paths:
             request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {token}"})
             with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=2.0) as response:
                 response.read()
                 answered += response.status == 200
     return answered
+
+
+class Readers:
+    """Prometheus on every node and one ``p2ptrain top`` on the first, each on its own schedule."""
+
+    def __init__(self, state_dirs: list[Path], scrape_every: float, watch_every: float) -> None:
+        self.state_dirs, self.scrape_every, self.watch_every = state_dirs, scrape_every, watch_every
+        self.next_scrape = self.next_watch = time.monotonic()
+        self.answers = 0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_scrape:
+            self.answers += _read(self.state_dirs, SCRAPED)
+            self.next_scrape += self.scrape_every
+        if now >= self.next_watch:
+            self.answers += _read(self.state_dirs[:1], WATCHED)
+            self.next_watch += self.watch_every
 
 
 def node_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -66,7 +88,7 @@ def run_once(args: argparse.Namespace, hooks: str, index: int) -> dict[str, Any]
     run_dir = Path(tempfile.mkdtemp(prefix=f"overhead-{index}-{hooks}-", dir=args.out))
     procs: list[subprocess.Popen[bytes]] = []
     state_dirs = [run_dir / f"peer{rank}" / "state" for rank in range(args.peers)]
-    scrapes = 0
+    readers = Readers(state_dirs, args.scrape_every, args.watch_every)
     try:
         for rank, state_dir in enumerate(state_dirs):
             config = run_dir / f"peer{rank}" / "node.toml"
@@ -81,22 +103,14 @@ def run_once(args: argparse.Namespace, hooks: str, index: int) -> dict[str, Any]
             with open(run_dir / f"peer{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                               start_new_session=True))
-        next_scrape = time.monotonic()
-
-        def scrape_when_due() -> None:
-            nonlocal next_scrape, scrapes
-            if hooks == "service" and time.monotonic() >= next_scrape:
-                scrapes += _scrape(state_dirs)
-                next_scrape += args.scrape_every
-
         wait_for_peers(procs, args.run_timeout, f"{hooks} run {index}", lambda rank: run_dir / f"peer{rank}.log",
-                       tick=scrape_when_due)
+                       tick=readers.tick if hooks == "service" else None)
         results = [json.loads((run_dir / f"result.{rank}.json").read_text()) for rank in range(args.peers)]
     finally:
         for proc in procs:
             kill_group(proc)
     return {"hooks": hooks, "run": index, "seq_per_s": sum(r["seq_per_s"] for r in results),
-            "per_peer": [round(r["seq_per_s"], 2) for r in results], "endpoint_answers": scrapes}
+            "per_peer": [round(r["seq_per_s"], 2) for r in results], "endpoint_answers": readers.answers}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -107,7 +121,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(runs: list[dict[str, Any]], summary: dict[str, Any], args: argparse.Namespace) -> str:
-    lines = [f"### Daemon overhead: {args.peers} peers, {args.mode} mode, {args.measure:.0f} s windows", "",
+    lines = [f"### Daemon overhead: {args.peers} peers, {args.mode} mode, {args.measure:.0f} s windows, /metrics "
+             f"every {args.scrape_every:g} s, status + peers of node 0 every {args.watch_every:g} s", "",
              "| run | hooks | seq/s (all peers) | per peer | endpoint answers |", "|---:|---|---:|---|---:|"]
     for r in runs:
         lines.append(f"| {r['run']} | {r['hooks']} | {r['seq_per_s']:.1f} | {r['per_peer']} | "
@@ -125,7 +140,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="runs of each variant, alternating")
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of training before the window opens")
     p.add_argument("--measure", type=float, default=30.0, help="seconds in each measurement window")
-    p.add_argument("--scrape-every", type=float, default=1.0, help="seconds between scrapes of every endpoint")
+    p.add_argument("--scrape-every", type=float, default=15.0, help="seconds between scrapes of every node's /metrics")
+    p.add_argument("--watch-every", type=float, default=1.0,
+                   help="seconds between reads of the first node's status and peers (p2ptrain top)")
     p.add_argument("--mode", choices=("gradient", "diloco"), default="diloco",
                    help="diloco (default) keeps averaging rounds out of the window, so the daemon's cost shows")
     p.add_argument("--micro-batch", type=int, default=8)
@@ -136,8 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--run-timeout", type=float, default=180.0, help="seconds before a run's peers are killed")
     args = p.parse_args(argv)
-    if args.peers < 1 or args.repeats < 1 or args.measure <= 0 or args.warmup < 0 or args.scrape_every <= 0:
-        p.error("--peers and --repeats must be >= 1, --measure and --scrape-every > 0, --warmup >= 0")
+    if args.peers < 1 or args.repeats < 1 or args.measure <= 0 or args.warmup < 0 or args.scrape_every <= 0 \
+            or args.watch_every <= 0:
+        p.error("--peers and --repeats must be >= 1; --measure, --scrape-every and --watch-every > 0; --warmup >= 0")
     return args
 
 
