@@ -157,7 +157,7 @@ class Node:
         self.dht = start_dht(cfg.swarm, state_dir, self.initial_peers, validators, self.stopper)
         self.peer_id = str(self.dht.peer_id)
         self.maddrs = visible_maddrs(self.dht)
-        self.rejoiner = Rejoiner(self.dht, self.initial_peers)
+        self.rejoiner = Rejoiner(self.dht, lambda: self.initial_peers)
         self.rejoiner.start()
         if self.initial_peers:
             logger.info("joined swarm %r as %s", cfg.swarm.run_id, self.peer_id)

@@ -3,7 +3,8 @@
 hivemind's DHT drops a peer from its routing table once requests to it fail, and never asks for it
 again; two halves of a swarm that lost their link therefore stay two swarms after the link comes
 back.  :class:`Rejoiner` remembers every peer this node's DHT has known (and the initial peers it
-was given) and, every ``period`` seconds, pings the ones that are missing from the routing table.
+is configured with, reloads included) and, every ``period`` seconds, pings the ones that are missing
+from the routing table.
 A ping that gets through puts both ends back into each other's routing tables (libp2p dials the
 peer from the addresses it learned earlier), and training progress flows again.
 
@@ -64,10 +65,11 @@ async def _rejoin_pass(dht: Any, node: Any, missing: Sequence[str], initial: Seq
 class Rejoiner:
     """A thread that keeps the node's DHT in touch with every peer it has met (see module docstring)."""
 
-    def __init__(self, dht: Any, initial_peers: Sequence[str], period: float = 15.0,
+    def __init__(self, dht: Any, initial_peers: Callable[[], Sequence[str]], period: float = 15.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """``initial_peers`` is asked on every pass, so peers added by a config reload are dialled too."""
         self.dht = dht
-        self.initial_peers = list(initial_peers)
+        self.initial_peers = initial_peers
         self.period = period
         self.clock = clock
         self.remembered: dict[str, float] = {}
@@ -95,7 +97,7 @@ class Rejoiner:
         now = self.clock()
         self.remembered = {p: seen for p, seen in self.remembered.items() if now - seen < FORGET_AFTER}
         lost = sorted(self.remembered, key=self.remembered.__getitem__, reverse=True)
-        present, answered = self.dht.run_coroutine(_PassCall(lost, self.initial_peers))
+        present, answered = self.dht.run_coroutine(_PassCall(lost, self.initial_peers()))
         for peer_id in present:
             self.remembered[peer_id] = now
         if len(self.remembered) > MAX_REMEMBERED:

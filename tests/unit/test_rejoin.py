@@ -38,7 +38,7 @@ def two_dhts():
 
 def test_lost_peer_is_pinged_back_into_both_routing_tables(two_dhts) -> None:
     first, second = two_dhts
-    rejoiner = Rejoiner(second, initial_peers=[])
+    rejoiner = Rejoiner(second, initial_peers=list)
     assert rejoiner.run_pass() == 0  # nothing lost yet: the pass only remembers who is there
     assert str(first.peer_id) in rejoiner.remembered
 
@@ -54,7 +54,8 @@ def test_lost_peer_is_pinged_back_into_both_routing_tables(two_dhts) -> None:
 def test_initial_peer_is_dialled_by_address_when_never_reached(two_dhts) -> None:
     first, second = two_dhts
     second.run_coroutine(_forget_all)
-    rejoiner = Rejoiner(second, initial_peers=[str(a) for a in first.get_visible_maddrs()])
+    first_addrs = [str(a) for a in first.get_visible_maddrs()]
+    rejoiner = Rejoiner(second, initial_peers=lambda: first_addrs)
     assert rejoiner.run_pass() == 1
     assert str(first.peer_id) in second.run_coroutine(_table)
 
@@ -63,7 +64,7 @@ def test_unreachable_peers_cost_a_bounded_pass() -> None:
     dht = hivemind.DHT(start=True, **LOOPBACK)
     try:
         dead = "/ip4/127.0.0.1/tcp/1/p2p/QmXijwFSu5YZDXdWmwK1iqEVZtWwyQy9jXc9cnzeAtd6hG"
-        rejoiner = Rejoiner(dht, initial_peers=[dead, "not a multiaddr"])
+        rejoiner = Rejoiner(dht, initial_peers=lambda: [dead, "not a multiaddr"])
         assert rejoiner.run_pass() == 0
     finally:
         dht.shutdown()
