@@ -70,16 +70,18 @@ def test_nodes_report_successful_rounds(make_node):
                         "two successful averaging rounds")
     assert status.last_round_group_size == 2
     assert status.peers_online == 2
-    # Peer records are published every few seconds: A's swarm view must come to list B.
+    # Peer records are published every few seconds: A's swarm view must come to list B, and then
+    # to show the swarm's rate (the first records may go out before a node has measured its own).
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         view = a.peers()
-        if view is not None and status.peer_id in {p.peer_id for p in view.peers}:
+        if view is not None and status.peer_id in {p.peer_id for p in view.peers} \
+                and view.swarm_samples_per_second > 0:
             break
         time.sleep(1)
     else:
-        pytest.fail(f"A's swarm view never listed B: {a.peers()}")
-    assert view.peers_online == 2 and view.swarm_samples_per_second > 0
+        pytest.fail(f"A's swarm view never listed B with a training rate: {a.peers()}")
+    assert view.peers_online == 2
 
 
 def test_late_joiner_loads_state_and_contributes(make_node):
