@@ -55,7 +55,7 @@ def _step_edges(node: Node, seconds: float) -> tuple[tuple[int, float], tuple[in
     assert trainer is not None
     deadline = time.monotonic() + seconds
     seen = trainer.samples_processed
-    while trainer.samples_processed == seen:
+    while trainer.samples_processed == seen and time.monotonic() < deadline:
         time.sleep(POLL)
     first = (trainer.samples_processed, time.monotonic())
     last = first
@@ -79,7 +79,7 @@ def meter(node: Node, args: argparse.Namespace) -> None:
         time.sleep(args.warmup)
         (first, began), (last, ended) = _step_edges(node, args.measure)
         result = {"hooks": args.hooks, "rank": args.rank, "samples": last - first, "seconds": ended - began,
-                  "seq_per_s": (last - first) / (ended - began)}
+                  "seq_per_s": (last - first) / (ended - began) if ended > began else 0.0}
         Path(args.out).write_text(json.dumps(result), encoding="utf-8")
         # Keep training until every peer has measured, so nobody's window loses its partner.
         (run_dir / f"measured.{args.rank}").touch()
