@@ -116,6 +116,8 @@ def run_once(args: argparse.Namespace, hooks: str, index: int) -> dict[str, Any]
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     bare = mean(r["seq_per_s"] for r in runs if r["hooks"] == "bare")
     service = mean(r["seq_per_s"] for r in runs if r["hooks"] == "service")
+    if bare <= 0:
+        raise RuntimeError("the bare runs trained nothing in their windows: no overhead to compare")
     return {"bare_seq_per_s": bare, "service_seq_per_s": service, "service_vs_bare": service / bare,
             "overhead": 1.0 - service / bare}
 
