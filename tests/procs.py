@@ -50,11 +50,14 @@ def _zombie_children() -> list[int]:
 
 def reap_orphans() -> int:
     """Reap zombies re-parented to this subreaper (not our own ``Popen`` children); return how many."""
+    zombies = _zombie_children()
+    if not zombies:
+        return 0  # the common case: skip the scan of every live object below
     # type(), not isinstance(): isinstance() reads __class__, which lazy module proxies answer with warnings.
     owned = {obj.pid for obj in gc.get_objects()
              if issubclass(type(obj), subprocess.Popen) and obj.returncode is None}
     reaped = 0
-    for pid in _zombie_children():
+    for pid in zombies:
         if pid in owned:
             continue
         try:
