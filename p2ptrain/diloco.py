@@ -211,9 +211,8 @@ class DiLoCoOptimizer:
         self.inner_step, self.samples_this_round = 0, 0
         self._last_step_end = None  # the round's time is not an inner step's
         self.local_epoch = self._local_epoch + 1
-        if self._in_flight is None and self.tracker.global_epoch > self.local_epoch:
-            logger.info("swarm is at round %d, we are at %d: syncing", self.tracker.global_epoch, self.local_epoch)
-            self.load_state_from_peers()
+        if self._in_flight is None:
+            self._catch_up()
 
     def _begin_average(self, pseudo: list[torch.Tensor]) -> Any:
         """Hand the pseudo-gradients to the averager and let the round's all-reduce start.
@@ -270,6 +269,10 @@ class DiLoCoOptimizer:
         self._finish_round(group, flight.pseudo, carry, flight.started)
         self._in_flight = None
         self.round_settled.set()
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Download the swarm's state if it has moved on to a later round than ours."""
         if self.tracker.global_epoch > self.local_epoch:
             logger.info("swarm is at round %d, we are at %d: syncing", self.tracker.global_epoch, self.local_epoch)
             self.load_state_from_peers()

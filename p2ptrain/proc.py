@@ -25,14 +25,27 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def _parent_of(pid: int) -> int | None:
-    """The parent pid of a live process; None for vanished processes and zombies."""
+def _state_and_parent(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) from /proc/<pid>/stat; None for a vanished process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] == "Z" else int(fields[1])
+    return fields[0], int(fields[1])
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of a live process; None for vanished processes and zombies."""
+    found = _state_and_parent(pid)
+    return None if found is None or found[0] == "Z" else found[1]
+
+
+def zombie_children(parent: int | None = None) -> list[int]:
+    """Children of ``parent`` (default: this process) that have exited and wait to be reaped."""
+    parent = os.getpid() if parent is None else parent
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and _state_and_parent(int(entry)) == ("Z", parent)]
 
 
 def cmdline(pid: int) -> str:

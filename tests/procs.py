@@ -14,9 +14,8 @@ import gc
 import os
 import signal
 import subprocess
-from pathlib import Path
 
-from p2ptrain.proc import descendants, signal_all
+from p2ptrain.proc import descendants, signal_all, zombie_children
 
 __all__ = ["become_subreaper", "descendants", "kill_all", "reap_orphans"]
 
@@ -31,26 +30,9 @@ def kill_all(pids: dict[int, str]) -> None:
     signal_all(pids, signal.SIGKILL)
 
 
-def _zombie_children() -> list[int]:
-    """Pids of this process's children that have exited and wait to be reaped."""
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] == "Z" and int(fields[1]) == me:
-            found.append(int(entry))
-    return found
-
-
 def reap_orphans() -> int:
     """Reap zombies re-parented to this subreaper (not our own ``Popen`` children); return how many."""
-    zombies = _zombie_children()
+    zombies = zombie_children()
     if not zombies:
         return 0  # the common case: skip the scan of every live object below
     # type(), not isinstance(): isinstance() reads __class__, which lazy module proxies answer with warnings.

@@ -6,12 +6,13 @@ import subprocess
 import sys
 import time
 
-from tests.procs import _zombie_children, reap_orphans
+from p2ptrain.proc import zombie_children
+from tests.procs import reap_orphans
 
 
 def _wait_for_zombie(pid: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while pid not in _zombie_children():
+    while pid not in zombie_children():
         assert time.monotonic() < deadline, f"pid {pid} never became our zombie"
         time.sleep(0.05)
 
@@ -27,5 +28,5 @@ def test_orphan_zombie_is_reaped_but_popen_child_keeps_its_exit_code():
     _wait_for_zombie(orphan)
     _wait_for_zombie(own.pid)
     assert reap_orphans() >= 1
-    assert orphan not in _zombie_children()
+    assert orphan not in zombie_children()
     assert own.wait(5) == 7
