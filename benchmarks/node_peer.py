@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from p2ptrain.config import load_config
-from p2ptrain.daemon.hooks import NodeHooks
+from p2ptrain.daemon.hooks import NodeHooks, SwarmPresence
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.service import ServiceHooks
 from p2ptrain.daemon.systemd import SystemdNotifier
@@ -41,7 +41,8 @@ def _wait_for_files(paths: list[Path], timeout: float, node: Node) -> bool:
 
 def _publish_address(node: Node, run_dir: Path) -> None:
     tmp = run_dir / "peer0.addr.tmp"
-    tmp.write_text(" ".join(node.maddrs[:1]), encoding="utf-8")
+    assert node.swarm is not None
+    tmp.write_text(" ".join(node.swarm.maddrs[:1]), encoding="utf-8")
     tmp.rename(run_dir / "peer0.addr")
 
 
@@ -51,8 +52,8 @@ def _step_edges(node: Node, seconds: float) -> tuple[tuple[int, float], tuple[in
     Timing from step to step, not from window edge to window edge, so the count is not off by a
     partial step (about 1% of a 30 s window); the trainer's counter is read every ``POLL`` s.
     """
-    trainer = node.trainer
-    assert trainer is not None
+    assert node.parts is not None
+    trainer = node.parts.trainer
     deadline = time.monotonic() + seconds
     seen = trainer.samples_processed
     while trainer.samples_processed == seen and time.monotonic() < deadline:
@@ -120,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     node = Node(config, extra_peers=join, hooks=hooks)
     on_ready = hooks.ready
 
-    def ready(node: Node) -> None:
+    def ready(presence: SwarmPresence) -> None:
         # The meter starts with training, not before: the node forks hivemind's helpers while it
         # joins, and a bare node has no thread of its own at that point.
-        on_ready(node)
+        on_ready(presence)
         threading.Thread(target=meter, args=(node, args), name="meter", daemon=True).start()
 
     hooks.ready = ready  # type: ignore[method-assign]

@@ -186,12 +186,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if seqs % args.eval_every == 0 or done:
                 curve.append((train_time, seqs, validation_loss(task)))
         final = curve[-1][2]
+        stats = runner.stats.view()
         result = {"mode": args.mode, "rank": args.rank, "world": args.world, "sequences": seqs,
                   "target_sequences": args.sequences, "train_seconds": train_time, "final_val_loss": final,
                   "curve": curve,
                   "timeline": timeline[:: max(1, len(timeline) // 400)] + timeline[-1:],
-                  "epoch": runner.epoch(), "rounds_ok": runner.stats.rounds_ok,
-                  "rounds_failed": runner.stats.rounds_failed, "swarm_bytes_sent": runner.stats.bytes_sent,
+                  "epoch": runner.epoch(), "rounds_ok": stats.rounds_ok,
+                  "rounds_failed": stats.rounds_failed, "swarm_bytes_sent": stats.bytes_sent,
                   "params": sum(p.numel() for p in task.model.parameters()),
                   "stall_seconds": stall_seconds(step_seconds)}
         Path(args.out).write_text(json.dumps(result))

@@ -1,8 +1,8 @@
-"""``p2ptrain run``: the daemon's entry point. Logging, signals, exit codes; the node does the rest.
+"""``p2ptrain run``: the daemon's entry point. Logging, signals, limits; the node does the rest.
 
-Exit codes: 0 clean stop; 78 (EX_CONFIG) bad configuration or a model that does not match the
-run, so ``RestartPreventExitStatus=78`` ends a restart loop; 75 (EX_TEMPFAIL) another node holds
-the state directory; 1 the swarm could not be joined or the node failed.
+Exit codes (see ``daemon.node``): 0 clean stop; 78 (EX_CONFIG) bad configuration or a model that
+does not match the run, so ``RestartPreventExitStatus=78`` ends a restart loop; 75 (EX_TEMPFAIL)
+another node holds the state directory; 1 the swarm could not be joined or the node failed.
 """
 
 from __future__ import annotations
@@ -12,23 +12,18 @@ import logging
 import os
 import resource
 import signal
-import sys
 from types import FrameType
 
-from p2ptrain.config import EX_CONFIG, ConfigError, load_config, parse_multiaddr
+from p2ptrain.config import ConfigError, load_config, parse_multiaddr
 from p2ptrain.daemon.children import tie_children_to_this_process
 from p2ptrain.daemon.control import Command, ControlRequest
-from p2ptrain.daemon.faults import gradient_fault
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.logsetup import configure_logging
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.service import ServiceHooks
 from p2ptrain.daemon.systemd import SystemdNotifier
-from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, SwarmError
 
 logger = logging.getLogger("p2ptrain.daemon")
-
-EX_TEMPFAIL = 75
 
 
 def _install_signal_handlers(node: Node) -> None:
@@ -41,7 +36,7 @@ def _install_signal_handlers(node: Node) -> None:
         node.request_stop(name)
 
     def on_hup(_signum: int, _frame: FrameType | None) -> None:
-        node.control.submit(ControlRequest(Command.RELOAD, source="SIGHUP"))
+        node.control.submit(ControlRequest(Command.RELOAD, source="SIGHUP"))  # a reentrant queue: no lock
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
@@ -81,25 +76,7 @@ def run_node(args: argparse.Namespace) -> int:
     if after != before:
         logger.debug("open files limit raised from %d to %d", before, after)
     tie_children_to_this_process()
-    notifier = SystemdNotifier.from_environ(os.environ)
-    hooks = ServiceHooks(config, args.config, notifier)
-    hooks.corrupt_gradients = gradient_fault(os.environ)  # test-only: None unless P2PTRAIN_TEST_FAULTS is set
+    hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ(os.environ))
     node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks)
     _install_signal_handlers(node)
-    try:
-        return node.run()
-    except (FingerprintMismatch, ConfigError) as error:
-        print(f"p2ptrain: {error}", file=sys.stderr)
-        return EX_CONFIG
-    except IdentityInUse as error:
-        print(f"p2ptrain: {error}", file=sys.stderr)
-        return EX_TEMPFAIL
-    except SwarmError as error:
-        if node.stopper.is_set():  # asked to stop while still joining: a clean stop, not a failure
-            logger.info("stopped before joining the swarm (%s)", node.stopper.reason)
-            return 0
-        print(f"p2ptrain: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:  # e.g. the API port is taken, the state directory is not writable
-        print(f"p2ptrain: {error}", file=sys.stderr)
-        return 1
+    return node.run()

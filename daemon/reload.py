@@ -1,4 +1,4 @@
-"""What a SIGHUP reload may apply at run time, and what needs a restart: a pure diff of two configs."""
+"""What a SIGHUP reload may apply at run time, and what needs a restart: pure functions of two configs."""
 
 from __future__ import annotations
 
@@ -34,3 +34,17 @@ def reloadable_changes(old: NodeConfig, new: NodeConfig) -> tuple[list[str], lis
     changed = _changed_fields(old_data, new_data, "")
     applied = [name for name in changed if _is_reloadable(name)]
     return applied, [name for name in changed if not _is_reloadable(name)]
+
+
+def merge_reloadable(old: NodeConfig, new: NodeConfig) -> NodeConfig:
+    """``old`` with every reloadable field (or section) taken from ``new``: the config a node runs
+    with after a SIGHUP.  Fields that need a restart keep their running values."""
+    sections: dict[str, Any] = {}
+    for entry in RELOADABLE:
+        section, _, key = entry.partition(".")
+        if not key:
+            sections[section] = getattr(new, section)
+            continue
+        current = sections.get(section, getattr(old, section))
+        sections[section] = current.model_copy(update={key: getattr(getattr(new, section), key)})
+    return old.model_copy(update=sections)

@@ -12,7 +12,7 @@ delayed outer update), so neither the all-reduce nor waiting for a slower peer s
 Elasticity: the round is bounded by ``averaging_timeout`` (a dead peer costs the others at most
 that, and then they apply their own pseudo-gradient); a newcomer downloads the outer params,
 outer momentum and round position from a peer and finishes the current round together with it.
-The object has the duck-typed surface of ``hivemind.Optimizer`` that the trainer and node use.
+It implements :class:`p2ptrain.swarm_optimizer.SwarmOptimizer`, the node's optimizer protocol.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from hivemind.utils import get_dht_time
 
 from p2ptrain.compression import make_compression, wire_bytes
 from p2ptrain.config import TrainingSection
-from p2ptrain.optim import ClippedAdamW, SwarmStats, warmup_cosine, withdraw_progress
+from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
+from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
+from p2ptrain.swarmstats import SwarmStats
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ class _DiLoCoAverager(hivemind.DecentralizedAverager):
 
 
 class DiLoCoOptimizer:
-    """The DiLoCo outer loop behind the optimizer interface ``Trainer`` and ``Node`` use."""
+    """The DiLoCo outer loop behind the node's optimizer protocol."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], dht: hivemind.DHT, run_id: str, cfg: TrainingSection,
                  *, client_mode: bool, stats: SwarmStats, bandwidth: float | None = None) -> None:
@@ -114,7 +116,6 @@ class DiLoCoOptimizer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.inner, warmup_cosine(cfg.warmup_epochs * cfg.inner_steps, cfg.total_epochs * cfg.inner_steps))
         self.outer = OuterStep(self.params, cfg.outer_lr, cfg.outer_momentum, cfg.outer_nesterov)
-        self.state_averager = self  # Node reads .state_averager.local_epoch / .scheduler, as on hivemind
         self.inner_step = 0
         self.samples_this_round = 0
         self._local_epoch = 0
@@ -129,8 +130,8 @@ class DiLoCoOptimizer:
         numel = sum(p.numel() for p in self.params)
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
-        self.tracker = ProgressTracker(dht, f"{run_id}_diloco", cfg.inner_steps * cfg.batch_size,
-                                       client_mode=client_mode, start=True)
+        self._tracker = ProgressTracker(dht, f"{run_id}_diloco", cfg.inner_steps * cfg.batch_size,
+                                        client_mode=client_mode, start=True)
         self.averager = _DiLoCoAverager(
             self._buffers, dht, owner=self, start=True, prefix=f"{run_id}_diloco_avg", client_mode=client_mode,
             min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
@@ -139,23 +140,37 @@ class DiLoCoOptimizer:
             state_compression=make_compression(cfg.state_compression), bandwidth=bandwidth,
         )
 
-    # ------------------------------------------------------------------ optimizer surface
+    # ------------------------------------------------------------------ the node's protocol
 
     @property
     def local_epoch(self) -> int:
         return self._local_epoch
 
-    @local_epoch.setter
-    def local_epoch(self, epoch: int) -> None:
+    def _set_epoch(self, epoch: int) -> None:
         self._local_epoch = int(epoch)
-        with self.tracker.pause_updates():
-            self.tracker.update_epoch(self._local_epoch)
+        with self._tracker.pause_updates():
+            self._tracker.update_epoch(self._local_epoch)
         if not self.averager.client_mode:
             self.averager.state_sharing_priority = self._local_epoch
 
+    def global_progress(self) -> GlobalProgress:
+        progress = self._tracker.global_progress
+        return GlobalProgress(epoch=int(self._tracker.global_epoch),
+                              samples_accumulated=int(progress.samples_accumulated),
+                              num_peers=int(progress.num_peers),
+                              known=self._tracker.fetched_global_progress_this_epoch.is_set())
+
     def step_aside(self) -> None:
         """Stop being counted on while paused (see :func:`p2ptrain.optim.withdraw_progress`)."""
-        withdraw_progress(self.tracker)
+        withdraw_progress(self._tracker)
+
+    def rejoin(self) -> None:
+        self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
+
+    def guard_targets(self) -> GuardTargets:
+        """The model's parameters and the outer parameters, with the inner and outer optimizers'
+        state: a non-finite average must not survive in either copy."""
+        return GuardTargets(tensors=[*self.params, *self.outer.params], optimizers=[self.inner, self.outer.optimizer])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -166,7 +181,7 @@ class DiLoCoOptimizer:
         self.scheduler.step()
         self.inner_step += 1
         self.samples_this_round += batch_size or self.cfg.batch_size
-        self.tracker.report_local_progress(self.local_epoch, self.samples_this_round)
+        self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
         self._time_step()
         self._settle_round(block=False)
         self._maybe_schedule_round()
@@ -183,7 +198,7 @@ class DiLoCoOptimizer:
 
     def _maybe_schedule_round(self) -> None:
         """Start matchmaking while the last inner steps still compute, so the round starts on time."""
-        if self._scheduled is not None or math.isnan(self._step_seconds) or self.tracker.global_progress.num_peers < 2:
+        if self._scheduled is not None or math.isnan(self._step_seconds) or self._tracker.global_progress.num_peers < 2:
             return
         eta = (self.cfg.inner_steps - self.inner_step) * self._step_seconds
         if eta > self.cfg.matchmaking_time:
@@ -210,7 +225,7 @@ class DiLoCoOptimizer:
             self.round_settled.clear()
         self.inner_step, self.samples_this_round = 0, 0
         self._last_step_end = None  # the round's time is not an inner step's
-        self.local_epoch = self._local_epoch + 1
+        self._set_epoch(self._local_epoch + 1)
         if self._in_flight is None:
             self._catch_up()
 
@@ -221,7 +236,7 @@ class DiLoCoOptimizer:
         could not even start.
         """
         control, self._scheduled = self._scheduled, None
-        if control is None and self.tracker.global_progress.num_peers < 2:
+        if control is None and self._tracker.global_progress.num_peers < 2:
             return _ALONE
         with self.averager.get_tensors() as buffers:
             for buffer, grad in zip(buffers, pseudo, strict=True):
@@ -245,7 +260,7 @@ class DiLoCoOptimizer:
 
         The round ends by itself within its own timeout; it is only cancelled if hivemind misses
         that by a wide margin, because cancelling a round that is still looking for a group can
-        break hivemind's matchmaking for good (see ``SwarmOptimizer``).
+        break hivemind's matchmaking for good (see ``p2ptrain.gradient.GradientOptimizer``).
         """
         try:
             return control.result(timeout=self.cfg.averaging_timeout + self.cfg.matchmaking_time + 5.0)
@@ -273,8 +288,8 @@ class DiLoCoOptimizer:
 
     def _catch_up(self) -> None:
         """Download the swarm's state if it has moved on to a later round than ours."""
-        if self.tracker.global_epoch > self.local_epoch:
-            logger.info("swarm is at round %d, we are at %d: syncing", self.tracker.global_epoch, self.local_epoch)
+        if self._tracker.global_epoch > self.local_epoch:
+            logger.info("swarm is at round %d, we are at %d: syncing", self._tracker.global_epoch, self.local_epoch)
             self.load_state_from_peers()
 
     def _finish_round(self, group: Any, pseudo: list[torch.Tensor], carry: list[torch.Tensor] | None,
@@ -294,30 +309,27 @@ class DiLoCoOptimizer:
 
     # ------------------------------------------------------------------ state
 
-    def load_state_from_peers(self, **_: Any) -> None:
+    def load_state_from_peers(self) -> bool:
         """Download outer params, momentum and round position from a peer; bounded, never raises."""
         if time.monotonic() - self._last_failed_sync < max(30.0, self.cfg.averaging_timeout):
-            return
+            return False
         self._settle_round(block=True)  # a downloaded state replaces the round in flight, not the reverse
         started = time.perf_counter()
-        self.stats.state_download_progress = 0.0
-        try:
-            for attempt in range(1, self.cfg.load_state_attempts + 1):
-                try:
-                    loaded = self.averager.load_state_from_peers(timeout=self.cfg.load_state_timeout)
-                except Exception as exc:
-                    logger.warning("state download attempt %d failed: %r", attempt, exc)
-                    continue
-                if loaded is not None:
-                    self._adopt(*loaded)
-                    self.stats.state_downloads += 1
-                    self.stats.state_download_seconds += time.perf_counter() - started
-                    return
-            self.stats.state_downloads_failed += 1
-            self._last_failed_sync = time.monotonic()
-            logger.warning("could not download state from any peer; continuing with local state")
-        finally:
-            self.stats.state_download_progress = None
+        self.stats.download_started()
+        for attempt in range(1, self.cfg.load_state_attempts + 1):
+            try:
+                loaded = self.averager.load_state_from_peers(timeout=self.cfg.load_state_timeout)
+            except Exception as exc:
+                logger.warning("state download attempt %d failed: %r", attempt, exc)
+                continue
+            if loaded is not None:
+                self._adopt(*loaded)
+                self.stats.download_finished(True, time.perf_counter() - started)
+                return True
+        self.stats.download_finished(False, 0.0)
+        self._last_failed_sync = time.monotonic()
+        logger.warning("could not download state from any peer; continuing with local state")
+        return False
 
     @torch.no_grad()
     def _adopt(self, metadata: dict[str, Any], tensors: list[torch.Tensor]) -> None:
@@ -330,25 +342,31 @@ class DiLoCoOptimizer:
         # Finish the donor's current round with it instead of drifting a partial round behind.
         self.inner_step = min(int(metadata.get("inner_step", 0)), self.cfg.inner_steps - 1)
         self.samples_this_round = 0
-        self.local_epoch = int(metadata["epoch"])
+        self._set_epoch(int(metadata["epoch"]))
         logger.info("loaded round %d (inner step %d) from a peer", self.local_epoch, self.inner_step)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"inner": self.inner.state_dict(), "outer": self.outer.optimizer.state_dict(),
-                "outer_params": [p.clone() for p in self.outer.params], "inner_step": self.inner_step}
+    def checkpoint_state(self) -> dict[str, Any]:
+        optimizer = {"inner": self.inner.state_dict(), "outer": self.outer.optimizer.state_dict(),
+                     "outer_params": [p.clone() for p in self.outer.params], "inner_step": self.inner_step}
+        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "epoch": self.local_epoch}
 
     @torch.no_grad()
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state["inner"])
-        for outer, value in zip(self.outer.params, state["outer_params"], strict=True):
-            outer.copy_(value)
-        self.outer.optimizer.load_state_dict(state["outer"])
-        self.inner_step = int(state.get("inner_step", 0))
+    def restore(self, state: dict[str, Any]) -> None:
+        optimizer = state.get("optimizer")
+        if optimizer is not None:
+            self.inner.load_state_dict(optimizer["inner"])
+            for outer, value in zip(self.outer.params, optimizer["outer_params"], strict=True):
+                outer.copy_(value)
+            self.outer.optimizer.load_state_dict(optimizer["outer"])
+            self.inner_step = int(optimizer.get("inner_step", 0))
+        if state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self._set_epoch(int(state.get("epoch", 0)))
 
     def shutdown(self) -> None:
         for control in (self._scheduled, self._in_flight.control if self._in_flight else None):
             if control is not None:
                 control.cancel()
         self.round_settled.set()
-        self.tracker.shutdown()
+        self._tracker.shutdown()
         self.averager.shutdown()

@@ -1,19 +1,15 @@
-"""Builds the swarm optimizer from config (gradient averaging or DiLoCo) and counts its swarm traffic.
+"""Builds the swarm optimizer from config: gradient averaging or DiLoCo, and the pieces both share.
 
-hivemind's ``Optimizer`` swallows swarm failures (that is what keeps a swarm elastic) but tells
-nobody about them except its log, and its ``load_state_from_peers`` retries forever when no
-donor answers (hivemind #653).  :class:`SwarmOptimizer` keeps that behaviour, bounds the state
-download, and records every averaging round and state download into :class:`SwarmStats`.
+Both optimizers implement :class:`p2ptrain.swarm_optimizer.SwarmOptimizer`; this module picks one
+from ``training.mode`` and holds what they have in common (the clipped AdamW, the LR schedule,
+withdrawing from the swarm's progress while paused, the bandwidth hint).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import math
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import hivemind
@@ -22,46 +18,10 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 
-from p2ptrain.compression import make_compression, wire_bytes
+from p2ptrain.compression import make_compression
 from p2ptrain.config import TrainingSection
-from p2ptrain.status import ROUND_DURATION_BUCKETS
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SwarmStats:
-    """Counters about averaging and state downloads; written by the training thread only."""
-
-    rounds_ok: int = 0
-    rounds_failed: int = 0
-    last_round_duration: float | None = None
-    last_group_size: int = 0
-    round_bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(ROUND_DURATION_BUCKETS) + 1))
-    round_duration_sum: float = 0.0
-    #: Averaged payload, estimated from tensor sizes and group size (butterfly all-reduce: each peer
-    #: sends and receives (n-1)/n of the tensors, twice: reduce-scatter and all-gather).
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    state_downloads: int = 0
-    state_downloads_failed: int = 0
-    state_download_seconds: float = 0.0
-    state_download_progress: float | None = None
-
-    def record_round(self, ok: bool, duration: float, group_size: int, payload_bytes: int) -> None:
-        if ok:
-            self.rounds_ok += 1
-            self.last_group_size = group_size
-            moved = int(2 * payload_bytes * (group_size - 1) / max(group_size, 1))
-            self.bytes_sent += moved
-            self.bytes_received += moved
-        else:
-            self.rounds_failed += 1
-        self.last_round_duration = duration
-        self.round_duration_sum += duration
-        index = next((i for i, bound in enumerate(ROUND_DURATION_BUCKETS) if duration <= bound),
-                     len(ROUND_DURATION_BUCKETS))
-        self.round_bucket_counts[index] += 1
+from p2ptrain.swarm_optimizer import SwarmOptimizer
+from p2ptrain.swarmstats import SwarmStats
 
 
 def withdraw_progress(tracker: ProgressTracker) -> None:
@@ -102,100 +62,6 @@ class ClippedAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-class SwarmOptimizer(hivemind.Optimizer):
-    """hivemind.Optimizer with bounded state downloads and per-round accounting."""
-
-    def __init__(self, *args: Any, stats: SwarmStats, load_state_attempts: int, retry_sync_after: float,
-                 wire_format: str = "none", **kwargs: Any) -> None:
-        self.stats = stats
-        self._load_state_attempts = load_state_attempts
-        self._retry_sync_after = retry_sync_after
-        self._last_failed_sync = -math.inf
-        super().__init__(*args, **kwargs)
-        self._payload_bytes = wire_bytes(sum(p.numel() for p in self._parameters()), wire_format)  # type: ignore[arg-type]
-        self._bound_state_download()
-
-    def _parameters(self) -> list[torch.Tensor]:
-        return [p for group in self.param_groups for p in group["params"]]
-
-    # Cancelling a round while it is still looking for a group can leave hivemind's matchmaking
-    # broken for good ("aclose(): asynchronous generator is already running"; every later round
-    # then fails with "could not find a group").  hivemind cancels a pre-scheduled round when, at
-    # the epoch boundary, nobody else is there or the epoch does not average parameters after all.
-    # So gradient rounds are only pre-scheduled with someone to average with, and parameter rounds
-    # (every average_state_every epochs, only a drift repair) are not pre-scheduled at all.
-
-    def _maybe_schedule_gradient_averaging(self) -> None:
-        if self.tracker.global_progress.num_peers < 2:
-            return
-        super()._maybe_schedule_gradient_averaging()
-
-    def _maybe_schedule_state_averaging(self) -> None:
-        return
-
-    def _state_marker(self) -> tuple[int, float]:
-        """Changes whenever hivemind loads a peer's state (it applies it in place and returns None)."""
-        first = next(iter(self.state_averager.optimizer.param_groups[0]["params"]))
-        return int(self.state_averager.local_epoch), float(first.detach().double().sum())
-
-    def _bound_state_download(self) -> None:
-        """Make each hivemind download call give up after N failed attempts instead of looping."""
-        original = self.state_averager.load_state_from_peers
-
-        def bounded(**kwargs: Any) -> None:
-            if time.monotonic() - self._last_failed_sync < self._retry_sync_after:
-                return  # failed recently: keep training locally rather than stall every step
-            self.stats.state_download_progress = 0.0
-            started = time.perf_counter()
-            try:
-                for attempt in range(1, self._load_state_attempts + 1):
-                    before = self._state_marker()
-                    try:
-                        original(**kwargs)
-                    except Exception as exc:  # timeouts and vanished donors are normal weather
-                        logger.warning("state download attempt %d/%d failed: %r", attempt,
-                                       self._load_state_attempts, exc)
-                    else:
-                        if self._state_marker() != before:
-                            self.stats.state_downloads += 1
-                            self.stats.state_download_seconds += time.perf_counter() - started
-                            logger.info("downloaded the swarm's state: now at epoch %d", self.local_epoch)
-                            return
-                        logger.info("no donor answered (attempt %d/%d)", attempt, self._load_state_attempts)
-                    if attempt < self._load_state_attempts:
-                        # A node that has just joined may not see the donors' DHT entries yet.
-                        time.sleep(2.0 * attempt)
-                self.stats.state_downloads_failed += 1
-                self._last_failed_sync = time.monotonic()
-                logger.warning("could not download state from any peer; continuing with local state")
-            finally:
-                self.stats.state_download_progress = None
-
-        self.state_averager.load_state_from_peers = bounded  # type: ignore[method-assign]
-
-    def step_aside(self) -> None:
-        """Stop being counted on while paused: finish any round already scheduled with zero weight
-        (so its partners are not left waiting) and withdraw this peer's progress record."""
-        for name in ("scheduled_grads", "scheduled_state"):
-            control = getattr(self, name, None)
-            if control is not None and not control.done():
-                self._tag_along_with_zero_weight(control)
-            setattr(self, name, None)
-        withdraw_progress(self.tracker)
-
-    def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Any) -> None:
-        started = time.perf_counter()
-        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
-        if maybe_step_control is None:
-            return  # alone in the swarm: no round was attempted
-        ok = maybe_step_control.done() and not maybe_step_control.cancelled() \
-            and maybe_step_control.exception() is None
-        group_size = len(maybe_step_control.result()) if ok else 0
-        self.stats.record_round(ok, time.perf_counter() - started, group_size, self._payload_bytes)
-        if not ok:
-            logger.warning("averaging round failed; applied local gradients instead")
-
-
 def bandwidth_hint(upload_kbps: int, download_kbps: int) -> float | None:
     """hivemind's averager ``bandwidth`` (a relative weight: its share of each all-reduce) in Mbit/s.
 
@@ -215,11 +81,9 @@ def build_optimizer(
     client_mode: bool,
     stats: SwarmStats,
     bandwidth: float | None = None,
-) -> Any:
+) -> SwarmOptimizer:
     """The swarm optimizer for ``cfg.mode``: hivemind gradient averaging, or the DiLoCo outer loop.
 
-    Both have the same duck-typed surface (``step(batch_size=)``, ``zero_grad()``, ``local_epoch``,
-    ``tracker``, ``state_averager``, ``state_dict()``, ``load_state_from_peers()``, ``shutdown()``).
     ``bandwidth`` is this node's :func:`bandwidth_hint` (None: no hint).
     """
     if cfg.mode == "diloco":
@@ -234,7 +98,9 @@ def build_optimizer(
     averager_opts: dict[str, Any] = dict(request_timeout=min(3.0, cfg.matchmaking_time / 2))
     if bandwidth is not None:
         averager_opts["bandwidth"] = bandwidth
-    return SwarmOptimizer(
+    from p2ptrain.gradient import GradientOptimizer  # it imports this module's helpers
+
+    return GradientOptimizer(
         dht=dht,
         run_id=averaging_run_id,
         params=model.parameters(),

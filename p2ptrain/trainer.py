@@ -9,12 +9,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from p2ptrain.swarm_optimizer import SwarmOptimizer
 from p2ptrain.tasks.base import Task
 
 logger = logging.getLogger(__name__)
@@ -37,17 +36,14 @@ def gradients_are_finite(model: torch.nn.Module) -> bool:
 
 
 class Trainer:
-    """Runs micro-batches of ``task`` through ``optimizer`` (a hivemind optimizer or any look-alike)."""
+    """Runs micro-batches of ``task`` through the swarm ``optimizer``."""
 
-    def __init__(self, task: Task, optimizer: Any, batch_size: int, *,
-                 corrupt_gradients: Callable[[torch.nn.Module], None] | None = None) -> None:
+    def __init__(self, task: Task, optimizer: SwarmOptimizer, batch_size: int) -> None:
         self.task = task
         self.optimizer = optimizer
         self.batch_size = batch_size
         self.nonfinite_skips = 0
         self.samples_processed = 0
-        # Test-only hook (fault injection): lets a test make this node produce bad gradients.
-        self._corrupt_gradients = corrupt_gradients
 
     @property
     def epoch(self) -> int:
@@ -60,8 +56,6 @@ class Trainer:
         batch = self.task.train_batches.next()
         loss = self.task.loss_fn(model, batch)
         loss.backward()
-        if self._corrupt_gradients is not None:
-            self._corrupt_gradients(model)
         loss_value = float(loss.detach())
         if not math.isfinite(loss_value) or not gradients_are_finite(model):
             self.optimizer.zero_grad()

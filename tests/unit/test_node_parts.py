@@ -10,11 +10,12 @@ import time
 
 import pytest
 
-from p2ptrain.daemon.node import peer_seed
-from p2ptrain.daemon.rates import Ema, WindowRate
+from p2ptrain.daemon.builder import peer_seed
+from p2ptrain.daemon.smoothing import Ema, WindowRate
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.optim import SwarmStats, warmup_cosine
+from p2ptrain.optim import warmup_cosine
 from p2ptrain.status import ROUND_DURATION_BUCKETS
+from p2ptrain.swarmstats import SwarmStats
 
 
 def test_stopper_wakes_a_wait_at_once() -> None:
@@ -71,6 +72,7 @@ def test_round_histogram_buckets() -> None:
     stats = SwarmStats()
     stats.record_round(True, 0.1, 2, 1000)
     stats.record_round(False, 1000.0, 0, 1000)
-    assert stats.round_bucket_counts[0] == 1 and stats.round_bucket_counts[len(ROUND_DURATION_BUCKETS)] == 1
-    assert stats.rounds_ok == 1 and stats.rounds_failed == 1 and stats.last_group_size == 2
-    assert stats.bytes_sent > 0
+    view = stats.view()
+    assert view.round_bucket_counts[0] == 1 and view.round_bucket_counts[len(ROUND_DURATION_BUCKETS)] == 1
+    assert view.rounds_ok == 1 and view.rounds_failed == 1 and view.last_group_size == 2
+    assert view.bytes_sent > 0

@@ -33,3 +33,16 @@ def test_path_fields_compare_by_value() -> None:
     old = parse_config({"node": {"state_dir": "/var/lib/p2ptrain"}}, "old")
     new = parse_config({"node": {"state_dir": "/var/lib/p2ptrain-2"}}, "new")
     assert reloadable_changes(old, new) == ([], ["node.state_dir"])
+
+
+def test_merge_reloadable_takes_only_reloadable_fields() -> None:
+    from p2ptrain.daemon.reload import merge_reloadable
+
+    old = parse_config({"training": {"threads": 1, "lr": 0.001, "max_epochs": 5}}, "old")
+    new = parse_config({"training": {"threads": 2, "lr": 0.5, "max_epochs": 9},
+                        "volunteer": {"busy_cpu_percent": 30}, "swarm": {"run_id": "other"}}, "new")
+    merged = merge_reloadable(old, new)
+    assert (merged.training.threads, merged.training.max_epochs) == (2, 9)
+    assert merged.volunteer.busy_cpu_percent == 30
+    assert merged.training.lr == 0.001 and merged.swarm.run_id == old.swarm.run_id  # need a restart: kept
+    assert reloadable_changes(old, merged)[1] == []

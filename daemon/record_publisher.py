@@ -19,7 +19,9 @@ logger = logging.getLogger(__name__)
 RECORD_PERIOD = 5.0
 
 
-class RecordExchange:
+class RecordPublisher:
+    """Every ``period`` seconds: publish our record from the latest snapshot, and poll everyone's."""
+
     def __init__(self, book: RecordBook, latest: LatestSnapshot, period: float = RECORD_PERIOD) -> None:
         self._book = book
         self._latest = latest
@@ -45,13 +47,13 @@ class RecordExchange:
     def _run(self) -> None:
         while True:
             try:
-                self._exchange()
+                self._publish_and_poll()
             except Exception as exc:  # the DHT being slow or odd must never stop the node
                 logger.warning("peer records unavailable: %r", exc)
             if self._stop.wait(self._period):
                 return
 
-    def _exchange(self) -> None:
+    def _publish_and_poll(self) -> None:
         status = self._latest.status()
         if status.peer_id:
             self._book.publish(PeerRecord.from_status(status))

@@ -10,6 +10,8 @@ finite.  If so, a copy of the parameters and the optimizer's per-parameter state
 last good state; if not, both are restored in place (the same tensors hivemind holds, so its
 averagers keep working) and the rollback is counted.  The epoch counter is never rolled back.
 
+What is watched comes from the optimizer (:class:`~p2ptrain.swarm_optimizer.GuardTargets`): the
+model's parameters, and in DiLoCo mode also the outer parameters and the outer momentum.
 The copy costs one extra model + optimizer state in memory, refreshed once per epoch.
 """
 
@@ -22,6 +24,8 @@ from typing import Any
 
 import torch
 
+from p2ptrain.swarm_optimizer import GuardTargets
+
 logger = logging.getLogger(__name__)
 
 
@@ -31,15 +35,13 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
-class ParameterGuard:
-    """Last good copy of ``model``'s parameters (and the optimizer's state), restored on non-finite values."""
+class NonFiniteRollback:
+    """Last good copy of the watched tensors (and the optimizers' state), restored on non-finite values."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: Any, *, check_every: float = 1.0,
+    def __init__(self, targets: GuardTargets, *, check_every: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._params = [p for p in model.parameters()]
-        # hivemind keeps a plain torch optimizer inside its state averager; DiLoCo look-alikes may not.
-        inner = getattr(getattr(optimizer, "state_averager", None), "optimizer", None)
-        self._optimizer: torch.optim.Optimizer | None = inner if isinstance(inner, torch.optim.Optimizer) else None
+        self._params = list(targets.tensors)
+        self._optimizers = list(targets.optimizers)
         self._check_every = check_every
         self._clock = clock
         self._next_check = clock() + check_every
@@ -66,7 +68,7 @@ class ParameterGuard:
     def _save(self, epoch: int) -> None:
         self._good_params = [p.detach().clone() for p in self._params]
         self._good_state = {}
-        if self._optimizer is not None:
+        if self._optimizers:
             state = self._opt_state_tensors()
             if all_finite([t for values in state.values() for t in values.values() if torch.is_tensor(t)]):
                 self._good_state = {i: {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in values.items()}
@@ -80,12 +82,12 @@ class ParameterGuard:
             # Poisoned before any good state was seen: zero what is non-finite rather than train on NaN.
             for p in self._params:
                 torch.nan_to_num_(p, nan=0.0, posinf=0.0, neginf=0.0)
-            logger.error("parameters became non-finite at epoch %d before any good state was kept: non-finite "
+            logger.warning("parameters became non-finite at epoch %d before any good state was kept: non-finite "
                          "values zeroed (rollback %d)", epoch, self.rollbacks)
             return
         for p, good in zip(self._params, self._good_params, strict=True):
             p.copy_(good)
-        if self._optimizer is not None:
+        if self._optimizers:
             for i, values in self._opt_state_tensors().items():
                 good_values = self._good_state.get(i)
                 for key, value in values.items():
@@ -95,16 +97,17 @@ class ParameterGuard:
                         value.copy_(good_values[key])
                     else:  # no good copy of this statistic: restart it rather than keep NaN
                         value.zero_()
-        logger.error("parameters became non-finite after averaging at epoch %d (a peer sent non-finite or "
+        logger.warning("parameters became non-finite after averaging at epoch %d (a peer sent non-finite or "
                      "exploding values): rolled back to the state of epoch %d (rollback %d)",
                      epoch, self._good_epoch, self.rollbacks)
 
     def _opt_state_tensors(self) -> dict[int, dict[str, Any]]:
-        assert self._optimizer is not None
+        """Per-parameter state of every watched optimizer, numbered in a fixed order."""
         found: dict[int, dict[str, Any]] = {}
         index = 0
-        for group in self._optimizer.param_groups:
-            for p in group["params"]:
-                found[index] = self._optimizer.state.get(p, {})
-                index += 1
+        for optimizer in self._optimizers:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    found[index] = optimizer.state.get(p, {})
+                    index += 1
         return found

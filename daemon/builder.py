@@ -1,0 +1,143 @@
+"""Builds what a node runs on: the swarm presence (DHT, rejoiner) and the training parts (task,
+optimizer, trainer, rollback guard, checkpoints), and takes them down again.
+
+This is the only part of the daemon that creates hivemind objects; the node and its loop get
+the finished parts, so both can be tested with fakes that stand in for this builder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from p2ptrain.checkpoint import CheckpointStore
+from p2ptrain.config import NodeConfig
+from p2ptrain.daemon.checkpointer import Checkpointer
+from p2ptrain.daemon.faults import with_faults
+from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.fingerprint import model_fingerprint
+from p2ptrain.optim import bandwidth_hint, build_optimizer
+from p2ptrain.rejoin import Rejoiner
+from p2ptrain.rollback import NonFiniteRollback
+from p2ptrain.swarm import claim_fingerprint, identity_path, start_dht, stop_stale_daemons, visible_maddrs
+from p2ptrain.swarm_optimizer import SwarmOptimizer
+from p2ptrain.swarmstats import SwarmStats
+from p2ptrain.tasks.base import Task
+from p2ptrain.tasks.loader import build_task
+from p2ptrain.trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+
+def peer_seed(peer_id: str) -> int:
+    """A stable 63-bit seed for this node's data slice, derived from its peer ID."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "big") >> 1
+
+
+@dataclass
+class JoinedSwarm:
+    """This node's place in the swarm."""
+
+    dht: Any
+    peer_id: str
+    maddrs: list[str]
+    state_dir: Path
+    rejoiner: Rejoiner | None = None
+    first_seen: float = 0.0
+    """When this node first saw its model fingerprint under the run (kept when re-publishing it)."""
+
+    def refresh_fingerprint(self, run_id: str, fingerprint: str) -> None:
+        try:
+            self.first_seen = claim_fingerprint(self.dht, run_id, fingerprint, self.first_seen)
+        except Exception as exc:  # a mismatch appearing later is another node's problem, not ours
+            logger.warning("could not refresh the model fingerprint: %s", exc)
+
+    def close(self) -> None:
+        if self.rejoiner is not None:
+            self.rejoiner.stop()
+        try:
+            self.dht.shutdown()
+        except Exception as exc:  # shutting down must go on whatever hivemind says
+            logger.warning("DHT shutdown: %r", exc)
+        # hivemind kills a DHT process that does not stop in time, and its p2pd lives on.
+        stop_stale_daemons(identity_path(self.state_dir))
+
+
+@dataclass
+class TrainingParts:
+    """The model, its optimizer and what watches over them."""
+
+    task: Task
+    optimizer: SwarmOptimizer
+    trainer: Trainer
+    rollback: NonFiniteRollback
+    checkpointer: Checkpointer
+    fingerprint: str
+
+    def save_checkpoint(self) -> bool:
+        return self.checkpointer.save(checkpoint_state(self.trainer, self.optimizer))
+
+    def close(self) -> None:
+        try:
+            self.optimizer.shutdown()
+        except Exception as exc:  # shutting down must go on whatever hivemind says
+            logger.warning("optimizer shutdown: %r", exc)
+
+
+class NodeBuilder:
+    """Creates the real parts.  Tests hand the node a fake with the same two methods."""
+
+    def __init__(self, environ: dict[str, str] | None = None) -> None:
+        self._environ = dict(os.environ if environ is None else environ)
+
+    def join(self, config: NodeConfig, state_dir: Path, initial_peers: Callable[[], Sequence[str]],
+             validators: list[Any], stopper: Stopper, wall_clock: Callable[[], float]) -> JoinedSwarm:
+        stale = stop_stale_daemons(identity_path(state_dir))
+        if stale:
+            logger.info("stopped %d p2p daemon(s) left running by a previous run of this node", stale)
+        dht = start_dht(config.swarm, state_dir, list(initial_peers()), validators, stopper)
+        swarm = JoinedSwarm(dht, str(dht.peer_id), visible_maddrs(dht), state_dir, first_seen=wall_clock())
+        swarm.rejoiner = Rejoiner(dht, lambda: list(initial_peers()))
+        swarm.rejoiner.start()
+        return swarm
+
+    def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *,
+                       wall_clock: Callable[[], float], long_operation: Callable[[float], None]) -> TrainingParts:
+        """Task, optimizer (resumed from the local checkpoint if there is one), trainer and guards."""
+        task = with_faults(build_task(config.task, config.training, peer_seed(swarm.peer_id)), self._environ)
+        fingerprint = model_fingerprint(task.model, task.shape_config)
+        swarm.first_seen = claim_fingerprint(swarm.dht, config.swarm.run_id, fingerprint, swarm.first_seen)
+        logger.info("model fingerprint %s (%d parameters)", fingerprint,
+                    sum(p.numel() for p in task.model.parameters()))
+
+        checkpointer = Checkpointer(CheckpointStore(config.checkpoint_dir(), keep=config.checkpoint.keep),
+                                    fingerprint, wall_clock=wall_clock, long_operation=long_operation)
+        restored = checkpointer.load_latest()
+        if restored is not None:
+            task.model.load_state_dict(restored["model"])
+            task.train_batches.load_state_dict(restored.get("data_position", {}))
+        optimizer = build_optimizer(task.model, swarm.dht, f"{config.swarm.run_id}_{fingerprint}", config.training,
+                                    client_mode=config.swarm.client_mode, stats=stats,
+                                    bandwidth=bandwidth_hint(config.volunteer.upload_kbps,
+                                                             config.volunteer.download_kbps))
+        trainer = Trainer(task, optimizer, config.training.batch_size)
+        if restored is not None:
+            optimizer.restore(restored)
+            trainer.samples_processed = int(restored.get("samples_processed", 0))
+        return TrainingParts(task, optimizer, trainer, NonFiniteRollback(optimizer.guard_targets()), checkpointer,
+                             fingerprint)
+
+
+def checkpoint_state(trainer: Trainer, optimizer: SwarmOptimizer) -> dict[str, Any]:
+    """Model, optimizer and data position: everything a restart needs to go on exactly here."""
+    return {
+        "model": trainer.task.model.state_dict(),
+        **optimizer.checkpoint_state(),
+        "data_position": trainer.task.train_batches.state_dict(),
+        "samples_processed": trainer.samples_processed,
+    }

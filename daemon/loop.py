@@ -1,0 +1,175 @@
+"""The node's training loop: one step at a time, with control requests, pauses and periodic work
+(snapshots, validation, checkpoints, the fingerprint) in between.
+
+Everything that changes the node happens here, on the main thread, between steps: control
+requests (API, signals) are only queued by others, and the loop drains them.  All collaborators
+are handed in (trainer, optimizer, guard, checkpoints, hooks, clock, stopper), so the loop runs
+in a unit test with fakes in milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+from p2ptrain.config import NodeConfig
+from p2ptrain.daemon.control import Command, ControlQueue
+from p2ptrain.daemon.hooks import NodeHooks
+from p2ptrain.daemon.snapshot import StatusBoard
+from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.status import NodeState, PauseReason
+from p2ptrain.swarm_optimizer import SwarmOptimizer
+from p2ptrain.trainer import StepStats
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_EVERY = 0.5
+FINGERPRINT_EVERY = 60.0
+#: How often a paused node re-withdraws its progress record (hivemind re-publishes it every 30 s).
+STEP_ASIDE_EVERY = 10.0
+#: How long a paused loop sleeps between passes (a stop or a control request cuts it short).
+PAUSED_WAIT = 0.5
+
+
+class StepRunner(Protocol):
+    """The trainer as the loop sees it."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def step(self) -> StepStats: ...
+
+    def validation_loss(self) -> float: ...
+
+
+class Rollback(Protocol):
+    def after_step(self, epoch: int) -> bool: ...
+
+
+class LoopParts(Protocol):
+    """What the loop trains with (``daemon.builder.TrainingParts`` in a real node)."""
+
+    trainer: StepRunner
+    optimizer: SwarmOptimizer
+    rollback: Rollback
+
+    def save_checkpoint(self) -> bool: ...
+
+
+class TrainingLoop:
+    def __init__(self, config: NodeConfig, parts: LoopParts, board: StatusBoard, hooks: NodeHooks,
+                 stopper: Stopper, control: ControlQueue, *, clock: Callable[[], float],
+                 refresh_fingerprint: Callable[[], None], set_threads: Callable[[int], None],
+                 paused_wait: float = PAUSED_WAIT) -> None:
+        self.config = config
+        self.parts = parts
+        self.board = board
+        self.hooks = hooks
+        self.stopper = stopper
+        self.control = control
+        self.clock = clock
+        self._refresh_fingerprint = refresh_fingerprint
+        self._set_threads = set_threads
+        self._paused_wait = paused_wait
+        self._manual_pause_until: float | None = None
+        self._next_step_aside = 0.0
+
+    def run(self) -> None:
+        """Train until a stop is requested (signal, API, ``training.max_epochs``)."""
+        now = self.clock()
+        next_snapshot = now
+        next_validation = now + self.config.training.validate_every
+        next_checkpoint = now + self.config.checkpoint.interval
+        next_fingerprint = now + FINGERPRINT_EVERY
+        while not self.stopper.is_set():
+            self._handle_control()
+            if self.stopper.is_set():
+                break
+            self._update_pause()
+            if self.board.pause_reason is PauseReason.NONE:
+                self._train_one_step()
+            else:
+                self._stay_paused()
+            now = self.clock()
+            if now >= next_snapshot:
+                self.board.publish()
+                next_snapshot = now + SNAPSHOT_EVERY
+            if now >= next_validation:
+                self.validate()
+                next_validation = now + self.config.training.validate_every
+            if now >= next_checkpoint:
+                self.parts.save_checkpoint()
+                next_checkpoint = self.clock() + self.config.checkpoint.interval
+            if now >= next_fingerprint:
+                self._refresh_fingerprint()
+                next_fingerprint = now + FINGERPRINT_EVERY
+            max_epochs = self.config.training.max_epochs
+            if max_epochs and self.parts.trainer.epoch >= max_epochs:
+                logger.info("reached training.max_epochs=%d", max_epochs)
+                self.stopper.request("max_epochs reached")
+
+    def validate(self) -> None:
+        self.board.val_loss = self.parts.trainer.validation_loss()
+        logger.info("epoch %d: validation loss %.4f", self.parts.trainer.epoch, self.board.val_loss)
+
+    # ------------------------------------------------------------------ one pass
+
+    def _train_one_step(self) -> None:
+        if self.board.state is NodeState.PAUSED:
+            self.parts.optimizer.rejoin()
+        self.board.set_state(NodeState.TRAINING)
+        stats = self.parts.trainer.step()
+        self.board.step_done(stats.samples, stats.loss, counted=not stats.skipped_nonfinite)
+        # A peer's non-finite contribution must not stay in our parameters.
+        self.parts.rollback.after_step(stats.epoch)
+        self.hooks.progress()
+
+    def _stay_paused(self) -> None:
+        """Paused: peers must not wait for us in their rounds (we still serve state to newcomers)."""
+        if self.board.state is not NodeState.PAUSED or self.clock() >= self._next_step_aside:
+            try:
+                self.parts.optimizer.step_aside()
+            except Exception as exc:  # the DHT being slow must not break the pause
+                logger.warning("could not withdraw from averaging while paused: %r", exc)
+            self._next_step_aside = self.clock() + STEP_ASIDE_EVERY
+        self.board.set_state(NodeState.PAUSED)
+        self.hooks.idle()
+        self.stopper.wait(self._paused_wait)
+
+    def _handle_control(self) -> None:
+        for request in self.control.drain():
+            logger.info("control: %s%s", request.command.value, f" from {request.source}" if request.source else "")
+            if request.command is Command.PAUSE:
+                self._manual_pause_until = self.clock() + request.duration if request.duration else math.inf
+            elif request.command is Command.RESUME:
+                self._manual_pause_until = None
+            elif request.command is Command.CHECKPOINT:
+                self.parts.save_checkpoint()
+            elif request.command is Command.LEAVE:
+                self.stopper.request(f"leave requested by {request.source or 'control'}")
+            elif request.command is Command.RELOAD:
+                self._reload()
+
+    def _reload(self) -> None:
+        new = self.hooks.reload(self.config)
+        if new is None:
+            return
+        if new.training.threads != self.config.training.threads:
+            self._set_threads(new.training.threads)
+        self.config = new
+
+    def _update_pause(self) -> None:
+        reason = PauseReason.NONE
+        if self._manual_pause_until is not None:
+            if self.clock() < self._manual_pause_until:
+                reason = PauseReason.MANUAL
+            else:
+                self._manual_pause_until = None
+                logger.info("timed pause is over: resuming")
+        if reason is PauseReason.NONE:
+            reason = self.hooks.policy_pause_reason()
+        if reason != self.board.pause_reason:
+            logger.info("pausing (%s)", reason.value) if reason else logger.info("resuming training")
+            self.board.pause_reason = reason

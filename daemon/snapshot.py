@@ -1,0 +1,164 @@
+"""From the node's live figures to the status snapshot: a pure ``make_snapshot`` and the board
+that gathers its inputs on the training thread.
+
+The snapshot is the one contract between the node and everything that watches it (API, metrics,
+peer records, TUI).  :func:`make_snapshot` is a pure function of plain values, so what a user
+sees can be tested without a node; :class:`StatusBoard` is the node's bookkeeping (state, rates,
+the collaborators it reads figures from) and publishes the result to :class:`LatestSnapshot`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from p2ptrain import __version__
+from p2ptrain.daemon.smoothing import Ema, WindowRate
+from p2ptrain.status import LatestSnapshot, NodeState, PauseReason, Reachability, StatusSnapshot, SwarmView
+from p2ptrain.swarm_optimizer import GlobalProgress
+from p2ptrain.swarmstats import SwarmStatsView
+
+#: State changes are the node's story: their log lines carry the node's name, wherever they are made.
+state_logger = logging.getLogger("p2ptrain.daemon.node")
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """Who the node is in the swarm (empty until it has joined)."""
+
+    run_id: str = ""
+    peer_id: str = ""
+    maddrs: tuple[str, ...] = ()
+    fingerprint: str = ""
+    client_mode: bool = False
+
+    def reachability(self) -> Reachability:
+        if self.client_mode:
+            return Reachability.CLIENT
+        if any("p2p-circuit" in addr for addr in self.maddrs):
+            return Reachability.RELAYED
+        return Reachability.DIRECT if self.maddrs else Reachability.UNKNOWN
+
+
+@dataclass(frozen=True)
+class CheckpointFigures:
+    ok: int = 0
+    failed: int = 0
+    last_time: float | None = None
+    last_error: str = ""
+
+
+@dataclass(frozen=True)
+class TrainingFigures:
+    """What the trainer and the rollback guard have counted."""
+
+    epoch: int = 0
+    samples_processed: int = 0
+    nonfinite_skips: int = 0
+    rollbacks: int = 0
+
+
+@dataclass(frozen=True)
+class LiveFigures:
+    """What the loop measures as it goes."""
+
+    samples_per_second: float = 0.0
+    loss: float | None = None
+    val_loss: float | None = None
+    seconds_since_progress: float | None = None
+    uptime_seconds: float = 0.0
+    started_at: float = 0.0
+
+
+def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: NodeIdentity,
+                  training: TrainingFigures, live: LiveFigures, progress: GlobalProgress, stats: SwarmStatsView,
+                  checkpoints: CheckpointFigures, view: SwarmView, target_batch_size: int,
+                  taken_at: float) -> StatusSnapshot:
+    """The node's status from plain figures; no I/O, no clock."""
+    return StatusSnapshot(
+        version=__version__, state=state.value, pause_reason=pause_reason.value,
+        peer_id=identity.peer_id, visible_maddrs=identity.maddrs, reachability=identity.reachability().value,
+        run_id=identity.run_id, model_fingerprint=identity.fingerprint,
+        local_epoch=training.epoch, global_epoch=max(progress.epoch, view.global_epoch, training.epoch),
+        samples_accumulated=progress.samples_accumulated, target_batch_size=target_batch_size,
+        samples_processed_total=training.samples_processed,
+        local_samples_per_second=live.samples_per_second,
+        swarm_samples_per_second=view.swarm_samples_per_second,
+        # Signed records are the swarm view; hivemind's progress entries outlive departed peers.
+        peers_online=view.peers_online or progress.num_peers,
+        loss=live.loss, val_loss=live.val_loss,
+        averaging_rounds_ok_total=stats.rounds_ok, averaging_rounds_failed_total=stats.rounds_failed,
+        last_round_duration_seconds=stats.last_round_duration, last_round_group_size=stats.last_group_size,
+        round_duration_bucket_counts=stats.round_bucket_counts, round_duration_sum_seconds=stats.round_duration_sum,
+        bytes_sent_total=stats.bytes_sent, bytes_received_total=stats.bytes_received,
+        state_downloads_total=stats.state_downloads, state_downloads_failed_total=stats.state_downloads_failed,
+        state_download_seconds_total=stats.state_download_seconds,
+        state_download_progress=stats.state_download_progress,
+        checkpoint_writes_ok_total=checkpoints.ok, checkpoint_writes_failed_total=checkpoints.failed,
+        last_checkpoint_time=checkpoints.last_time, last_checkpoint_error=checkpoints.last_error,
+        nonfinite_skips_total=training.nonfinite_skips, rollbacks_total=training.rollbacks,
+        rejected_records_total=view.rejected_records_total,
+        seconds_since_progress=live.seconds_since_progress,
+        uptime_seconds=live.uptime_seconds, started_at=live.started_at, taken_at=taken_at,
+    )
+
+
+class StatusBoard:
+    """The node's live figures (written on the training thread only) and their publication.
+
+    Sources are callables, set by the node as its parts come to life, so the board never holds
+    the trainer or the optimizer themselves.
+    """
+
+    def __init__(self, latest: LatestSnapshot, target_batch_size: int, *, clock: Callable[[], float],
+                 wall_clock: Callable[[], float]) -> None:
+        self.latest = latest
+        self.target_batch_size = target_batch_size
+        self.clock, self.wall_clock = clock, wall_clock
+        self.state = NodeState.STARTING
+        self.pause_reason = PauseReason.NONE
+        self.identity = NodeIdentity()
+        self.val_loss: float | None = None
+        self.training: Callable[[], TrainingFigures] = TrainingFigures
+        self.progress: Callable[[], GlobalProgress] = GlobalProgress
+        self.stats: Callable[[], SwarmStatsView] = SwarmStatsView
+        self.checkpoints: Callable[[], CheckpointFigures] = CheckpointFigures
+        self.view: Callable[[], SwarmView | None] = lambda: None
+        self._last_view = SwarmView()
+        self._rate = WindowRate()
+        self._loss = Ema(0.05)
+        self._last_progress: float | None = None
+        self._started_mono = clock()
+        self._started_wall = wall_clock()
+
+    def set_state(self, state: NodeState) -> None:
+        if state is not self.state:
+            state_logger.info("state %s -> %s", self.state.value.upper(), state.value.upper())
+            self.state = state
+            self.publish()
+
+    def step_done(self, samples: int, loss: float, counted: bool) -> None:
+        """A local step finished; ``counted`` is False for a skipped (non-finite) contribution."""
+        now = self.clock()
+        self._last_progress = now
+        if counted:
+            self._rate.add(now, samples)
+            self._loss.add(loss)
+
+    def snapshot(self) -> StatusSnapshot:
+        now = self.clock()
+        view = self.view()
+        if view is not None:
+            self._last_view = view
+        live = LiveFigures(
+            samples_per_second=self._rate.rate(now), loss=self._loss.value, val_loss=self.val_loss,
+            seconds_since_progress=None if self._last_progress is None else now - self._last_progress,
+            uptime_seconds=now - self._started_mono, started_at=self._started_wall)
+        return make_snapshot(state=self.state, pause_reason=self.pause_reason, identity=self.identity,
+                             training=self.training(), live=live, progress=self.progress(), stats=self.stats(),
+                             checkpoints=self.checkpoints(), view=self._last_view,
+                             target_batch_size=self.target_batch_size, taken_at=self.wall_clock())
+
+    def publish(self) -> None:
+        self.latest.publish(self.snapshot(), self._last_view)

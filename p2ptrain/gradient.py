@@ -1,0 +1,156 @@
+"""Gradient mode: hivemind's collaborative optimizer behind the node's optimizer protocol.
+
+hivemind's ``Optimizer`` swallows swarm failures (that is what keeps a swarm elastic) but tells
+nobody about them except its log, and its ``load_state_from_peers`` retries forever when no
+donor answers (hivemind #653).  :class:`GradientOptimizer` keeps that behaviour, bounds the state
+download, records every averaging round and download into :class:`SwarmStats`, and implements
+:class:`~p2ptrain.swarm_optimizer.SwarmOptimizer` so the node never reads hivemind's attributes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import hivemind
+import torch
+
+from p2ptrain.compression import wire_bytes
+from p2ptrain.optim import withdraw_progress
+from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
+from p2ptrain.swarmstats import SwarmStats
+
+logger = logging.getLogger(__name__)
+
+
+class GradientOptimizer(hivemind.Optimizer):
+    """hivemind.Optimizer with bounded state downloads, per-round accounting and the node's protocol."""
+
+    def __init__(self, *args: Any, stats: SwarmStats, load_state_attempts: int, retry_sync_after: float,
+                 wire_format: str = "none", **kwargs: Any) -> None:
+        self.stats = stats
+        self._load_state_attempts = load_state_attempts
+        self._retry_sync_after = retry_sync_after
+        self._last_failed_sync = -math.inf
+        self._adopted = False
+        super().__init__(*args, **kwargs)
+        self._payload_bytes = wire_bytes(sum(p.numel() for p in self._parameters()), wire_format)
+        self._bound_state_download()
+
+    def _parameters(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    # ------------------------------------------------------------------ the node's protocol
+
+    def global_progress(self) -> GlobalProgress:
+        tracker = self.tracker
+        progress = tracker.global_progress
+        return GlobalProgress(epoch=int(tracker.global_epoch), samples_accumulated=int(progress.samples_accumulated),
+                              num_peers=int(progress.num_peers),
+                              known=tracker.fetched_global_progress_this_epoch.is_set())
+
+    def load_state_from_peers(self, **kwargs: Any) -> bool:  # type: ignore[override]
+        """hivemind's download, bounded by ``load_state_attempts``; True when a state was adopted."""
+        self._adopted = False
+        super().load_state_from_peers(**kwargs)
+        return self._adopted
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        scheduler = self.state_averager.scheduler
+        return {"optimizer": self.state_dict(), "epoch": self.local_epoch,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("optimizer") is not None:
+            self.load_state_dict(state["optimizer"])
+        self.state_averager.local_epoch = int(state.get("epoch", 0))
+        scheduler = self.state_averager.scheduler
+        if scheduler is not None and state.get("scheduler") is not None:
+            scheduler.load_state_dict(state["scheduler"])
+
+    def step_aside(self) -> None:
+        """Finish any round already scheduled with zero weight (so its partners are not left
+        waiting) and withdraw this peer's progress record."""
+        for name in ("scheduled_grads", "scheduled_state"):
+            control = getattr(self, name, None)
+            if control is not None and not control.done():
+                self._tag_along_with_zero_weight(control)
+            setattr(self, name, None)
+        withdraw_progress(self.tracker)
+
+    def rejoin(self) -> None:
+        local = self.tracker.local_progress
+        self.tracker.report_local_progress(local.epoch, local.samples_accumulated)
+
+    def guard_targets(self) -> GuardTargets:
+        return GuardTargets(tensors=self._parameters(), optimizers=[self.state_averager.optimizer])
+
+    def flush(self) -> None:
+        """Nothing to land: a delayed optimizer step is applied by hivemind at the next step."""
+
+    # ------------------------------------------------------------------ hivemind overrides
+
+    # Cancelling a round while it is still looking for a group can leave hivemind's matchmaking
+    # broken for good ("aclose(): asynchronous generator is already running"; every later round
+    # then fails with "could not find a group").  hivemind cancels a pre-scheduled round when, at
+    # the epoch boundary, nobody else is there or the epoch does not average parameters after all.
+    # So gradient rounds are only pre-scheduled with someone to average with, and parameter rounds
+    # (every average_state_every epochs, only a drift repair) are not pre-scheduled at all.
+
+    def _maybe_schedule_gradient_averaging(self) -> None:
+        if self.tracker.global_progress.num_peers < 2:
+            return
+        super()._maybe_schedule_gradient_averaging()
+
+    def _maybe_schedule_state_averaging(self) -> None:
+        return
+
+    def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Any) -> None:
+        started = time.perf_counter()
+        super()._average_gradients_and_load_into_optimizer(maybe_step_control)
+        if maybe_step_control is None:
+            return  # alone in the swarm: no round was attempted
+        ok = maybe_step_control.done() and not maybe_step_control.cancelled() \
+            and maybe_step_control.exception() is None
+        group_size = len(maybe_step_control.result()) if ok else 0
+        self.stats.record_round(ok, time.perf_counter() - started, group_size, self._payload_bytes)
+        if not ok:
+            logger.warning("averaging round failed; applied local gradients instead")
+
+    def _state_marker(self) -> tuple[int, float]:
+        """Changes whenever hivemind loads a peer's state (it applies it in place and returns None)."""
+        first = next(iter(self.state_averager.optimizer.param_groups[0]["params"]))
+        return int(self.state_averager.local_epoch), float(first.detach().double().sum())
+
+    def _bound_state_download(self) -> None:
+        """Make each hivemind download call give up after N failed attempts instead of looping."""
+        original = self.state_averager.load_state_from_peers
+
+        def bounded(**kwargs: Any) -> None:
+            if time.monotonic() - self._last_failed_sync < self._retry_sync_after:
+                return  # failed recently: keep training locally rather than stall every step
+            self.stats.download_started()
+            started = time.perf_counter()
+            for attempt in range(1, self._load_state_attempts + 1):
+                before = self._state_marker()
+                try:
+                    original(**kwargs)
+                except Exception as exc:  # timeouts and vanished donors are normal weather
+                    logger.warning("state download attempt %d/%d failed: %r", attempt, self._load_state_attempts, exc)
+                else:
+                    if self._state_marker() != before:
+                        self._adopted = True
+                        self.stats.download_finished(True, time.perf_counter() - started)
+                        logger.info("downloaded the swarm's state: now at epoch %d", self.local_epoch)
+                        return
+                    logger.info("no donor answered (attempt %d/%d)", attempt, self._load_state_attempts)
+                if attempt < self._load_state_attempts:
+                    # A node that has just joined may not see the donors' DHT entries yet.
+                    time.sleep(2.0 * attempt)
+            self.stats.download_finished(False, 0.0)
+            self._last_failed_sync = time.monotonic()
+            logger.warning("could not download state from any peer; continuing with local state")
+
+        self.state_averager.load_state_from_peers = bounded  # type: ignore[method-assign]

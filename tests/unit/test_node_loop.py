@@ -1,0 +1,385 @@
+"""The node's life and loop with fakes for every collaborator: no processes, no DHT, a fake clock.
+
+Covers pause/resume/leave, the pause timer, max_epochs, SIGHUP reload, the sync decision, the
+watchdog while a step is stuck, and the exit code of every way a node can end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from p2ptrain.config import ConfigError, NodeConfig, parse_config
+from p2ptrain.daemon.builder import JoinedSwarm
+from p2ptrain.daemon.control import Command, ControlRequest
+from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
+from p2ptrain.daemon.node import Node
+from p2ptrain.daemon.snapshot import CheckpointFigures
+from p2ptrain.status import NodeState, PauseReason
+from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
+from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
+from p2ptrain.swarmstats import SwarmStats
+from p2ptrain.trainer import StepStats
+
+STEPS_PER_EPOCH = 4
+STEP_SECONDS = 0.1
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeOptimizer:
+    def __init__(self, swarm_epoch: int = 0) -> None:
+        self.stats = SwarmStats()
+        self.epoch = 0
+        self.swarm_epoch = swarm_epoch
+        self.downloads = self.step_asides = self.rejoins = 0
+
+    @property
+    def local_epoch(self) -> int:
+        return self.epoch
+
+    def global_progress(self) -> GlobalProgress:
+        return GlobalProgress(epoch=self.swarm_epoch, num_peers=2, known=True)
+
+    def step(self, batch_size: int) -> None: ...
+    def zero_grad(self) -> None: ...
+
+    def load_state_from_peers(self) -> bool:
+        self.downloads += 1
+        self.epoch = self.swarm_epoch
+        return True
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch}
+
+    def restore(self, state: dict[str, Any]) -> None: ...
+
+    def step_aside(self) -> None:
+        self.step_asides += 1
+
+    def rejoin(self) -> None:
+        self.rejoins += 1
+
+    def guard_targets(self) -> GuardTargets:
+        return GuardTargets()
+
+    def flush(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+class FakeTrainer:
+    """Each step advances the fake clock; an epoch every STEPS_PER_EPOCH steps."""
+
+    def __init__(self, optimizer: FakeOptimizer, clock: FakeClock, on_step: Any = None) -> None:
+        self.optimizer, self.clock, self.on_step = optimizer, clock, on_step
+        self.steps = self.samples_processed = self.nonfinite_skips = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.optimizer.epoch
+
+    def step(self) -> StepStats:
+        self.steps += 1
+        self.clock.now += STEP_SECONDS
+        if self.on_step is not None:
+            self.on_step(self.steps)
+        self.samples_processed += 8
+        if self.steps % STEPS_PER_EPOCH == 0:
+            self.optimizer.epoch += 1
+        return StepStats(3.0, 8, STEP_SECONDS, False, self.epoch)
+
+    def validation_loss(self) -> float:
+        return 2.5
+
+
+class FakeRollback:
+    rollbacks = 0
+
+    def after_step(self, epoch: int) -> bool:
+        return False
+
+
+@dataclass
+class FakeParts:
+    trainer: FakeTrainer
+    optimizer: FakeOptimizer
+    rollback: FakeRollback = field(default_factory=FakeRollback)
+    fingerprint: str = "f" * 16
+    checkpoints: int = 0
+    closed: bool = False
+
+    @property
+    def checkpointer(self) -> Any:
+        return type("C", (), {"figures": CheckpointFigures(ok=self.checkpoints)})()
+
+    def save_checkpoint(self) -> bool:
+        self.checkpoints += 1
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeSwarm(JoinedSwarm):
+    def refresh_fingerprint(self, run_id: str, fingerprint: str) -> None: ...
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeBuilder:
+    def __init__(self, clock: FakeClock, *, swarm_epoch: int = 0, fail_join: Exception | None = None,
+                 fail_build: Exception | None = None, on_step: Any = None) -> None:
+        self.optimizer = FakeOptimizer(swarm_epoch)
+        self.parts = FakeParts(FakeTrainer(self.optimizer, clock, on_step), self.optimizer)
+        self.fail_join, self.fail_build = fail_join, fail_build
+        self.swarm: FakeSwarm | None = None
+
+    def join(self, config: NodeConfig, state_dir: Path, initial_peers: Any, validators: Any, stopper: Any,
+             wall_clock: Any) -> JoinedSwarm:
+        if self.fail_join is not None:
+            raise self.fail_join
+        self.swarm = FakeSwarm(dht=None, peer_id="12D3KooWFake", maddrs=["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWFake"],
+                               state_dir=state_dir)
+        return self.swarm
+
+    def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, **_: Any) -> Any:
+        if self.fail_build is not None:
+            raise self.fail_build
+        return self.parts
+
+
+class RecordingHooks(NodeHooks):
+    """Records what the node told it; ``idle`` advances the fake clock like a real paused pass."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.calls: list[str] = []
+        self.outlets: NodeOutlets | None = None
+        self.policy = PauseReason.NONE
+        self.on_idle: Any = None
+        self.reloaded: NodeConfig | None = None
+        self.seen_by_reload: NodeConfig | None = None
+
+    def starting(self, outlets: NodeOutlets) -> None:
+        self.outlets = outlets
+        self.calls.append("starting")
+
+    def ready(self, presence: SwarmPresence) -> None:
+        self.calls.append(f"ready:{presence.peer_id}")
+
+    def progress(self) -> None:
+        self.calls.append("progress")
+
+    def idle(self) -> None:
+        self.calls.append("idle")
+        self.clock.now += 0.5
+        if self.on_idle is not None:
+            self.on_idle(self.calls.count("idle"))
+
+    def policy_pause_reason(self) -> PauseReason:
+        return self.policy
+
+    def reload(self, current: NodeConfig) -> NodeConfig | None:
+        self.seen_by_reload = current
+        return self.reloaded
+
+    def stopping(self) -> None:
+        self.calls.append("stopping")
+
+
+def _config(tmp_path: Path, **training: Any) -> NodeConfig:
+    return parse_config({"node": {"state_dir": str(tmp_path / "state")}, "api": {"enabled": False},
+                         "training": {"validate_every": 1e6, **training}, "checkpoint": {"interval": 1e6}}, "test")
+
+
+def _node(tmp_path: Path, builder_kwargs: dict[str, Any] | None = None, **training: Any,
+          ) -> tuple[Node, FakeBuilder, RecordingHooks, list[int]]:
+    clock = FakeClock()
+    builder = FakeBuilder(clock, **(builder_kwargs or {}))
+    hooks = RecordingHooks(clock)
+    threads: list[int] = []
+    node = Node(_config(tmp_path, **training), hooks=hooks, builder=builder, clock=clock,  # type: ignore[arg-type]
+                wall_clock=lambda: 1.7e9, set_threads=threads.append, paused_wait=0.0)
+    return node, builder, hooks, threads
+
+
+def _states(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage().rsplit("-> ", 1)[1] for r in caplog.records if r.getMessage().startswith("state ")]
+
+
+def test_trains_until_max_epochs_then_stops_cleanly_with_a_final_checkpoint(tmp_path, caplog):
+    caplog.set_level("INFO")
+    node, builder, hooks, _ = _node(tmp_path, max_epochs=3)
+    assert node.run() == 0
+    assert builder.optimizer.epoch == 3 and builder.parts.trainer.steps == 3 * STEPS_PER_EPOCH
+    assert builder.parts.checkpoints == 1 and builder.parts.closed and builder.swarm.closed
+    assert _states(caplog) == ["JOINING", "SYNCING", "TRAINING", "STOPPING", "STOPPED"]
+    assert hooks.calls[0] == "starting" and hooks.calls[1] == "ready:12D3KooWFake" and hooks.calls[-1] == "stopping"
+    assert node.stopper.reason == "max_epochs reached"
+    assert node.latest.status().state == "stopped" and node.latest.status().samples_processed_total == 96
+
+
+def test_pause_steps_aside_then_resume_rejoins_then_leave_stops(tmp_path):
+    def on_step(step: int) -> None:
+        if step == 3:
+            node.control.submit(ControlRequest(Command.PAUSE, source="test"))
+        if step == 6:
+            node.control.submit(ControlRequest(Command.LEAVE, source="test"))
+
+    node, builder, hooks, _ = _node(tmp_path, {"on_step": on_step})
+
+    def on_idle(count: int) -> None:
+        assert node.latest.status().state == "paused" and node.latest.status().pause_reason == "manual"
+        if count == 3:
+            node.control.submit(ControlRequest(Command.RESUME, source="test"))
+
+    hooks.on_idle = on_idle
+    assert node.run() == 0
+    assert hooks.calls.count("idle") == 3
+    assert builder.optimizer.step_asides == 1 and builder.optimizer.rejoins == 1
+    assert builder.parts.trainer.steps == 6
+    assert node.stopper.reason == "leave requested by test"
+
+
+def test_a_timed_pause_ends_by_itself(tmp_path, caplog):
+    caplog.set_level("INFO")
+
+    def on_step(step: int) -> None:
+        if step == 1:
+            node.control.submit(ControlRequest(Command.PAUSE, duration=2.0, source="test"))
+        if step == 3:
+            node.request_stop("test over")
+
+    node, builder, hooks, _ = _node(tmp_path, {"on_step": on_step})
+    assert node.run() == 0
+    # Each paused pass advances the fake clock by 0.5 s: a 2 s pause takes four passes, then training resumes.
+    assert hooks.calls.count("idle") == 4
+    assert "timed pause is over: resuming" in caplog.messages
+    assert builder.optimizer.rejoins == 1
+
+
+def test_a_paused_node_re_withdraws_from_averaging_now_and_then(tmp_path):
+    node, builder, hooks, _ = _node(tmp_path)
+    hooks.policy = PauseReason.SCHEDULE
+    hooks.on_idle = lambda count: count == 50 and node.request_stop("test over")
+    assert node.run() == 0
+    # 50 passes of 0.5 s = 25 s of pause: withdrawn at once, then every STEP_ASIDE_EVERY (10 s).
+    assert builder.optimizer.step_asides == 3
+    assert builder.parts.trainer.steps == 0
+
+
+def test_sighup_reload_applies_the_new_settings_in_the_loop(tmp_path, caplog):
+    def on_step(step: int) -> None:
+        if step == 2:
+            node.control.submit(ControlRequest(Command.RELOAD, source="SIGHUP"))
+
+    node, builder, hooks, threads = _node(tmp_path, {"on_step": on_step}, max_epochs=100, threads=1)
+    hooks.reloaded = node.config.model_copy(update={"training": node.config.training.model_copy(
+        update={"max_epochs": 2, "threads": 3})})
+    assert node.run() == 0
+    assert hooks.seen_by_reload is node.config  # the reload hook is shown the config in force
+    assert threads == [1, 3]
+    assert builder.optimizer.epoch == 2  # the reloaded max_epochs ended the run
+    assert node.current_config().training.max_epochs == 2
+
+
+def test_a_refused_reload_keeps_the_running_config(tmp_path):
+    def on_step(step: int) -> None:
+        if step == 1:
+            node.control.submit(ControlRequest(Command.RELOAD, source="SIGHUP"))
+
+    node, builder, hooks, threads = _node(tmp_path, {"on_step": on_step}, max_epochs=1)
+    hooks.reloaded = None
+    assert node.run() == 0
+    assert node.current_config() is node.config and threads == [0]
+
+
+def test_a_newcomer_behind_the_swarm_downloads_its_state_once(tmp_path):
+    node, builder, _, _ = _node(tmp_path, {"swarm_epoch": 7}, max_epochs=8)
+    assert node.run() == 0
+    assert builder.optimizer.downloads == 1 and builder.parts.trainer.steps == STEPS_PER_EPOCH
+
+
+def test_a_node_in_step_with_the_swarm_does_not_download(tmp_path):
+    node, builder, _, _ = _node(tmp_path, max_epochs=1)
+    assert node.run() == 0
+    assert builder.optimizer.downloads == 0
+
+
+def test_a_stop_while_syncing_skips_training_but_still_checkpoints(tmp_path, caplog):
+    caplog.set_level("INFO")
+    node, builder, hooks, _ = _node(tmp_path, {"swarm_epoch": 5})
+    builder.optimizer.load_state_from_peers = lambda: node.request_stop("SIGTERM") or False  # type: ignore
+    assert node.run() == 0
+    assert "TRAINING" not in _states(caplog) and builder.parts.checkpoints == 1
+    assert not any(call.startswith("ready") for call in hooks.calls)
+
+
+@pytest.mark.parametrize(("where", "error", "code"), [
+    ("fail_build", ConfigError("task.entrypoint: nope"), 78),
+    ("fail_build", FingerprintMismatch("model fingerprint a differs from run's model b"), 78),
+    ("fail_join", SwarmError("could not reach any initial peer"), 1),
+    ("fail_join", IdentityInUse("another p2ptrain node is running"), 75),
+    ("fail_join", OSError("[Errno 98] Address already in use"), 1),
+])
+def test_exit_codes(tmp_path, capsys, where, error, code):
+    node, builder, hooks, _ = _node(tmp_path, {where: error})
+    assert node.run() == code
+    assert capsys.readouterr().err == f"p2ptrain: {error}\n"
+    assert hooks.calls[-1] == "stopping"  # whatever happened, the services were stopped
+
+
+def test_a_stop_while_joining_is_a_clean_exit(tmp_path, capsys):
+    node, _, _, _ = _node(tmp_path, {"fail_join": SwarmError("gave up joining")})
+    node.request_stop("SIGTERM")
+    assert node.run() == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_second_node_on_the_same_state_dir_exits_75(tmp_path, capsys):
+    node, _, _, _ = _node(tmp_path)
+    state_dir = node.config.state_dir()
+    state_dir.mkdir(parents=True)
+    holder = IdentityLock(state_dir)
+    holder.acquire()
+    try:
+        assert node.run() == 75
+    finally:
+        holder.release()
+    assert "another p2ptrain node" in capsys.readouterr().err
+
+
+def test_no_watchdog_progress_while_a_step_is_stuck(tmp_path):
+    """A hung step must starve the watchdog (systemd then restarts the node); it resumes after."""
+    release = threading.Event()
+    stuck = threading.Event()
+
+    def on_step(step: int) -> None:
+        if step == 5:
+            stuck.set()
+            release.wait(10)
+        if step == 10:
+            node.request_stop("test over")
+
+    node, _, hooks, _ = _node(tmp_path, {"on_step": on_step})
+    runner = threading.Thread(target=node.run)
+    runner.start()
+    assert stuck.wait(10)
+    before = hooks.calls.count("progress")
+    time.sleep(0.2)
+    assert hooks.calls.count("progress") == before == 4
+    release.set()
+    runner.join(10)
+    assert not runner.is_alive() and hooks.calls.count("progress") == 10
