@@ -20,7 +20,7 @@ from p2ptrain.daemon.control import Command, ControlRequest
 from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.snapshot import CheckpointFigures
-from p2ptrain.status import NodeState, PauseReason
+from p2ptrain.status import PauseReason
 from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
