@@ -30,6 +30,10 @@ VALIDATION_MIN_BYTES = 1 * MIB
 """Validation text read when the buffer allows (windows are spread evenly over it)."""
 
 
+PROBE_MAX_RECORD = 1 * MIB
+"""The start-up check of ``task.text_field`` looks at the first record shorter than this."""
+
+
 @dataclass(frozen=True)
 class TextData:
     stream: ShardStream
@@ -108,7 +112,7 @@ def check_text_field(cfg: TaskSection, shards: Sequence[ShardRef]) -> None:
         return
     path = Path(first.path)
     try:
-        read_block(first, path, first_offset(first, path), 1, cfg.text_field)
+        read_block(first, path, first_offset(first, path), 1, cfg.text_field, max_record=PROBE_MAX_RECORD)
     except MissingTextField as exc:
         raise ConfigError(f"task.text_field: {first.id}: {exc}") from None
     except (ShardMalformed, ShardUnreadable):

@@ -60,12 +60,18 @@ def first_offset(shard: ShardRef, path: Path) -> int:
         raise ShardUnreadable(_os_error(exc)) from None
 
 
-def read_block(shard: ShardRef, path: Path, offset: int, block_bytes: int, text_field: str) -> BlockRead:
+def read_block(shard: ShardRef, path: Path, offset: int, block_bytes: int, text_field: str,
+               max_record: int = 0) -> BlockRead:
+    """The block at ``offset``: about ``block_bytes`` of text (whole records: a little more).
+
+    A JSONL line longer than ``max_record`` bytes (default ``2 * block_bytes``) is skipped
+    unread and counted as a bad record, so one huge line cannot take the memory.
+    """
     try:
         if shard.kind == "text":
             return _text_block(shard, path, offset, block_bytes)
         if shard.kind == "jsonl":
-            return _jsonl_block(shard, path, offset, block_bytes, text_field)
+            return _jsonl_block(shard, path, offset, block_bytes, text_field, max_record or 2 * block_bytes)
         return _parquet_block(shard, path, offset, block_bytes, text_field)
     except OSError as exc:
         raise ShardUnreadable(_os_error(exc)) from None
@@ -89,9 +95,10 @@ def _text_block(shard: ShardRef, path: Path, offset: int, block_bytes: int) -> B
     return BlockRead(data, offset + len(data), offset + len(data) >= end or got < wanted)
 
 
-def _jsonl_block(shard: ShardRef, path: Path, offset: int, block_bytes: int, text_field: str) -> BlockRead:
+def _jsonl_block(shard: ShardRef, path: Path, offset: int, block_bytes: int, text_field: str,
+                 max_record: int) -> BlockRead:
     data, bad = bytearray(), 0
-    limit = block_bytes + 1
+    limit = max_record + 1
     with path.open("rb") as file:
         end = shard.end if shard.end >= 0 else file.seek(0, 2)
         file.seek(offset)

@@ -134,6 +134,7 @@ class ShardStream:
         self._owned: tuple[int, tuple[str, ...], list[str]] | None = None
         self.skipped_total = self.malformed_total = self.bad_records_total = 0
         self._empty_passes = 0
+        self._last_pass: Coverage | None = None
         self._reset(0)
 
     # ------------------------------------------------------------------ the BatchStream interface
@@ -181,8 +182,13 @@ class ShardStream:
             log.info("task.buffer_mb changed since the checkpoint: re-reading the current blocks from their start")
 
     def coverage(self) -> Coverage:
+        """Where this node is in the current pass (``consumed`` restarts empty with each pass)."""
         return Coverage(self.pass_number, len(self._ids), tuple(self.done), tuple(self.failed),
                         self.skipped_total, self.malformed_total, self.bad_records_total)
+
+    def last_pass_coverage(self) -> Coverage | None:
+        """The coverage of the pass this node completed last (since it started), or None."""
+        return self._last_pass
 
     # ------------------------------------------------------------------ walking the shards
 
@@ -240,7 +246,7 @@ class ShardStream:
             path = self._files.local_path(shard)
             if lane.offset < 0:
                 lane.offset = first_offset(shard, path)
-            read = read_block(shard, path, lane.offset, self.lane_bytes, self.text_field)
+            read = read_block(shard, path, lane.offset, self.lane_bytes, self.text_field)  # records <= 2 blocks
         except ShardUnreadable as exc:
             self.skipped_total += 1
             log.warning("shard %s skipped this pass: %s (%d skipped so far)", shard.id, exc, self.skipped_total)
@@ -306,6 +312,7 @@ class ShardStream:
                 f"task.data_path: no training text could be read in {self._empty_passes} passes "
                 f"({self.skipped_total} shard reads skipped, {self.malformed_total} malformed; see the warnings above)"
             )
+        self._last_pass = self.coverage()
         log.info("pass %d done: %d shards read, %d skipped; starting pass %d",
                  self.pass_number, len(self.done), len(self.failed), self.pass_number + 1)
         self._reset(self.pass_number + 1)
