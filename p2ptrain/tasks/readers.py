@@ -181,7 +181,8 @@ def _fill_from_parquet(parquet: Any, groups: list[int], first_row: int, offset: 
     Returns the next row to read and how many rows had no text (null).
     """
     row, bad = first_row, 0
-    for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=[text_field]):
+    for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=[text_field],
+                                      use_threads=False):
         for value in batch.column(0).to_pylist():
             if row >= end or len(data) >= block_bytes:
                 return row, bad
