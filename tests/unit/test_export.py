@@ -252,3 +252,37 @@ def test_a_damaged_export_is_one_model_error(run, tmp_path: Path) -> None:
     (out / "config.json").write_text("{broken")
     with pytest.raises(ModelError, match="config.json is not readable JSON"):
         from_export(out)
+
+
+def test_the_demo_ends_by_exporting_and_sampling(run, tmp_path: Path) -> None:
+    import io
+
+    from p2ptrain.demo import DemoRun, export_and_sample
+    from p2ptrain.localswarm import LocalNode
+
+    empty = LocalNode("node2", tmp_path / "node2", "unit-run")
+    empty.workdir.mkdir()
+    empty.config_path.write_text(f'[node]\nstate_dir = "{tmp_path / "node2" / "state"}"\n')
+    trained = LocalNode("node1", tmp_path / "node1", "unit-run")
+    trained.workdir.mkdir()
+    trained.config_path.write_text(Path(run["config"]).read_text())
+    out = io.StringIO()
+    assert export_and_sample(DemoRun(tmp_path, nodes=[empty]), out) is None
+    assert "nothing to export" in out.getvalue()
+    out = io.StringIO()
+    target = export_and_sample(DemoRun(tmp_path, nodes=[empty, trained]), out)
+    assert target == tmp_path / "model" and from_export(target).card.epoch == 5
+    text = out.getvalue()
+    assert "=== the demo's model ===" in text and "    | def " in text and f"p2ptrain sample {target}" in text
+
+
+def test_eval_with_a_glob_that_matches_nothing_exits_78_naming_the_field(run, tmp_path: Path, capsys) -> None:
+    config = tmp_path / "node.toml"
+    text = Path(run["config"]).read_text()
+    corpus = text.split('data_path = "')[1].split('"')[0]
+    config.write_text(text.replace(corpus, str(tmp_path / "nothing" / "*.jsonl")))
+    assert _main("eval", config) == 78
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("p2ptrain: config error: task.data_path: no files match the glob")
+    assert err.endswith("(the held-out split needs the run's data here; or pass --data FILE)")
+    assert len(err.splitlines()) == 1
