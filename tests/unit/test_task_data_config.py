@@ -20,7 +20,8 @@ def test_data_path_accepts_paths_globs_and_http_urls() -> None:
 @pytest.mark.parametrize(
     ("task", "expected"),
     [
-        ({"data_path": "s3://bucket/data"}, "task.data_path: only http:// and https:// URLs can be read, got a s3:// URL"),
+        ({"data_path": "s3://bucket/data"},
+         "task.data_path: only http:// and https:// URLs can be read, got a s3:// URL"),
         ({"data_path": "  "}, "task.data_path: must be a path, a glob or an http(s):// URL"),
         ({"data_format": "csv"}, "task.data_format: Input should be 'auto', 'text', 'jsonl' or 'parquet'"),
         ({"text_field": ""}, "task.text_field: String should have at least 1 character"),
