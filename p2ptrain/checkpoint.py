@@ -194,6 +194,28 @@ class CheckpointStore:
             return LoadedCheckpoint(path, state)
         return None
 
+    def read_latest(self) -> tuple[LoadedCheckpoint | None, list[tuple[Path, str]]]:
+        """The newest checkpoint that loads, and the newer ones that did not (path, reason).
+
+        For tools that only read (export, eval): unlike :meth:`load_latest` it renames and
+        deletes nothing, so it is safe next to a running node.
+        """
+        failed: list[tuple[Path, str]] = []
+        for path in self.paths():
+            try:
+                return LoadedCheckpoint(path, read_checkpoint(path, self._opener)), failed
+            except Exception as exc:
+                failed.append((path, f"{type(exc).__name__}: {_first_line(exc)}"))
+        return None, failed
+
+
+def read_checkpoint(path: Path, opener: Opener = torch_opener) -> dict[str, Any]:
+    """One checkpoint file's state (raises whatever the opener raises, or TypeError if not a dict)."""
+    state = opener(path)
+    if not isinstance(state, dict):
+        raise TypeError(f"holds a {type(state).__name__}, not a dict")
+    return state
+
 
 def _fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)

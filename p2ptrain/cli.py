@@ -67,6 +67,33 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", type=Path, help="where the nodes keep state (default: a temp dir)")
     demo.set_defaults(handler=_lazy("p2ptrain.demo:run_demo"))
 
+    export = sub.add_parser("export", help="write a checkpoint's model as model.safetensors, config.json and a card")
+    _add_config_flag(export)
+    export.add_argument("--checkpoint", type=Path, metavar="PATH",
+                        help="checkpoint file (default: the newest that loads in the config's checkpoint dir)")
+    export.add_argument("--force", action="store_true", help="replace OUT_DIR if it already holds an export")
+    export.add_argument("--torch", action="store_true", help="also write model.pt (a plain torch.save state dict)")
+    export.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    export.set_defaults(handler=_lazy("p2ptrain.tryit:export_command"))
+
+    model_help = "an export dir, a node config (.toml: its newest checkpoint) or a checkpoint file (with -c)"
+    sample = sub.add_parser("sample", help="generate text with a trained model")
+    sample.add_argument("model", metavar="MODEL", help=model_help)
+    _add_config_flag(sample)
+    sample.add_argument("--prompt", default="def ", help="text to continue (default: 'def ')")
+    sample.add_argument("--tokens", default="200", metavar="N", help="tokens (bytes) to generate (default 200)")
+    sample.add_argument("--temperature", default="0.8", metavar="T", help="0 is greedy (default 0.8)")
+    sample.add_argument("--top-k", default="40", metavar="K", help="sample from the K likeliest; 0: all (default 40)")
+    sample.add_argument("--seed", default="0", metavar="S", help="the same seed gives the same text (default 0)")
+    sample.set_defaults(handler=_lazy("p2ptrain.tryit:sample_command"))
+
+    evaluate = sub.add_parser("eval", help="validation loss, bits per byte and perplexity of a trained model")
+    evaluate.add_argument("model", metavar="MODEL", help=model_help)
+    _add_config_flag(evaluate)
+    evaluate.add_argument("--data", type=Path, metavar="PATH",
+                          help="a text file to score instead of the run's held-out split")
+    evaluate.set_defaults(handler=_lazy("p2ptrain.tryit:eval_command"))
+
     config = sub.add_parser("config", help="write or validate a node config")
     config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     init = config_sub.add_parser("init", help="write a commented config template")

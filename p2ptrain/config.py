@@ -127,8 +127,36 @@ class TaskSection(_Section):
     entrypoint: str | None = None
     """A user task as "package.module:function" (see configs/examples/user_task.py)."""
 
-    data_path: Path | None = None
-    """A text file or a directory of text files. Default: the .py files of this Python's standard library."""
+    data_path: str | None = None
+    """Training data, read as a stream of shards (never whole): a text file, a directory or a glob
+    ("/data/**/*.jsonl") of text, .jsonl and .parquet files; an http(s):// URL of one shard file (add
+    "#sha256=<hex>" to check it); or a shard index, a file named SHA256SUMS or *.sha256 (local or a URL)
+    listing "<sha256>  <file name or URL>" per line, names relative to the index. Shards are shared out
+    among the live peers, so each node reads only part of the data per pass. Default: the .py files of
+    this Python's standard library."""
+
+    data_format: Literal["auto", "text", "jsonl", "parquet"] = "auto"
+    """How data files are read. auto: by name (.jsonl and .parquet; anything else is plain text)."""
+
+    text_field: Annotated[str, Field(min_length=1, max_length=128, strict=True)] = "text"
+    """The JSONL field or Parquet column that holds each record's text."""
+
+    buffer_mb: Annotated[int, Field(ge=1, le=65536, strict=True)] = 64
+    """Memory (MiB) this node gives to training and validation text, whatever the dataset's size. Bigger
+    blocks mix the data better. Parquet row groups should be smaller than this."""
+
+    cache_dir: Path | None = None
+    """Where shards downloaded from http(s) URLs are kept. Default: <state_dir>/data-cache."""
+
+    cache_max_mb: Annotated[int, Field(ge=0, strict=True)] = 0
+    """Keep the download cache under this many MiB, deleting the least recently used shards. 0: no limit."""
+
+    download_attempts: Annotated[int, Field(ge=1, le=20, strict=True)] = 4
+    """Tries per shard download (waiting 1 s, 2 s, 4 s... in between) before the shard is skipped
+    for this pass."""
+
+    download_timeout: Annotated[float, Field(gt=0, le=3600, strict=True)] = 60.0
+    """Seconds without data after which one download try is abandoned."""
 
     seq_len: PositiveInt = 128
     """Tokens (bytes) per training sequence."""
@@ -150,6 +178,24 @@ class TaskSection(_Section):
 
     options: dict[str, Any] = {}
     """Free-form options passed to a user task's entrypoint."""
+
+    @field_validator("data_path", mode="before")
+    @classmethod
+    def _data_path_text(cls, value: object) -> object:
+        # A Path (tests, Python callers) is as good as a string; URLs cannot be Paths ("//" collapses).
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    @field_validator("data_path")
+    @classmethod
+    def _data_path_shape(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip() or "\x00" in value:
+            raise ValueError("must be a path, a glob or an http(s):// URL")
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", value)
+        if scheme and scheme[1].lower() not in ("http", "https"):
+            raise ValueError(f"only http:// and https:// URLs can be read, got a {scheme[1]}:// URL")
+        return value
 
     @field_validator("entrypoint")
     @classmethod

@@ -2,7 +2,8 @@
 
 It starts N real nodes on 127.0.0.1 (separate processes, loopback only, no NAT traversal),
 makes one leave part way and a new one join, prints a live table, and ends with a summary of
-what the swarm learned and survived.  Every process it started is stopped on the way out,
+what the swarm learned and survived, then exports the model of the node that got furthest and
+prints a short sample of its text.  Every process it started is stopped on the way out,
 Ctrl-C included.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from p2ptrain.errors import ConfigError
 from p2ptrain.localswarm import LocalNode
 from p2ptrain.status import StatusSnapshot
 
@@ -26,6 +28,7 @@ DEMO_OVERRIDES = {
     "checkpoint": {"interval": 20.0},
 }
 REFRESH_SECONDS = 3.0
+SAMPLE_TOKENS = 160
 LEAVE_AT, JOIN_AT = 0.35, 0.55
 
 
@@ -100,6 +103,46 @@ def print_summary(run: DemoRun, elapsed: float, out: TextIO) -> None:
     out.flush()
 
 
+def export_and_sample(run: DemoRun, out: TextIO) -> Path | None:
+    """Export the model of the node whose final checkpoint got furthest, and print a short sample of it.
+
+    Runs after every node has stopped; a problem here is one line, never a failed demo.
+    """
+    from p2ptrain.config import load_config
+    from p2ptrain.export import ExportError, write_export
+    from p2ptrain.models import LoadedModel, ModelError, from_checkpoint
+    from p2ptrain.tasks.base import SampleRequest
+    from p2ptrain.tasks.generate import sample_bytes
+
+    best: LoadedModel | None = None
+    for node in run.nodes:
+        try:
+            loaded = from_checkpoint(load_config(node.config_path), None, lambda _line: None)
+        except (ModelError, ConfigError):
+            continue
+        if best is None or (loaded.card.epoch or 0) > (best.card.epoch or 0):
+            best = loaded
+    if best is None:
+        out.write("  no node wrote a checkpoint: nothing to export\n")
+        return None
+    target = run.workdir / "model"
+    try:
+        write_export(best.model, best.task, best.fingerprint, best.card, target, force=True,
+                     shape_config=best.shape_config, training=best.training)
+    except ExportError as error:
+        out.write(f"  could not export the model: {error}\n")
+        return None
+    text = "def " + sample_bytes(best.model, SampleRequest("def ", SAMPLE_TOKENS, temperature=0.8, top_k=40))
+    out.write("\n=== the demo's model ===\n")
+    out.write(f"  exported           {target} (from {Path(best.source).name}, epoch {best.card.epoch})\n")
+    out.write(f"  try it             p2ptrain sample {target} --prompt 'def '   ·   p2ptrain eval {target}\n")
+    out.write("  a sample of it     (prompt 'def ', 160 bytes)\n")
+    for line in text.splitlines()[:12]:
+        out.write(f"    | {''.join(c if c.isprintable() else ' ' for c in line)}\n")
+    out.flush()
+    return target
+
+
 def _churn(run: DemoRun, run_id: str, join: list[str], elapsed: float, duration: float, out: TextIO) -> None:
     live = [node for node in run.nodes if node.running]
     if run.leaves == 0 and elapsed >= LEAVE_AT * duration and len(live) > 1:
@@ -142,6 +185,7 @@ def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         out.write("\nstopping all nodes (each writes a final checkpoint) ...\n")
         run.stop_all()
         print_summary(run, time.monotonic() - started, out)
+        export_and_sample(run, out)
         return 0
     except KeyboardInterrupt:
         out.write("\ninterrupted: stopping all nodes ...\n")

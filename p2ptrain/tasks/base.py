@@ -20,8 +20,9 @@ Rules a task must follow so a swarm of nodes can train it together:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -53,15 +54,43 @@ class BatchStream(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """What ``p2ptrain sample`` asks of a task: ``tokens`` more tokens after ``prompt``.
+
+    ``temperature`` 0 means greedy; ``top_k`` 0 means no cut; the same ``seed`` gives the same text.
+    """
+
+    prompt: str
+    tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+
+SampleFn = Callable[[torch.nn.Module, SampleRequest], str]
+"""``sample(model, request)`` returns the generated text (prompt excluded)."""
+
+EvaluateFn = Callable[[torch.nn.Module, "str | None"], Mapping[str, float]]
+"""``evaluate(model, data_path)`` returns named metrics on the held-out split (``data_path`` None)
+or on the given data; ``"loss"`` should be among them."""
+
+
 @dataclass
 class Task:
-    """Model, data and loss of one training run."""
+    """Model, data and loss of one training run.
+
+    ``sample`` and ``evaluate`` are optional hooks for ``p2ptrain sample`` / ``p2ptrain eval``;
+    the built-in ``bytelm`` task has both.
+    """
 
     model: torch.nn.Module
     loss_fn: LossFn
     train_batches: BatchStream
     validation_batches: Callable[[], Iterable[Batch]]
     shape_config: dict[str, Any]
+    sample: SampleFn | None = None
+    evaluate: EvaluateFn | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +101,10 @@ class TaskContext:
     for tasks that want them); ``options`` is ``task.options``; ``batch_size`` is the micro-batch
     size every ``train_batches.next()`` must return; ``seed`` seeds the model initialisation and
     is the same on every node; ``peer_seed`` is this node's own stable seed for sampling its
-    slice of the training data.
+    slice of the training data.  ``peer_id`` is this node's peer ID and ``live_peers()`` the IDs
+    of the peers training now (this one included); a data stream that shares shards out among
+    peers calls it at shard boundaries.  ``cache_dir`` is where downloaded data may be kept
+    (``None``: the task decides).
     """
 
     task: TaskSection
@@ -80,6 +112,23 @@ class TaskContext:
     seed: int
     peer_seed: int
     options: dict[str, Any] = field(default_factory=dict)
+    peer_id: str = ""
+    live_peers: Callable[[], Sequence[str]] | None = None
+    cache_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not self.peer_id:  # a node alone (tests, tools): a stable name from its seed
+            object.__setattr__(self, "peer_id", f"peer-{self.peer_seed}")
+        if self.live_peers is None:
+            me = self.peer_id
+            object.__setattr__(self, "live_peers", lambda: (me,))
+
+
+@runtime_checkable
+class CoverageSource(Protocol):
+    """A stream that can say how much of the data it has read (``ShardStream`` does)."""
+
+    def coverage(self) -> Any: ...
 
 
 class IndexedStream:

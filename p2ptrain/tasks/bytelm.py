@@ -9,16 +9,19 @@ in ``named_parameters()`` and hivemind averages it once).
 from __future__ import annotations
 
 import math
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from p2ptrain.tasks.base import Task, TaskContext
-from p2ptrain.tasks.corpus import ByteSequenceStream, load_corpus, validation_windows
+from p2ptrain.tasks.data import build_text_data
+from p2ptrain.tasks.generate import VOCAB_SIZE, file_batches, lm_metrics, sample_bytes
 
-VOCAB_SIZE = 256
+if TYPE_CHECKING:
+    from p2ptrain.config import TaskSection
 
 
 class Block(nn.Module):
@@ -46,7 +49,7 @@ class Block(nn.Module):
 class ByteLM(nn.Module):
     """Byte-level causal LM; ``forward(tokens[B, T]) -> logits[B, T, 256]`` for ``T <= seq_len``."""
 
-    def __init__(self, seq_len: int, d_model: int, n_layers: int, n_heads: int, *, seed: int) -> None:
+    def __init__(self, seq_len: int, d_model: int, n_layers: int, n_heads: int, *, seed: int = 0) -> None:
         super().__init__()
         self.seq_len = seq_len
         # Building the layers draws default inits from torch's global RNG; fork it so constructing
@@ -93,17 +96,34 @@ def shape_config(seq_len: int, d_model: int, n_layers: int, n_heads: int) -> dic
             "n_layers": n_layers, "n_heads": n_heads, "tied_head": True}
 
 
+def model_args(cfg: TaskSection) -> dict[str, int]:
+    """The arguments of :class:`ByteLM` for ``cfg`` (what an export's config.json records)."""
+    return {"seq_len": cfg.seq_len, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads}
+
+
+def build_model(cfg: TaskSection, seed: int) -> ByteLM:
+    return ByteLM(**model_args(cfg), seed=seed)
+
+
 def build_bytelm(context: TaskContext) -> Task:
     """The ``bytelm`` task for ``context`` (raises ConfigError for a bad ``task.data_path``)."""
     cfg = context.task
-    corpus = load_corpus(cfg.data_path, cfg.validation_fraction, cfg.seq_len)
-    model = ByteLM(cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads, seed=context.seed)
-    stream = ByteSequenceStream(corpus.train, cfg.seq_len, context.batch_size, context.peer_seed)
-    fixed = validation_windows(corpus.validation, cfg.seq_len, context.batch_size, cfg.validation_batches)
+    assert context.live_peers is not None  # TaskContext fills it in
+    data = build_text_data(cfg, batch_size=context.batch_size, peer_seed=context.peer_seed,
+                           peer_id=context.peer_id, live_peers=context.live_peers, cache_dir=context.cache_dir)
+    fixed = data.validation
+
+    def evaluate(model: nn.Module, data_path: str | None) -> dict[str, float]:
+        if data_path is None:
+            return lm_metrics(model, fixed)
+        return lm_metrics(model, file_batches(Path(data_path), cfg.seq_len, context.batch_size))
+
     return Task(
-        model=model,
+        model=build_model(cfg, context.seed),
         loss_fn=lm_loss,
-        train_batches=stream,
+        train_batches=data.stream,
         validation_batches=lambda: iter(fixed),
         shape_config=shape_config(cfg.seq_len, cfg.d_model, cfg.n_layers, cfg.n_heads),
+        sample=sample_bytes,
+        evaluate=evaluate,
     )

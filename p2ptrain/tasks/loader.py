@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,14 +24,30 @@ if TYPE_CHECKING:
     from p2ptrain.config import TaskSection, TrainingSection
 
 
-def build_task(task_cfg: TaskSection, training_cfg: TrainingSection, peer_seed: int) -> Task:
-    """Build this node's task; ``peer_seed`` is its stable per-node seed (see ``corpus.stable_seed``)."""
+def build_task(
+    task_cfg: TaskSection,
+    training_cfg: TrainingSection,
+    peer_seed: int,
+    *,
+    peer_id: str = "",
+    live_peers: Callable[[], Sequence[str]] | None = None,
+    cache_dir: Path | None = None,
+) -> Task:
+    """Build this node's task; ``peer_seed`` is its stable per-node seed (see ``corpus.stable_seed``).
+
+    ``peer_id`` and ``live_peers`` let the data be shared out among the peers training now
+    (default: this node alone); ``cache_dir`` is where downloaded shards go (default
+    ``task.cache_dir``, else ``<state_dir>/data-cache``).
+    """
     context = TaskContext(
         task=task_cfg,
         batch_size=training_cfg.batch_size,
         seed=training_cfg.seed,
         peer_seed=peer_seed,
         options=dict(task_cfg.options),
+        peer_id=peer_id,
+        live_peers=live_peers,
+        cache_dir=cache_dir,
     )
     if task_cfg.entrypoint is None:
         return build_bytelm(context)
@@ -92,6 +109,10 @@ def check_task(task: object, entrypoint: str) -> None:
         problem = "validation_batches is not callable"
     elif not _is_json(task.shape_config):
         problem = "shape_config is not a JSON-serialisable dict"
+    elif task.sample is not None and not callable(task.sample):
+        problem = "sample hook is not callable"
+    elif task.evaluate is not None and not callable(task.evaluate):
+        problem = "evaluate hook is not callable"
     else:
         return
     raise ConfigError(f"task.entrypoint: {entrypoint} returned a Task whose {problem}")

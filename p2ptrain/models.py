@@ -1,0 +1,155 @@
+"""Finding a trained model and loading it: from an export directory, a checkpoint, or a node's config.
+
+The model is rebuilt from the task settings (the built-in ``bytelm`` without touching its
+data; a user task through its entrypoint) and must have the fingerprint the weights were saved
+with, so weights are never loaded into a model of another shape.  Every user mistake is a
+:class:`ModelError` with one line to print.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from p2ptrain.checkpoint import CheckpointStore, LoadedCheckpoint, read_checkpoint
+from p2ptrain.config import NodeConfig, TaskSection, TrainingSection, load_config
+from p2ptrain.export import CONFIG_FILE, EXPORT_FORMAT, MODEL_FILE, CardInfo
+from p2ptrain.fingerprint import model_fingerprint
+from p2ptrain.tasks import bytelm
+from p2ptrain.tasks.loader import build_task
+
+Say = Callable[[str], None]
+
+
+class ModelError(Exception):
+    """MODEL is not something a model can be loaded from; the message is one line."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    task: TaskSection
+    training: dict[str, Any]
+    fingerprint: str
+    shape_config: dict[str, Any]
+    card: CardInfo
+    source: str
+    cache_dir: Path | None = None
+
+
+def build_model(task: TaskSection, training: TrainingSection) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """A freshly initialised model for ``task`` and its shape config (bytelm needs no data for this)."""
+    if task.entrypoint is None:
+        return bytelm.build_model(task, training.seed), bytelm.shape_config(
+            task.seq_len, task.d_model, task.n_layers, task.n_heads)
+    built = build_task(task, training, peer_seed=0)
+    return built.model, built.shape_config
+
+
+def from_checkpoint(config: NodeConfig, checkpoint: Path | None, say: Say) -> LoadedModel:
+    """The model in ``checkpoint``, or in the newest checkpoint of ``config`` that loads."""
+    if checkpoint is not None:
+        if not checkpoint.is_file():
+            raise ModelError(f"checkpoint {checkpoint} does not exist")
+        try:
+            loaded = LoadedCheckpoint(checkpoint, read_checkpoint(checkpoint))
+        except Exception as exc:
+            raise ModelError(f"checkpoint {checkpoint} does not load ({type(exc).__name__}: {_line(exc)})") from None
+    else:
+        directory = config.checkpoint_dir()
+        found, failed = CheckpointStore(directory, keep=1).read_latest()
+        if found is None:
+            raise ModelError(f"no checkpoint that loads in {directory}" + (
+                f" ({len(failed)} corrupt)" if failed else " (has the node written one yet?)"))
+        if failed:
+            newest, reason = failed[0]
+            others = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+            say(f"checkpoint {newest.name}{others} does not load ({_short(reason)}); "
+                f"using the previous one, {found.path.name}")
+        loaded = found
+    state = loaded.state
+    model, shape = build_model(config.task, config.training)
+    fingerprint = model_fingerprint(model, shape)
+    saved = state.get("fingerprint")
+    if saved not in (None, fingerprint):
+        raise ModelError(f"{loaded.path} holds model {saved} but this config builds {fingerprint}; "
+                         "pass the config the run used (-c)")
+    weights = state.get("model")
+    if not isinstance(weights, dict):
+        raise ModelError(f"{loaded.path} has no model weights")
+    _load_weights(model, weights, loaded.path)
+    card = CardInfo.from_state(state, config.swarm.run_id, loaded.path.name)
+    training = {"batch_size": config.training.batch_size, "seed": config.training.seed}
+    return LoadedModel(model, config.task, training, fingerprint, shape, card, str(loaded.path),
+                       cache_dir=config.state_dir() / "data-cache")
+
+
+def from_export(directory: Path) -> LoadedModel:
+    """The model of an export directory written by :func:`p2ptrain.export.write_export`."""
+    from safetensors.torch import load_model
+
+    try:
+        config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelError(f"{directory} is not a p2ptrain export (no {CONFIG_FILE})") from None
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{directory / CONFIG_FILE} is not readable JSON ({_line(exc)})") from None
+    if not isinstance(config, dict) or config.get("format") != EXPORT_FORMAT:
+        raise ModelError(f"{directory} is not a p2ptrain export ({CONFIG_FILE} has no format {EXPORT_FORMAT!r})")
+    try:
+        task = TaskSection.model_validate(config.get("task", {}))
+        raw_training = config.get("training") or {}
+        training = TrainingSection.model_validate({k: raw_training[k] for k in ("batch_size", "seed")
+                                                   if k in raw_training})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ModelError(f"{directory / CONFIG_FILE}: task.{where}: {first['msg']}") from None
+    model, shape = build_model(task, training)
+    fingerprint = model_fingerprint(model, shape)
+    if config.get("fingerprint") != fingerprint:
+        raise ModelError(f"{directory} holds model {config.get('fingerprint')} but its settings build {fingerprint}")
+    weights = directory / MODEL_FILE
+    if not weights.is_file():
+        raise ModelError(f"{directory} has no {MODEL_FILE}")
+    try:
+        load_model(model, str(weights), strict=True)
+    except Exception as exc:  # safetensors raises several types for a damaged file
+        raise ModelError(f"{weights} does not load ({type(exc).__name__}: {_line(exc)})") from None
+    run = config.get("run") if isinstance(config.get("run"), dict) else {}
+    card = CardInfo(**{"run_ref": "", **{k: run[k] for k in CardInfo.__dataclass_fields__ if k in run}})
+    return LoadedModel(model, task, {"batch_size": training.batch_size, "seed": training.seed}, fingerprint, shape,
+                       card, str(directory))
+
+
+def resolve(model_arg: Path, config_path: Path | None, say: Say) -> LoadedModel:
+    """MODEL as the user gave it: an export dir, a node config (.toml), or a checkpoint file (+ -c)."""
+    if not model_arg.exists():
+        raise ModelError(f"{model_arg} does not exist")
+    if model_arg.is_dir():
+        return from_export(model_arg)
+    if model_arg.suffix == ".toml":
+        return from_checkpoint(load_config(model_arg), None, say)
+    return from_checkpoint(load_config(config_path), model_arg, say)
+
+
+def _load_weights(model: torch.nn.Module, weights: dict[str, Any], where: Path) -> None:
+    try:
+        model.load_state_dict(weights, strict=True)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelError(f"{where}: the weights do not fit the model ({_line(exc)})") from None
+
+
+def _short(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

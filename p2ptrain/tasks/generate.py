@@ -1,0 +1,83 @@
+"""Trying the byte-level LM: sampling text from it, and its loss, bits per byte and perplexity.
+
+Sampling draws from a private ``torch.Generator`` seeded by the request, so the same model,
+prompt and seed give the same text (and the caller's global RNG is left alone).  Evaluation
+averages the per-batch loss exactly as the node's ``Trainer.validation_loss`` does, so the
+numbers compare with the validation loss a node reports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from p2ptrain.tasks.base import SampleRequest
+
+VOCAB_SIZE = 256
+EVAL_FILE_MAX_BYTES = 4 * 1024 * 1024
+"""``p2ptrain eval --data FILE`` reads at most this much of the file (its first bytes)."""
+
+
+@torch.no_grad()
+def sample_bytes(model: nn.Module, request: SampleRequest) -> str:
+    """``request.tokens`` bytes generated after ``request.prompt`` (UTF-8; undecodable bytes shown as U+FFFD)."""
+    seq_len = int(model.seq_len)
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(request.seed)
+    context = list(request.prompt.encode("utf-8")) or [ord("\n")]
+    generated: list[int] = []
+    try:
+        for _ in range(request.tokens):
+            window = torch.tensor([context[-seq_len:]], dtype=torch.long)
+            logits = model(window)[0, -1].float()
+            generated.append(_pick(logits, request, generator))
+            context.append(generated[-1])
+    finally:
+        model.train(was_training)
+    return bytes(generated).decode("utf-8", errors="replace")
+
+
+def _pick(logits: torch.Tensor, request: SampleRequest, generator: torch.Generator) -> int:
+    if request.temperature == 0:
+        return int(torch.argmax(logits))
+    logits = logits / request.temperature
+    if 0 < request.top_k < logits.numel():
+        cutoff = torch.topk(logits, request.top_k).values[-1]
+        logits = logits.masked_fill(logits < cutoff, -math.inf)
+    probabilities = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probabilities, 1, generator=generator))
+
+
+@torch.no_grad()
+def lm_metrics(model: nn.Module, batches: Iterable[torch.Tensor]) -> dict[str, float]:
+    """Mean next-byte loss over ``batches`` (nats), bits per byte, perplexity, and the bytes scored."""
+    was_training = model.training
+    model.eval()
+    total, count, scored = 0.0, 0, 0
+    try:
+        for batch in batches:
+            logits = model(batch[:, :-1])
+            total += float(F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), batch[:, 1:].reshape(-1)))
+            count += 1
+            scored += batch[:, 1:].numel()
+    finally:
+        model.train(was_training)
+    loss = total / count if count else math.nan
+    return {"loss": loss, "bits_per_byte": loss / math.log(2), "perplexity": math.exp(loss) if count else math.nan,
+            "bytes": float(scored)}
+
+
+def file_batches(path: Path, seq_len: int, batch_size: int, max_bytes: int = EVAL_FILE_MAX_BYTES) -> list[torch.Tensor]:
+    """Non-overlapping windows over the first ``max_bytes`` of ``path``, in batches (OSError if unreadable)."""
+    with path.open("rb") as file:
+        data = file.read(max_bytes)
+    tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    count = (len(tensor) - 1) // seq_len if len(tensor) > seq_len else 0
+    rows = [tensor[i * seq_len : i * seq_len + seq_len + 1] for i in range(count)]
+    return [torch.stack(rows[i : i + batch_size]).long() for i in range(0, len(rows), batch_size)]

@@ -1,0 +1,169 @@
+"""``p2ptrain export``, ``sample`` and ``eval``: the commands that get a trained model out and try it.
+
+Arguments arrive as text and are checked here, so every bad value is one line naming the flag
+and a non-zero exit code (2 for a bad flag value, 1 for a MODEL or output that cannot be used,
+78 for a bad config); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from p2ptrain.config import ConfigError, load_config
+from p2ptrain.export import ExportError, write_export
+from p2ptrain.models import LoadedModel, ModelError, from_checkpoint, resolve
+from p2ptrain.tasks.base import SampleRequest
+
+MAX_TOKENS = 100_000
+EX_USAGE = 2
+
+
+class _BadValue(Exception):
+    pass
+
+
+def _say(command: str) -> Any:
+    return lambda line: print(f"p2ptrain {command}: {line}", file=sys.stderr)
+
+
+def _int(flag: str, text: str, low: int, high: int) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise _BadValue(f"{flag} must be a whole number, got {text!r}") from None
+    if not low <= value <= high:
+        raise _BadValue(f"{flag} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _float(flag: str, text: str, low: float, high: float) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise _BadValue(f"{flag} must be a number, got {text!r}") from None
+    if not math.isfinite(value) or not low <= value <= high:
+        raise _BadValue(f"{flag} must be between {low:g} and {high:g}, got {text}")
+    return value
+
+
+def export_command(args: argparse.Namespace) -> int:
+    say = _say("export")
+    try:
+        config = load_config(args.config)
+        loaded = from_checkpoint(config, args.checkpoint, say)
+        out = write_export(loaded.model, loaded.task, loaded.fingerprint, loaded.card, args.out_dir,
+                           force=args.force, shape_config=loaded.shape_config, training=loaded.training,
+                           torch_copy=args.torch)
+    except (ModelError, ExportError) as error:
+        say(str(error))
+        return 1
+    epoch = "?" if loaded.card.epoch is None else loaded.card.epoch
+    print(f"exported {loaded.source} (epoch {epoch}, model {loaded.fingerprint}) to {out}")
+    if loaded.task.entrypoint is None:
+        print(f"try it: p2ptrain sample {out} --prompt 'def '")
+    return 0
+
+
+def _load(command: str, args: argparse.Namespace) -> LoadedModel:
+    return resolve(Path(args.model), args.config, _say(command))
+
+
+def sample_command(args: argparse.Namespace) -> int:
+    say = _say("sample")
+    try:
+        request = SampleRequest(
+            prompt=args.prompt,
+            tokens=_int("--tokens", args.tokens, 1, MAX_TOKENS),
+            temperature=_float("--temperature", args.temperature, 0.0, 100.0),
+            top_k=_int("--top-k", args.top_k, 0, 1_000_000),
+            seed=_int("--seed", args.seed, 0, 2**63 - 1),
+        )
+        loaded = _load("sample", args)
+        hook = _sample_hook(loaded)
+    except _BadValue as error:
+        say(str(error))
+        return EX_USAGE
+    except ModelError as error:
+        say(str(error))
+        return 1
+    if hook is None:
+        say(f"the task {loaded.task.entrypoint} has no sample hook (Task.sample); nothing to generate")
+        return 1
+    text = hook(loaded.model, request)
+    sys.stdout.write(request.prompt + text + ("" if text.endswith("\n") else "\n"))
+    return 0
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    say = _say("eval")
+    try:
+        loaded = _load("eval", args)
+        if args.data is not None and not Path(args.data).is_file():
+            raise ModelError(f"--data {args.data} is not a file")
+        hook = _evaluate_hook(loaded)
+        if hook is None:
+            say(f"the task {loaded.task.entrypoint} has no evaluate hook (Task.evaluate); nothing to report")
+            return 1
+        metrics = hook(loaded.model, None if args.data is None else str(args.data))
+    except ModelError as error:
+        say(str(error))
+        return 1
+    except ConfigError as error:
+        if args.data is None:
+            raise ConfigError(f"{error} (the held-out split needs the run's data here; or pass --data FILE)") from None
+        raise
+    except OSError as error:
+        say(f"cannot read {args.data}: {error.strerror or error}")
+        return 1
+    where = "the held-out split" if args.data is None else str(args.data)
+    if "loss" in metrics and "bits_per_byte" in metrics:
+        print(f"{loaded.source} on {where} ({int(metrics.get('bytes', 0)):,} bytes scored):")
+        print(f"  validation loss  {metrics['loss']:.4f} nats/byte")
+        print(f"  bits per byte    {metrics['bits_per_byte']:.4f}")
+        print(f"  perplexity       {metrics['perplexity']:.3f}")
+    else:
+        print(f"{loaded.source} on {where}:")
+        for name, value in metrics.items():
+            print(f"  {name:<16} {value:.6g}")
+    return 0
+
+
+def _sample_hook(loaded: LoadedModel) -> Any:
+    if loaded.task.entrypoint is None:
+        from p2ptrain.tasks.generate import sample_bytes
+
+        return sample_bytes
+    return _user_task(loaded).sample
+
+
+def _evaluate_hook(loaded: LoadedModel) -> Any:
+    """bytelm: the held-out split built as the nodes build it (same batches), or the given file."""
+    if loaded.task.entrypoint is not None:
+        return _user_task(loaded).evaluate
+    from p2ptrain.tasks.data import build_text_data
+    from p2ptrain.tasks.generate import file_batches, lm_metrics
+
+    cfg, batch_size = loaded.task, int(loaded.training.get("batch_size", 8))
+
+    def evaluate(model: Any, data_path: str | None) -> dict[str, float]:
+        if data_path is not None:
+            return lm_metrics(model, file_batches(Path(data_path), cfg.seq_len, batch_size))
+        data = build_text_data(cfg, batch_size=batch_size, peer_seed=0, peer_id="eval", live_peers=lambda: ["eval"],
+                               cache_dir=loaded.cache_dir)
+        return lm_metrics(model, data.validation)
+
+    return evaluate
+
+
+def _user_task(loaded: LoadedModel) -> Any:
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.tasks.loader import build_task
+
+    training = TrainingSection(**{k: v for k, v in loaded.training.items() if k in ("batch_size", "seed")})
+    task = build_task(loaded.task, training, peer_seed=0)
+    task.model = loaded.model
+    return task

@@ -1,0 +1,288 @@
+"""``p2ptrain export``, ``sample`` and ``eval`` against a real checkpoint of the bytelm task."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from p2ptrain import cli
+from p2ptrain.checkpoint import CheckpointStore
+from p2ptrain.config import load_config
+from p2ptrain.export import CardInfo, ExportError, write_export
+from p2ptrain.fingerprint import model_fingerprint
+from p2ptrain.models import ModelError, from_export, resolve
+from p2ptrain.tasks import SampleRequest, build_task
+from p2ptrain.tasks.generate import sample_bytes
+from p2ptrain.trainer import Trainer
+
+torch.set_num_threads(1)
+
+
+def _write_config(root: Path, corpus: Path) -> Path:
+    path = root / "node.toml"
+    path.write_text(
+        f'[node]\nstate_dir = "{root / "state"}"\n[swarm]\nrun_id = "unit-run"\n'
+        f'[task]\ndata_path = "{corpus}"\nseq_len = 24\nd_model = 32\nn_layers = 1\nn_heads = 2\n'
+        "validation_batches = 3\nvalidation_fraction = 0.2\n[training]\nbatch_size = 4\nseed = 3\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A node config, its task trained for a few steps, and two checkpoints of it (epochs 4 and 5)."""
+    root = tmp_path_factory.mktemp("run")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(20):
+        (corpus / f"f{i:02d}.py").write_text("".join(f"def function_{i}_{j}(x):\n    return x + {j}\n"
+                                                     for j in range(40)))
+    config_path = _write_config(root, corpus)
+    config = load_config(config_path, environ={})
+    task = build_task(config.task, config.training, peer_seed=1)
+    optimizer = torch.optim.AdamW(task.model.parameters(), lr=3e-3)
+    for _ in range(15):
+        loss = task.loss_fn(task.model, task.train_batches.next())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    store = CheckpointStore(config.checkpoint_dir(), keep=3)
+    state = {"format": 1, "model": task.model.state_dict(), "epoch": 4, "samples_processed": 60,
+             "data_position": task.train_batches.state_dict(), "saved_at": 1_700_000_000.0,
+             "fingerprint": model_fingerprint(task.model, task.shape_config), "val_loss": 2.5,
+             "contributors": ["peer-a", "peer-b", "peer-c"], "run_ref": "unit-run@abc"}
+    store.save(state)
+    newest = store.save({**state, "epoch": 5})
+    return {"root": root, "config": config_path, "task": task, "newest": newest, "store": store}
+
+
+def _main(*argv: object) -> int:
+    return cli.main([str(arg) for arg in argv])
+
+
+def test_export_reloads_bit_for_bit_with_the_documented_three_lines(run, tmp_path: Path, capsys,
+                                                                   monkeypatch) -> None:
+    out = tmp_path / "my-model"
+    assert _main("export", "-c", run["config"], "--torch", out) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.pt", "model.safetensors"]
+    assert f"to {out}" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)  # the card's lines use the directory's name, as a user would after exporting here
+    card = (out / "README.md").read_text()
+    lines = card.split("```python\n")[1].split("```")[0]
+    assert len(lines.strip().splitlines()) == 3
+    scope: dict[str, object] = {}
+    exec(lines, scope)  # noqa: S102 - the card's own snippet, exactly as a user would paste it
+    model = scope["model"]
+    original = run["task"].model.state_dict()  # type: ignore[attr-defined]
+    assert all(torch.equal(original[name], value) for name, value in model.state_dict().items())  # type: ignore[attr-defined]
+    plain = torch.load(out / "model.pt", weights_only=True)
+    assert all(torch.equal(original[name], value) for name, value in plain.items())
+    for expected in ("unit-run@abc", "| optimizer epochs | 5 |", "| samples (this node's count) | 60 |",
+                     "2.5000 nats/byte", "| contributing peers | 3 |", "2023-11-14"):
+        assert expected in card
+    config = json.loads((out / "config.json").read_text())
+    assert config["task"]["seq_len"] == 24 and config["model_args"]["d_model"] == 32
+    assert config["training"] == {"batch_size": 4, "seed": 3}
+
+
+def test_export_then_eval_gives_the_nodes_validation_loss(run, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "model"
+    assert _main("export", "-c", run["config"], out) == 0
+    node_loss = Trainer(run["task"], optimizer=None, batch_size=4).validation_loss()  # type: ignore[arg-type]
+    loaded = from_export(out)
+    capsys.readouterr()
+    assert _main("eval", out) == 0
+    report = capsys.readouterr().out
+    shown = float(report.split("validation loss")[1].split()[0])
+    assert abs(shown - node_loss) < 5e-5
+    bits = float(report.split("bits per byte")[1].split()[0])
+    assert abs(bits - node_loss / math.log(2)) < 1e-3
+    assert loaded.fingerprint == model_fingerprint(run["task"].model, run["task"].shape_config)  # type: ignore[attr-defined]
+    # --data scores a given file instead; the node config and a checkpoint file work as MODEL too.
+    text = tmp_path / "other.txt"
+    text.write_text("def other(y):\n    return y * 2\n" * 50)
+    assert _main("eval", out, "--data", text) == 0
+    assert f"on {text}" in capsys.readouterr().out
+    assert _main("eval", run["config"]) == 0
+    assert _main("eval", run["newest"], "-c", run["config"]) == 0
+    outputs = capsys.readouterr().out
+    assert outputs.count(f"validation loss  {shown:.4f}") == 2
+
+
+def test_sample_is_deterministic_for_a_seed_and_makes_text(run, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "model"
+    _main("export", "-c", run["config"], out)
+    capsys.readouterr()
+    texts = []
+    for seed in (1, 1, 2):
+        assert _main("sample", out, "--prompt", "def ", "--tokens", 60, "--seed", seed) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] != texts[2]
+    assert texts[0].startswith("def ") and len(texts[0]) > 20
+    model = from_export(out).model
+    greedy = [sample_bytes(model, SampleRequest("def ", 30, temperature=0.0, seed=s)) for s in (1, 2)]
+    assert greedy[0] == greedy[1]
+    rng_before = torch.get_rng_state()
+    sample_bytes(model, SampleRequest("x", 5, top_k=3, seed=4))
+    assert torch.equal(torch.get_rng_state(), rng_before)
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_says_which(run, tmp_path: Path, capsys) -> None:
+    store: CheckpointStore = run["store"]  # type: ignore[assignment]
+    good = store.paths()[0]
+    broken = store.save(torch.load(good, weights_only=True))
+    broken.write_bytes(b"not a checkpoint")
+    try:
+        assert _main("export", "-c", run["config"], tmp_path / "m") == 0
+        err = capsys.readouterr().err.strip()
+        assert err == (f"p2ptrain export: checkpoint {broken.name} does not load ("
+                       + err.split(" does not load (")[1].split(");")[0]
+                       + f"); using the previous one, {good.name}")
+        assert broken.exists()  # read-only: nothing renamed next to a running node
+    finally:
+        broken.unlink()
+
+
+def test_an_existing_export_dir_is_refused_unless_forced(run, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "m"
+    assert _main("export", "-c", run["config"], out) == 0
+    before = (out / "config.json").read_text()
+    assert _main("export", "-c", run["config"], out) == 1
+    assert capsys.readouterr().err.strip().endswith(f"{out} already exists (use --force to replace it)")
+    time.sleep(1.1)  # exported_at has a resolution of one second
+    assert _main("export", "-c", run["config"], out, "--force") == 0
+    assert (out / "config.json").read_text() != before
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    assert _main("export", "-c", run["config"], precious, "--force") == 1
+    assert "is not a p2ptrain export; not replacing it, even with --force" in capsys.readouterr().err
+    assert (precious / "thesis.tex").exists()
+
+
+def test_a_failed_export_leaves_nothing_half_written(run, tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "m"
+    loaded = resolve(run["config"], None, print)  # type: ignore[arg-type]
+    write_export(loaded.model, loaded.task, loaded.fingerprint, loaded.card, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("p2ptrain.export.save_model", full_disk)
+    with pytest.raises(ExportError, match="No space left on device"):
+        write_export(loaded.model, loaded.task, loaded.fingerprint, loaded.card, out, force=True)
+    with pytest.raises(ExportError):
+        write_export(loaded.model, loaded.task, loaded.fingerprint, loaded.card, tmp_path / "new")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp or half directories
+
+
+def test_card_info_tolerates_missing_and_odd_keys() -> None:
+    card = CardInfo.from_state({"epoch": 3, "val_loss": float("nan"), "contributors": 4, "samples_processed": True},
+                               "run-x")
+    assert card == CardInfo("run-x", epoch=3, contributors=4)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["sample", "{out}", "--tokens", "abc"], 2, "--tokens must be a whole number, got 'abc'"),
+        (["sample", "{out}", "--tokens", "0"], 2, "--tokens must be between 1 and 100000, got 0"),
+        (["sample", "{out}", "--temperature", "-1"], 2, "--temperature must be between 0 and 100, got -1"),
+        (["sample", "{out}", "--temperature", "nan"], 2, "--temperature must be between 0 and 100, got nan"),
+        (["sample", "{out}", "--top-k", "-3"], 2, "--top-k must be between 0 and 1000000, got -3"),
+        (["sample", "{out}", "--seed", "x"], 2, "--seed must be a whole number, got 'x'"),
+        (["sample", "{tmp}/missing"], 1, "{tmp}/missing does not exist"),
+        (["sample", "{tmp}"], 1, "{tmp} is not a p2ptrain export (no config.json)"),
+        (["eval", "{out}", "--data", "{tmp}/none.txt"], 1, "--data {tmp}/none.txt is not a file"),
+        (["eval", "{tmp}/garbage.pt"], 1, "checkpoint {tmp}/garbage.pt does not load ("),
+        (["export", "--checkpoint", "{tmp}/none.pt", "{tmp}/x"], 1, "checkpoint {tmp}/none.pt does not exist"),
+        (["export", "-c", "{tmp}/empty.toml", "{tmp}/x"], 1, "no checkpoint that loads in"),
+    ],
+    ids=["tokens-text", "tokens-zero", "temperature-negative", "temperature-nan", "top-k", "seed",
+         "missing", "not-an-export", "data-missing", "garbage-checkpoint", "checkpoint-missing", "no-checkpoints"],
+)
+def test_bad_input_is_one_line_and_a_nonzero_exit(run, tmp_path: Path, capsys, argv, code, message) -> None:
+    out = tmp_path / "model"
+    _main("export", "-c", run["config"], out)
+    (tmp_path / "garbage.pt").write_bytes(b"junk")
+    (tmp_path / "empty.toml").write_text(f'[node]\nstate_dir = "{tmp_path / "nostate"}"\n')
+    capsys.readouterr()
+    fill = {"out": out, "tmp": tmp_path}
+    assert _main(*[arg.format(**fill) for arg in argv]) == code
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message.format(**fill) in err, err
+
+
+def test_a_checkpoint_of_another_model_is_refused(run, tmp_path: Path, capsys) -> None:
+    other = tmp_path / "other.toml"
+    other.write_text(Path(run["config"]).read_text().replace("d_model = 32", "d_model = 16"))
+    assert _main("sample", run["newest"], "-c", other) == 1
+    assert "but this config builds" in capsys.readouterr().err
+
+
+def test_a_user_task_without_hooks_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "configs" / "examples"))
+    config_path = tmp_path / "user.toml"
+    config_path.write_text(f'[node]\nstate_dir = "{tmp_path}"\n[task]\nentrypoint = "user_task:build"\n')
+    config = load_config(config_path, environ={})
+    task = build_task(config.task, config.training, peer_seed=0)
+    CheckpointStore(config.checkpoint_dir(), keep=1).save(
+        {"model": task.model.state_dict(), "epoch": 1, "fingerprint": model_fingerprint(task.model, task.shape_config)})
+    assert _main("export", "-c", config_path, tmp_path / "m") == 0
+    assert from_export(tmp_path / "m").task.entrypoint == "user_task:build"
+    assert _main("sample", tmp_path / "m") == 1
+    assert "has no sample hook (Task.sample)" in capsys.readouterr().err
+    assert _main("eval", config_path) == 1
+    assert "has no evaluate hook (Task.evaluate)" in capsys.readouterr().err
+
+
+def test_a_damaged_export_is_one_model_error(run, tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    _main("export", "-c", run["config"], out)
+    (out / "model.safetensors").write_bytes(b"\x00" * 10)
+    with pytest.raises(ModelError, match="model.safetensors does not load"):
+        from_export(out)
+    (out / "config.json").write_text("{broken")
+    with pytest.raises(ModelError, match="config.json is not readable JSON"):
+        from_export(out)
+
+
+def test_the_demo_ends_by_exporting_and_sampling(run, tmp_path: Path) -> None:
+    import io
+
+    from p2ptrain.demo import DemoRun, export_and_sample
+    from p2ptrain.localswarm import LocalNode
+
+    empty = LocalNode("node2", tmp_path / "node2", "unit-run")
+    empty.workdir.mkdir()
+    empty.config_path.write_text(f'[node]\nstate_dir = "{tmp_path / "node2" / "state"}"\n')
+    trained = LocalNode("node1", tmp_path / "node1", "unit-run")
+    trained.workdir.mkdir()
+    trained.config_path.write_text(Path(run["config"]).read_text())
+    out = io.StringIO()
+    assert export_and_sample(DemoRun(tmp_path, nodes=[empty]), out) is None
+    assert "nothing to export" in out.getvalue()
+    out = io.StringIO()
+    target = export_and_sample(DemoRun(tmp_path, nodes=[empty, trained]), out)
+    assert target == tmp_path / "model" and from_export(target).card.epoch == 5
+    text = out.getvalue()
+    assert "=== the demo's model ===" in text and "    | def " in text and f"p2ptrain sample {target}" in text
+
+
+def test_eval_with_a_glob_that_matches_nothing_exits_78_naming_the_field(run, tmp_path: Path, capsys) -> None:
+    config = tmp_path / "node.toml"
+    text = Path(run["config"]).read_text()
+    corpus = text.split('data_path = "')[1].split('"')[0]
+    config.write_text(text.replace(corpus, str(tmp_path / "nothing" / "*.jsonl")))
+    assert _main("eval", config) == 78
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("p2ptrain: config error: task.data_path: no files match the glob")
+    assert err.endswith("(the held-out split needs the run's data here; or pass --data FILE)")
+    assert len(err.splitlines()) == 1
