@@ -79,8 +79,9 @@ class TrainingParts:
     checkpointer: Checkpointer
     fingerprint: str
 
-    def save_checkpoint(self) -> bool:
-        return self.checkpointer.save(checkpoint_state(self.trainer, self.optimizer))
+    def save_checkpoint(self, **extra: Any) -> bool:
+        """Write a checkpoint; ``extra`` adds run facts for the model card (``val_loss``, ``run_ref``...)."""
+        return self.checkpointer.save({**checkpoint_state(self.trainer, self.optimizer), **extra})
 
     def close(self) -> None:
         try:
@@ -107,9 +108,15 @@ class NodeBuilder:
         return swarm
 
     def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *,
-                       wall_clock: Callable[[], float], long_operation: Callable[[float], None]) -> TrainingParts:
-        """Task, optimizer (resumed from the local checkpoint if there is one), trainer and guards."""
-        task = with_faults(build_task(config.task, config.training, peer_seed(swarm.peer_id)), self._environ)
+                       live_peers: Callable[[], Sequence[str]], wall_clock: Callable[[], float],
+                       long_operation: Callable[[float], None]) -> TrainingParts:
+        """Task, optimizer (resumed from the local checkpoint if there is one), trainer and guards.
+
+        ``live_peers`` names the peers training now: the data is shared out among them.
+        """
+        task = build_task(config.task, config.training, peer_seed(swarm.peer_id), peer_id=swarm.peer_id,
+                          live_peers=live_peers, cache_dir=config.task.cache_dir or swarm.state_dir / "data-cache")
+        task = with_faults(task, self._environ)
         fingerprint = model_fingerprint(task.model, task.shape_config)
         swarm.first_seen = claim_fingerprint(swarm.dht, config.swarm.run_id, fingerprint, swarm.first_seen)
         logger.info("model fingerprint %s (%d parameters)", fingerprint,

@@ -55,7 +55,7 @@ class LoopParts(Protocol):
     optimizer: SwarmOptimizer
     rollback: Rollback
 
-    def save_checkpoint(self) -> bool: ...
+    def save_checkpoint(self, **extra: object) -> bool: ...
 
 
 class TrainingLoop:
@@ -100,7 +100,7 @@ class TrainingLoop:
                 self.validate()
                 next_validation = now + self.config.training.validate_every
             if now >= next_checkpoint:
-                self.parts.save_checkpoint()
+                self.checkpoint()
                 next_checkpoint = self.clock() + self.config.checkpoint.interval
             if now >= next_fingerprint:
                 self._refresh_fingerprint()
@@ -109,6 +109,10 @@ class TrainingLoop:
             if max_epochs and self.parts.trainer.epoch >= max_epochs:
                 logger.info("reached training.max_epochs=%d", max_epochs)
                 self.stopper.request("max_epochs reached")
+
+    def checkpoint(self) -> bool:
+        """A checkpoint with the run facts an export's model card shows."""
+        return self.parts.save_checkpoint(val_loss=self.board.val_loss, run_ref=self.board.identity.run_id)
 
     def validate(self) -> None:
         self.board.val_loss = self.parts.trainer.validation_loss()
@@ -146,7 +150,7 @@ class TrainingLoop:
             elif request.command is Command.RESUME:
                 self._manual_pause_until = None
             elif request.command is Command.CHECKPOINT:
-                self.parts.save_checkpoint()
+                self.checkpoint()
             elif request.command is Command.LEAVE:
                 self.stopper.request(f"leave requested by {request.source or 'control'}")
             elif request.command is Command.RELOAD:

@@ -88,6 +88,10 @@ class Node:
         """The config in force: the loop's once it runs (a SIGHUP may have changed it)."""
         return self.loop.config if self.loop is not None else self.config
 
+    def training_peers(self) -> list[str]:
+        """Peer IDs training now, as the latest swarm view has them (our own included once published)."""
+        return [peer.peer_id for peer in self.latest.swarm().peers if peer.state == NodeState.TRAINING]
+
     def initial_peers(self) -> list[str]:
         return list(dict.fromkeys([*self.current_config().swarm.initial_peers, *self.extra_peers]))
 
@@ -135,7 +139,8 @@ class Node:
             logger.info("started a new swarm %r; others can join with: %s", cfg.swarm.run_id,
                         " ".join(f"--join {addr}" for addr in swarm.maddrs))
 
-        self.parts = parts = self.builder.build_training(cfg, swarm, self.swarm_stats, wall_clock=self.wall_clock,
+        self.parts = parts = self.builder.build_training(cfg, swarm, self.swarm_stats, live_peers=self.training_peers,
+                                                         wall_clock=self.wall_clock,
                                                          long_operation=self.hooks.long_operation)
         self._watch(parts)
         self.loop = TrainingLoop(cfg, parts, self.board, self.hooks, self.stopper, self.control, clock=self.clock,
@@ -153,7 +158,7 @@ class Node:
 
         self.board.set_state(NodeState.STOPPING)
         logger.info("stopping (%s): writing a final checkpoint", self.stopper.reason)
-        if parts.save_checkpoint():
+        if self.loop.checkpoint():
             self._forced_exit_code = 0
         return 0
 

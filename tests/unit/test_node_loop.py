@@ -123,7 +123,7 @@ class FakeParts:
     def checkpointer(self) -> Any:
         return type("C", (), {"figures": CheckpointFigures(ok=self.checkpoints)})()
 
-    def save_checkpoint(self) -> bool:
+    def save_checkpoint(self, **extra: Any) -> bool:
         self.checkpoints += 1
         return True
 
