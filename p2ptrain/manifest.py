@@ -189,7 +189,8 @@ def _check_keys(data: Mapping[str, Any], required: tuple[str, ...], allowed: tup
                 origin: str, section: str) -> None:
     for key in data:
         if key not in allowed:
-            raise ManifestError(f"{origin}: {section}.{key}: unknown key")
+            where = f"{key}: unknown section" if not section else f"{section}.{key}: unknown key"
+            raise ManifestError(f"{origin}: {where}")
     for key in required:
         if key not in data:
             raise ManifestError(f"{origin}: {section}.{key}: required")
@@ -217,7 +218,7 @@ def parse_manifest(text: str, origin: str = "manifest") -> Manifest:
     if data["format"] != FORMAT or type(data["format"]) is not int:
         raise ManifestError(f"{origin}: format {data['format']!r:.20} is not supported by this p2ptrain "
                             f"(it reads format {FORMAT}); upgrade p2ptrain")
-    _check_keys(data, (), _SECTIONS, origin, "(top level)")
+    _check_keys(data, (), _SECTIONS, origin, "")
     try:
         run = RunBlock.model_validate(_section(data, "run", origin))
         admission = AdmissionBlock.model_validate(_section(data, "admission", origin))
