@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.proto.auth_pb2 import AccessToken
-from hivemind.utils.auth import TokenAuthorizerBase
+from hivemind.utils.auth import AuthorizedRequestBase, TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from p2ptrain.admission import AdmissionGate
@@ -139,6 +139,18 @@ class InviteAuthorizer(TokenAuthorizerBase):
             self._refuse(peer_id, reason)
             return False
         return True
+
+    async def validate_request(self, request: AuthorizedRequestBase) -> bool:
+        before = self.refused_total
+        if await super().validate_request(request):
+            return True
+        if self.refused_total == before:  # a valid invite, but hivemind's signature, clock or nonce check failed
+            try:
+                peer_id = peer_id_of_public_key(request.auth.client_access_token.public_key)
+            except Exception:
+                peer_id = "(unknown)"
+            self._refuse(peer_id, "its request was not signed by the invited peer's key, or was replayed")
+        return False
 
     def _refuse(self, peer_id: str, reason: str) -> None:
         with self._refused.get_lock():

@@ -180,7 +180,7 @@ def test_strangers_borrowed_tokens_revoked_and_expired_peers_are_refused(run, ke
     foreign = issue_invite(foreign_owner, foreign_owner.ref("private"), _peer(keys[2]), 30, now=now[0])
     foreign_token = AccessToken(username=foreign, public_key=keys[2].get_public_key().to_bytes())
     assert not asyncio.run(a.validate_request(_signed_ping(_Borrower(keys[2], foreign_token))))
-    assert a.refused_total == 3  # the borrowed whole token passed the token check, then failed hivemind's
+    assert a.refused_total == 4  # the whole borrowed token passes the invite check, then fails the signature
 
     assert asyncio.run(a.validate_request(_signed_ping(b)))
     gate.update("invite", [], [_peer(keys[1])])  # b revoked in a new manifest version
@@ -188,4 +188,4 @@ def test_strangers_borrowed_tokens_revoked_and_expired_peers_are_refused(run, ke
     gate.update("invite", [], [])
     now[0] += 31 * 86400  # b's invite expired (cached tokens are re-checked against the clock)
     assert not a.is_token_valid(b_token)
-    assert a.refused_total == 5
+    assert a.refused_total == 6
