@@ -51,6 +51,22 @@ class RunPlan:
         return {"authorizer": self.authorizer} if self.authorizer is not None else {}
 
 
+def apply_run_flags(config: NodeConfig, run_ref: str | None, manifest: Path | None) -> NodeConfig:
+    """``p2ptrain run --run REF --manifest FILE`` on top of the config (flags win over swarm.run and
+    swarm.manifest)."""
+    update: dict[str, Any] = {}
+    if run_ref is not None:
+        try:
+            update["run"] = str(RunRef.parse(run_ref))
+        except ConfigError as error:
+            raise ConfigError(f"--run: {error}") from None
+    if manifest is not None:
+        update["manifest"] = manifest
+    if not update:
+        return config
+    return config.model_copy(update={"swarm": config.swarm.model_copy(update=update)})
+
+
 def _check_policy(manifest: Manifest, invite: str | None) -> None:
     where = f"run {manifest.ref} (manifest version {manifest.version})"
     if manifest.policy == "invite" and invite is None:

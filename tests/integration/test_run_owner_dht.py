@@ -20,6 +20,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.auth import TokenAuthorizerBase
 
 from p2ptrain.admission import AdmissionGate
+from p2ptrain.cli import main
 from p2ptrain.config import TaskSection, TrainingSection
 from p2ptrain.dhtauth import InviteAuthorizer, ensure_identity, forget_peers, load_identity_key, peer_id_of_identity
 from p2ptrain.invite import issue_invite
@@ -71,7 +72,7 @@ def _eventually(check: Callable[[], Any], timeout: float = 15.0) -> Any:
         time.sleep(0.3)
 
 
-def test_manifest_spreads_forgeries_are_refused_and_it_outlives_the_owner(dhts):
+def test_manifest_spreads_forgeries_are_refused_and_it_outlives_the_owner(dhts, capsys):
     key = OwnerKey.generate()
     v1 = new_manifest(key, "dht-run", TaskSection(), TrainingSection())
     ref = v1.ref
@@ -95,6 +96,9 @@ def test_manifest_spreads_forgeries_are_refused_and_it_outlives_the_owner(dhts):
     assert publish_manifest(owner, v2).result(timeout=10)
     found = _eventually(lambda: (f := fetch_manifest(volunteer, ref)).manifest == v2 and f)
     assert found and found.manifest.training["lr"] == 3e-4
+
+    assert main(["run", "show", str(ref), "--join", _maddrs(volunteer)[0]]) == 0  # what a volunteer would use
+    assert "version      2" in capsys.readouterr().out
 
     assert publish_manifest(volunteer, found.manifest).result(timeout=10)  # every holder re-publishes
     owner.shutdown()

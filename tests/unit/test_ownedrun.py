@@ -16,7 +16,7 @@ from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity
 from p2ptrain.invite import issue_invite
 from p2ptrain.manifest import new_manifest
 from p2ptrain.manifest_source import SourceUnavailable
-from p2ptrain.ownedrun import RunKeeper, prepare_run
+from p2ptrain.ownedrun import RunKeeper, apply_run_flags, prepare_run
 from p2ptrain.owner import OwnerKey
 from p2ptrain.rundht import members_key, publish_manifest
 
@@ -176,3 +176,13 @@ def test_keeper_fetches_merges_follows_updates_and_members(tmp_path, owner):
     offer = keeper.poll()
     assert offer is not None and offer.change.fields == ["admission.revoked"]
     assert not plan.gate(OTHER) and plan.gate(me)
+
+
+def test_command_line_flags_win_over_the_config(tmp_path, owner):
+    _, manifest = owner
+    config = _config(tmp_path, run="other@" + "a" * 26)
+    flagged = apply_run_flags(config, str(manifest.ref), tmp_path / "m.toml")
+    assert flagged.swarm.run == str(manifest.ref) and flagged.swarm.manifest == tmp_path / "m.toml"
+    assert apply_run_flags(config, None, None) is config
+    with pytest.raises(ConfigError, match=r"^--run: not a run reference: 'nope'"):
+        apply_run_flags(config, "nope", None)
