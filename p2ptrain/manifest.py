@@ -137,7 +137,8 @@ class Manifest:
         return {
             "format": FORMAT,
             "run": {k: v for k, v in run.items() if v is not None},
-            "admission": {"policy": self.policy, "banned": list(self.banned), "revoked": list(self.revoked)},
+            "admission": {"policy": self.policy, "banned": sorted(set(self.banned)),
+                          "revoked": sorted(set(self.revoked))},
             "task": {k: v for k, v in self.task.items() if v is not None},
             "training": dict(self.training),
         }
@@ -148,6 +149,10 @@ class Manifest:
     def signed(self, key: OwnerKey) -> Manifest:
         if key.public_key != self.owner_key:
             raise ManifestError(f"owner key is not the key of run {self.ref}")
+        try:
+            self.to_toml()  # every value must have a TOML form before it is signed
+        except (TypeError, ValueError) as exc:
+            raise ManifestError(f"run {self.ref}: a value cannot be written to the manifest ({exc})") from None
         return dataclasses.replace(self, signature=key.sign(self.signing_bytes()))
 
     def verify(self, ref: RunRef | None = None, origin: str = "manifest") -> Manifest:

@@ -50,7 +50,11 @@ def _fingerprint(choice: str, config: NodeConfig) -> str | None:
     from p2ptrain.fingerprint import model_fingerprint  # torch: only when asked to build the model
     from p2ptrain.tasks import build_task
 
-    task = build_task(config.task, config.training, 0)
+    try:
+        task = build_task(config.task, config.training, 0)
+    except ConfigError as error:
+        raise ConfigError(f"{error} (building the model to record its fingerprint; --fingerprint none skips it)") \
+            from None
     return model_fingerprint(task.model, task.shape_config)
 
 

@@ -201,3 +201,12 @@ def test_signing_with_a_foreign_key_is_refused(manifest):
 
 def _drop_line(text: str, prefix: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith(prefix)) + "\n"
+
+
+def test_list_order_is_not_meaning_and_unwritable_values_are_refused(manifest, key):
+    a, b = "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3", "QmXyX6Ps4qyR2awJLJ5nwzg5n7Vdjk1CHidb8p2GbthpvF"
+    unsorted = dataclasses.replace(manifest, banned=(a, b, a)).signed(key)
+    assert load_manifest(unsorted.to_toml(), "m").banned == (b, a)
+    huge = dataclasses.replace(manifest, task={**manifest.task, "options": {"n": 2**70}})
+    with pytest.raises(ManifestError, match=r"a value cannot be written to the manifest \(integer"):
+        huge.signed(key)
