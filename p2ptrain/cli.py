@@ -55,10 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"p2ptrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    run = sub.add_parser("run", help="run a node in the foreground")
+    run = sub.add_parser("run", help="run a node in the foreground (or: run init|show|invite|update|peer-id)",
+                         epilog="run owners: p2ptrain run {init,show,invite,update,peer-id} -h")
     _add_config_flag(run)
     run.add_argument("--join", action="append", default=[], metavar="MADDR",
                      help="multiaddr of a node to join (repeatable; adds to swarm.initial_peers)")
+    run.add_argument("--run", dest="run_ref", metavar="REF",
+                     help="take part in the owned run REF (NAME@hash): settings come from its signed manifest "
+                     "(sets swarm.run)")
+    run.add_argument("--manifest", type=Path, metavar="FILE",
+                     help="the run's manifest file, instead of fetching it from the swarm (sets swarm.manifest)")
     run.set_defaults(handler=_lazy("p2ptrain.daemon.main:run_node"))
 
     demo = sub.add_parser("demo", help="a local demo swarm on 127.0.0.1 with churn and a live table")
@@ -142,8 +148,69 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: ``p2ptrain run ACTION``: the run owner's commands, dispatched before the node command's parser.
+RUN_ACTIONS = ("init", "show", "invite", "update", "peer-id")
+
+
+def build_run_parser() -> argparse.ArgumentParser:
+    """``p2ptrain run init|show|invite|update|peer-id``; ``p2ptrain run [--config ...]`` stays the node."""
+    parser = argparse.ArgumentParser(prog="p2ptrain run", description="create and manage an owned run")
+    sub = parser.add_subparsers(dest="run_command", metavar="ACTION", required=True)
+
+    init = sub.add_parser("init", help="create an owner key and the run's signed manifest (version 1)")
+    init.add_argument("name", metavar="NAME", help="run name: 1-32 letters, digits, '_' and '-'")
+    init.add_argument("--dir", type=Path, metavar="DIR", help="where owner.key and manifest.toml go (default: ./NAME)")
+    init.add_argument("--private", action="store_true", help="invite-only run (default: open to everyone)")
+    init.add_argument("--from-config", type=Path, metavar="NODE_TOML",
+                      help="take [task] and the run-wide [training] settings from this node config")
+    init.add_argument("--fingerprint", default="auto", metavar="auto|none|HEX",
+                      help="record the model fingerprint: auto builds the model once (default), none skips it")
+    init.set_defaults(handler=_lazy("p2ptrain.run_cli:init_command"))
+
+    show = sub.add_parser("show", help="show the manifest a node would use")
+    show.add_argument("target", metavar="REF|MANIFEST", help="a manifest file, or a run reference (with --join)")
+    show.add_argument("--join", action="append", default=[], metavar="MADDR",
+                      help="fetch the manifest of REF from the swarm through this node (open runs)")
+    show.add_argument("--timeout", type=_duration, default=15.0, help="swarm lookup timeout (default 15s)")
+    show.add_argument("--toml", action="store_true", help="print the manifest file itself")
+    show.set_defaults(handler=_lazy("p2ptrain.run_cli:show_command"))
+
+    invite = sub.add_parser("invite", help="print an invite token admitting one peer to a private run")
+    invite.add_argument("target", metavar="REF|MANIFEST", help="the run (its manifest file, or its reference)")
+    invite.add_argument("peer_id", metavar="PEER_ID", help="the volunteer's peer ID (p2ptrain run peer-id)")
+    invite.add_argument("--days", type=float, default=30.0, help="days the invite is valid (default 30)")
+    invite.add_argument("--key", type=Path, metavar="PATH",
+                        help="owner key (default: owner.key beside the manifest, or ./NAME/owner.key)")
+    invite.set_defaults(handler=_lazy("p2ptrain.run_cli:invite_command"))
+
+    update = sub.add_parser("update", help="change the run's manifest: bump its version and re-sign it")
+    update.add_argument("manifest", type=Path, metavar="MANIFEST")
+    update.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="a task.* or run-wide training.* setting, e.g. training.lr=3e-4 (repeatable)")
+    update.add_argument("--ban", action="append", default=[], metavar="PEER_ID", help="exclude a peer (repeatable)")
+    update.add_argument("--unban", action="append", default=[], metavar="PEER_ID", help="lift a ban (repeatable)")
+    update.add_argument("--revoke", action="append", default=[], metavar="PEER_ID",
+                        help="revoke every invite of a peer (repeatable)")
+    policy = update.add_mutually_exclusive_group()
+    policy.add_argument("--private", dest="policy", action="store_const", const="invite",
+                        help="make the run invite-only")
+    policy.add_argument("--open", dest="policy", action="store_const", const="open", help="open the run to all")
+    update.add_argument("--fingerprint", metavar="auto|none|HEX", help="record (or clear) the model fingerprint")
+    update.add_argument("--key", type=Path, metavar="PATH", help="owner key (default: owner.key beside the manifest)")
+    update.set_defaults(handler=_lazy("p2ptrain.run_cli:update_command"))
+
+    peer_id = sub.add_parser("peer-id", help="print this node's peer ID (creating its identity if needed)")
+    _add_config_flag(peer_id)
+    peer_id.set_defaults(handler=_lazy("p2ptrain.run_cli:peer_id_command"))
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "run" and argv[1] in RUN_ACTIONS:
+        args = build_run_parser().parse_args(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
     except ConfigError as error:

@@ -99,6 +99,18 @@ class SwarmSection(_Section):
     bootstrap_timeout: PositiveFloat = 60.0
     """Seconds to keep retrying (with backoff) when no initial peer answers, before giving up."""
 
+    run: str | None = None
+    """Reference of an owned run, NAME@<owner key hash> (printed by p2ptrain run init). The node then takes
+    [task], the run-wide [training] settings and run_id from the owner's signed manifest; set only local
+    matters here. Unset: a plain run named by run_id."""
+
+    manifest: Path | None = None
+    """A run manifest file (from the run's owner) to use instead of fetching it from the swarm; for runs
+    without a swarm yet. Its signature is checked against swarm.run when that is set."""
+
+    invite: str | None = None
+    """Invite token for a private (invite-only) run, from: p2ptrain run invite <run> <this node's peer id>."""
+
     @field_validator("run_id")
     @classmethod
     def _run_id_is_a_name(cls, value: str) -> str:
@@ -106,6 +118,27 @@ class SwarmSection(_Section):
             raise ValueError("must be 1-64 characters of letters, digits, '_' and '-' "
                              "(hivemind keys cannot contain '.')")
         return value
+
+    @field_validator("run")
+    @classmethod
+    def _run_is_a_reference(cls, value: str | None) -> str | None:
+        from p2ptrain.runref import RunRef  # stdlib only
+
+        if value is not None:
+            try:
+                RunRef.parse(value)
+            except ConfigError:
+                raise ValueError("not a run reference; expected NAME@<26 characters a-z2-7>, "
+                                 "as printed by p2ptrain run init") from None
+        return value
+
+    @field_validator("invite")
+    @classmethod
+    def _invite_shape(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"p2ptrain-invite-v1\.[A-Za-z0-9_.-]{1,4000}", value.strip()):
+            raise ValueError("not an invite token (expected p2ptrain-invite-v1.<...>, "
+                             "as printed by p2ptrain run invite)")
+        return value.strip() if value is not None else None
 
     @field_validator("initial_peers")
     @classmethod

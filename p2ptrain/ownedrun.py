@@ -1,0 +1,278 @@
+"""A node's part in an owned run: what to decide before the DHT starts, and what to keep doing after.
+
+:func:`prepare_run` turns ``swarm.run`` / ``swarm.manifest`` / ``swarm.invite`` into a
+:class:`RunPlan` before anything is started or written: the run id, the merged config when the
+manifest is at hand, the admission gate (created here, before hivemind forks anything) and, for
+an invite run, the DHT authorizer. Every problem is one :class:`ConfigError` line naming the field.
+
+:class:`RunKeeper` then runs beside the node's loop without ever blocking it: it fetches the
+manifest when the node joined with only a reference, re-publishes the manifest and this node's
+invite, polls for newer manifest versions, and keeps the gate's lists current.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from p2ptrain.admission import AdmissionGate
+from p2ptrain.config import ConfigError, NodeConfig, SwarmSection
+from p2ptrain.invite import InviteError, verify_invite
+from p2ptrain.manifest import Manifest
+from p2ptrain.manifest_source import FileSource, SourceUnavailable
+from p2ptrain.manifest_updates import ManifestTracker, Offer
+from p2ptrain.runconfig import merge_manifest
+from p2ptrain.runref import RunRef
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_RUN_ID = SwarmSection.model_fields["run_id"].default
+
+
+@dataclass
+class RunPlan:
+    """Everything decided about an owned run before the node's DHT starts."""
+
+    config: NodeConfig
+    ref: RunRef
+    manifest: Manifest | None  # None: fetched from the swarm after joining (the one-line join)
+    gate: AdmissionGate
+    authorizer: Any = None  # an InviteAuthorizer in invite runs
+    validators: list[Any] = field(default_factory=list)
+
+    def dht_kwargs(self) -> dict[str, Any]:
+        """Extra ``hivemind.DHT`` keyword arguments (the authorizer of an invite run)."""
+        return {"authorizer": self.authorizer} if self.authorizer is not None else {}
+
+
+def apply_run_flags(config: NodeConfig, run_ref: str | None, manifest: Path | None) -> NodeConfig:
+    """``p2ptrain run --run REF --manifest FILE`` on top of the config (flags win over swarm.run and
+    swarm.manifest)."""
+    update: dict[str, Any] = {}
+    if run_ref is not None:
+        try:
+            update["run"] = str(RunRef.parse(run_ref))
+        except ConfigError as error:
+            raise ConfigError(f"--run: {error}") from None
+    if manifest is not None:
+        update["manifest"] = manifest
+    if not update:
+        return config
+    return config.model_copy(update={"swarm": config.swarm.model_copy(update=update)})
+
+
+def _check_policy(manifest: Manifest, invite: str | None) -> None:
+    where = f"run {manifest.ref} (manifest version {manifest.version})"
+    if manifest.policy == "invite" and invite is None:
+        raise ConfigError(f"swarm.invite: {where} is invite-only; ask its owner for an invite for this node's peer ID "
+                          "(p2ptrain run peer-id prints it)")
+    if manifest.policy == "open" and invite is not None:
+        raise ConfigError(f"swarm.invite: {where} is open to everyone; remove swarm.invite")
+
+
+def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = None,
+                clock: Callable[[], float] = time.time) -> RunPlan | None:
+    """The plan for ``config``'s owned run, or None for a plain run (neither swarm.run nor swarm.manifest).
+
+    Reads the manifest file and the identity; writes nothing.
+    """
+    swarm = config.swarm
+    if swarm.run is None and swarm.manifest is None:
+        return None
+    ref = RunRef.parse(swarm.run) if swarm.run is not None else None
+    manifest = FileSource(swarm.manifest, ref).fetch() if swarm.manifest is not None else None
+    if ref is None:
+        assert manifest is not None
+        ref = manifest.ref
+    if manifest is not None:
+        config = merge_manifest(config, manifest)
+        _check_policy(manifest, swarm.invite)
+    else:
+        if swarm.run_id not in (_DEFAULT_RUN_ID, ref.run_id):
+            raise ConfigError(f"swarm.run_id: this node's config says {swarm.run_id!r} but run {ref} uses "
+                              f"{ref.run_id!r}; remove swarm.run_id from the node config")
+        config = config.model_copy(update={"swarm": swarm.model_copy(update={"run_id": ref.run_id,
+                                                                             "run": str(ref)})})
+    excluded = manifest.excluded() if manifest is not None else frozenset()
+    policy = manifest.policy if manifest is not None else ("invite" if swarm.invite else "open")
+    gate = AdmissionGate(policy)
+    gate.update(policy, (), excluded)
+    from p2ptrain.rundht import run_validators  # hivemind
+
+    plan = RunPlan(config, ref, manifest, gate, validators=run_validators(ref))
+    if swarm.invite is not None:
+        current = clock() if now is None else now
+        try:
+            invite = verify_invite(swarm.invite, ref=ref, now=current, excluded=excluded)
+        except InviteError as error:
+            raise ConfigError(f"swarm.invite: {error}") from None
+        if not identity_file.exists():
+            raise ConfigError(f"swarm.invite: is for peer {invite.peer_id}, but this node has no identity yet "
+                              f"({identity_file}); create it with p2ptrain run peer-id and ask for an invite for it")
+        from p2ptrain.dhtauth import InviteAuthorizer, load_identity_key
+
+        try:
+            plan.authorizer = InviteAuthorizer(ref, swarm.invite, load_identity_key(identity_file), gate, clock=clock)
+        except InviteError as error:
+            raise ConfigError(f"swarm.invite: {error}") from None
+        gate.update(policy, (plan.authorizer.peer_id,), excluded)
+    return plan
+
+
+class RunKeeper:
+    """Keeps a running node's view of its owned run current; every method returns at once."""
+
+    def __init__(self, plan: RunPlan, dht: Any, *, clock: Callable[[], float] = time.time,
+                 poll_every: float = 30.0, republish_every: float = 300.0, lookup_timeout: float = 10.0) -> None:
+        self.plan, self._dht, self._clock = plan, dht, clock
+        self._poll_every, self._republish_every, self._timeout = poll_every, republish_every, lookup_timeout
+        self.tracker = ManifestTracker(plan.ref, plan.manifest)
+        self.invalid_manifests_total = 0
+        self.invalid_members_total = 0
+        self._admitted: frozenset[str] = frozenset({plan.authorizer.peer_id} if plan.authorizer else ())
+        self._pending: dict[str, tuple[Any, float]] = {}
+        self._next_poll = 0.0
+        self._next_publish = 0.0
+
+    @property
+    def manifest(self) -> Manifest | None:
+        return self.tracker.current
+
+    def join(self, stop: threading.Event, timeout: float) -> NodeConfig:
+        """Once the DHT is up: the manifest (fetched, with retries, when the plan had none) merged
+        into the config. Raises :class:`SourceUnavailable` after ``timeout`` without one."""
+        from p2ptrain.rundht import fetch_manifest
+
+        deadline, delay = self._clock() + timeout, 1.0
+        while self.tracker.current is None:
+            found = fetch_manifest(self._dht, self.plan.ref, timeout=self._timeout)
+            self.invalid_manifests_total += found.invalid
+            if found.manifest is not None:
+                self.tracker.offer(found.manifest)
+                break
+            if self._clock() + delay > deadline or stop.wait(delay):
+                raise SourceUnavailable(f"no valid manifest of run {self.plan.ref} found in the swarm within "
+                                        f"{timeout:.0f}s" + (f" ({found.invalid} invalid entries ignored)"
+                                                             if found.invalid else ""))
+            delay = min(delay * 2, 10.0)
+        manifest = self.tracker.current
+        assert manifest is not None
+        _check_policy(manifest, self.plan.config.swarm.invite)
+        self.plan = dataclasses.replace(self.plan, config=merge_manifest(self.plan.config, manifest),
+                                        manifest=manifest)
+        self._refresh_gate()
+        return self.plan.config
+
+    def check_fingerprint(self, fingerprint: str) -> None:
+        """Raise one line naming both fingerprints when the manifest records another model."""
+        manifest = self.tracker.current
+        if manifest is not None and manifest.fingerprint is not None and manifest.fingerprint != fingerprint:
+            raise ConfigError(f"model fingerprint {fingerprint} differs from run {manifest.ref}'s model "
+                              f"{manifest.fingerprint} (manifest version {manifest.version}); take [task] from the "
+                              "manifest only")
+
+    def poll(self) -> Offer | None:
+        """Re-publish, look for a newer manifest and current members; returns the offer of a newly
+        accepted manifest version (the node applies it at the next epoch boundary, or restarts)."""
+        from p2ptrain.rundht import (
+            admitted_members,
+            manifest_key,
+            members_key,
+            newest_manifest,
+            publish_manifest,
+            publish_membership,
+        )
+
+        now = self._clock()
+        manifest = self.tracker.current
+        if manifest is not None and now >= self._next_publish:
+            self._next_publish = now + self._republish_every
+            publish_manifest(self._dht, manifest)
+            if self.plan.config.swarm.invite is not None:
+                publish_membership(self._dht, self.plan.ref, self.plan.config.swarm.invite)
+        accepted: Offer | None = None
+        found = self._finished("manifest", now)
+        if found is not None:
+            result = newest_manifest(found, self.plan.ref)
+            self.invalid_manifests_total += result.invalid
+            if result.manifest is not None:
+                offer = self.tracker.offer(result.manifest)
+                if offer.accepted:
+                    logger.info("run %s: %s", self.plan.ref, offer.reason)
+                    accepted = offer
+                    self._refresh_gate()
+        members = self._finished("members", now)
+        if members is not None and self.gate_policy == "invite":
+            admitted, invalid = admitted_members(members, self.plan.ref, now=now,
+                                                 excluded=self._excluded())
+            self.invalid_members_total += invalid
+            if self.plan.authorizer is not None:
+                admitted.add(self.plan.authorizer.peer_id)
+            if admitted != self._admitted:
+                self._admitted = frozenset(admitted)
+                self._refresh_gate()
+        if now >= self._next_poll and not self._pending:
+            self._next_poll = now + self._poll_every
+            self._pending["manifest"] = (self._dht.get(manifest_key(self.plan.ref), latest=True,
+                                                       return_future=True), now)
+            if self.gate_policy == "invite":
+                self._pending["members"] = (self._dht.get(members_key(self.plan.ref), latest=True,
+                                                          return_future=True), now)
+        return accepted
+
+    @property
+    def gate_policy(self) -> str:
+        return self.plan.gate.policy
+
+    def _excluded(self) -> frozenset[str]:
+        manifest = self.tracker.current
+        return manifest.excluded() if manifest is not None else frozenset()
+
+    def _refresh_gate(self) -> None:
+        manifest = self.tracker.current
+        policy = manifest.policy if manifest is not None else self.plan.gate.policy
+        excluded = self._excluded()
+        self.plan.gate.update(policy, self._admitted, excluded)  # type: ignore[arg-type]
+        if excluded:
+            from p2ptrain.dhtauth import forget_peers
+
+            try:
+                forget_peers(self._dht, excluded)
+            except Exception as exc:  # the DHT's process is busy or gone: the authorizer still refuses them
+                logger.debug("could not drop excluded peers from the routing table: %s", exc)
+
+    def _finished(self, name: str, now: float) -> Any:
+        pending = self._pending.get(name)
+        if pending is None:
+            return None
+        future, started = pending
+        if future.done():
+            del self._pending[name]
+            try:
+                return future.result()
+            except Exception as exc:
+                logger.info("run %s: %s lookup failed (%s)", self.plan.ref, name, type(exc).__name__)
+                return None
+        if now - started > self._timeout:
+            future.cancel()
+            del self._pending[name]
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """Fields for the status snapshot, the API and the dashboards."""
+        manifest = self.tracker.current
+        return {
+            "run_ref": str(self.plan.ref),
+            "manifest_version": manifest.version if manifest is not None else 0,
+            "admission_policy": self.gate_policy,
+            "manifest_fingerprint": (manifest.fingerprint or "") if manifest is not None else "",
+            "manifests_ignored_total": self.tracker.ignored_total + self.invalid_manifests_total,
+            "invalid_members_total": self.invalid_members_total,
+            "dht_requests_refused_total": self.plan.authorizer.refused_total if self.plan.authorizer else 0,
+        }

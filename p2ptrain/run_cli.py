@@ -1,0 +1,199 @@
+"""``p2ptrain run init|show|invite|update|peer-id``: the run owner's commands (and the volunteer's peer ID).
+
+The owner key stays in the run's directory (``owner.key``, mode 0600) next to ``manifest.toml``;
+every command that signs finds it there unless ``--key`` says otherwise. Files are written
+atomically, and nothing is written at all when an input is bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from p2ptrain.config import ConfigError, NodeConfig, load_config
+from p2ptrain.invite import issue_invite
+from p2ptrain.manifest import Manifest, ManifestError, new_manifest, read_manifest_file, utc_now
+from p2ptrain.manifest_source import SourceUnavailable, manifest_path, open_source
+from p2ptrain.manifest_updates import classify
+from p2ptrain.owner import OwnerKey, encode_public_key
+from p2ptrain.peerid import check_peer_id
+from p2ptrain.runconfig import apply_settings
+from p2ptrain.runref import RunRef, check_name
+
+KEY_FILE = "owner.key"
+MANIFEST_FILE = "manifest.toml"  # the name manifest_source.manifest_path looks for in a run's directory
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to a temp file beside ``path``, fsync, then rename over it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _fingerprint(choice: str, config: NodeConfig) -> str | None:
+    if choice == "none":
+        return None
+    if choice != "auto":
+        if len(choice) != 16 or any(c not in "0123456789abcdef" for c in choice):
+            raise ConfigError(f"--fingerprint {choice!r}: expected 16 lowercase hex characters, auto or none")
+        return choice
+    from p2ptrain.fingerprint import model_fingerprint  # torch: only when asked to build the model
+    from p2ptrain.tasks import build_task
+
+    try:
+        task = build_task(config.task, config.training, 0)
+    except ConfigError as error:
+        raise ConfigError(f"{error} (building the model to record its fingerprint; --fingerprint none skips it)") \
+            from None
+    return model_fingerprint(task.model, task.shape_config)
+
+
+def _key_beside(manifest_path: Path | None, ref: RunRef, explicit: Path | None) -> Path:
+    if explicit is not None:
+        return explicit
+    if manifest_path is not None:
+        return manifest_path.parent / KEY_FILE
+    return Path(ref.name) / KEY_FILE
+
+
+def _owner_key(path: Path, ref: RunRef) -> OwnerKey:
+    key = OwnerKey.load(path)
+    if not ref.matches(key.public_key):
+        raise ConfigError(f"owner key {path}: is not the key of run {ref} (it would own {key.ref(ref.name)})")
+    return key
+
+
+def init_command(args: argparse.Namespace) -> int:
+    name = check_name(args.name)
+    config = load_config(args.from_config) if args.from_config is not None else NodeConfig()
+    directory: Path = args.dir if args.dir is not None else Path(name)
+    key_path, manifest_path = directory / KEY_FILE, directory / MANIFEST_FILE
+    for path in (key_path, manifest_path):
+        if path.exists():
+            raise ConfigError(f"{path}: already exists; a run is created once (change it with p2ptrain run update)")
+    fingerprint = _fingerprint(args.fingerprint, config)
+    key = OwnerKey.generate()
+    manifest = new_manifest(key, name, config.task, config.training, policy="invite" if args.private else "open")
+    if fingerprint is not None:
+        manifest = dataclasses.replace(manifest, fingerprint=fingerprint).signed(key)
+    directory.mkdir(parents=True, exist_ok=True)
+    key.save(key_path)
+    write_atomic(manifest_path, manifest.to_toml())
+    ref = manifest.ref
+    print(f"created run {ref}")
+    print(f"  owner key  {key_path}  (keep it private and backed up: whoever holds it owns the run)")
+    print(f"  manifest   {manifest_path}  (version 1, {manifest.policy} run)")
+    print("start the run's first node with:")
+    print(f"  p2ptrain run --run {ref} --manifest {manifest_path}")
+    print("volunteers join with one line (ADDR: the address that node logs):")
+    print(f"  p2ptrain run --join ADDR --run {ref}")
+    if args.private:
+        print("this run is invite-only: invite each node, your own too, by its peer ID "
+              "(p2ptrain run peer-id --config node.toml prints it):")
+        print(f"  p2ptrain run invite {manifest_path} PEER_ID --days 30")
+    return 0
+
+
+def _show_lines(manifest: Manifest, origin: str) -> list[str]:
+    ref = manifest.ref
+    lines = [
+        f"run          {ref}  (from {origin})",
+        f"version      {manifest.version}  (created {manifest.created_at}, updated {manifest.updated_at})",
+        f"admission    {manifest.policy}; {len(manifest.banned)} banned, {len(manifest.revoked)} revoked",
+        f"fingerprint  {manifest.fingerprint or '(not recorded)'}",
+        f"run_id       {ref.run_id}",
+        f"owner key    {encode_public_key(manifest.owner_key)}",
+    ]
+    for section, values in (("task", manifest.task), ("training", manifest.training)):
+        shown = ", ".join(f"{k}={v!r}" for k, v in values.items() if v is not None)
+        lines.append(f"[{section}]{' ' * (11 - len(section))}{shown}")
+    return lines
+
+
+def show_command(args: argparse.Namespace) -> int:
+    source = open_source(args.target, join=args.join, timeout=args.timeout)
+    try:
+        manifest = source.fetch()
+    except SourceUnavailable as error:
+        print(f"p2ptrain: {error}", file=sys.stderr)
+        return 1
+    if args.toml:
+        sys.stdout.write(manifest.to_toml())
+    else:
+        print("\n".join(_show_lines(manifest, source.describe())))
+    return 0
+
+
+def _run_and_manifest(target: str) -> tuple[RunRef, Path | None]:
+    path = manifest_path(Path(target))
+    if path.is_file():
+        manifest = read_manifest_file(path)
+        return manifest.ref, path
+    return RunRef.parse(target), None
+
+
+def invite_command(args: argparse.Namespace) -> int:
+    ref, manifest_path = _run_and_manifest(args.target)
+    peer_id = check_peer_id(args.peer_id)
+    key = _owner_key(_key_beside(manifest_path, ref, args.key), ref)
+    token = issue_invite(key, ref, peer_id, args.days)
+    print(token)
+    print(f"invite for peer {peer_id} to run {ref}, valid {args.days:g} days. In that node's config:\n"
+          f'  [swarm]\n  run = "{ref}"\n  invite = "<the token above>"', file=sys.stderr)
+    return 0
+
+
+def update_command(args: argparse.Namespace) -> int:
+    path = manifest_path(args.manifest)
+    old = read_manifest_file(path)
+    ref = old.ref
+    key = _owner_key(_key_beside(path, ref, args.key), ref)
+    updated = apply_settings(old, args.set)
+    banned = set(updated.banned) | {check_peer_id(p, "--ban") for p in args.ban}
+    banned -= {check_peer_id(p, "--unban") for p in args.unban}
+    revoked = set(updated.revoked) | {check_peer_id(p, "--revoke") for p in args.revoke}
+    changes: dict[str, Any] = {"banned": tuple(sorted(banned)), "revoked": tuple(sorted(revoked))}
+    if args.policy is not None:
+        changes["policy"] = args.policy
+    if args.fingerprint is not None:
+        changes["fingerprint"] = None if args.fingerprint == "none" else _fingerprint(
+            args.fingerprint, NodeConfig.model_validate({"task": updated.task, "training": updated.training}))
+    updated = dataclasses.replace(updated, **changes)
+    change = classify(old, updated)
+    if not change.changes:
+        raise ManifestError(f"run update {path}: nothing changes (give --set, --ban, --revoke, --private, --open "
+                            "or --fingerprint)")
+    new = dataclasses.replace(updated, version=old.version + 1, updated_at=utc_now()).signed(key)
+    write_atomic(path, new.to_toml())
+    print(f"run {ref}: manifest version {old.version} -> {new.version} written to {path}")
+    for item in classify(old, new).changes:
+        if item.field == "run.updated_at":
+            continue
+        how = "applied live at an epoch boundary" if item.live else "nodes restart to apply it"
+        print(f"  {item.field}: {item.old!r} -> {item.new!r}  ({how})")
+    print("nodes pick it up from the swarm once a node of the run holds it "
+          f"(start one with --manifest {path}, or restart one)")
+    return 0
+
+
+def peer_id_command(args: argparse.Namespace) -> int:
+    from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity  # hivemind
+    from p2ptrain.swarm import identity_path
+
+    config = load_config(args.config)
+    state_dir = config.state_dir()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = identity_path(state_dir)
+    ensure_identity(path)
+    print(peer_id_of_identity(path))
+    return 0

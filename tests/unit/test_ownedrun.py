@@ -1,0 +1,188 @@
+"""A node's owned-run plan (before the DHT starts) and keeper (after), against an in-memory DHT."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from p2ptrain.config import ConfigError, TaskSection, TrainingSection, parse_config
+from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity
+from p2ptrain.invite import issue_invite
+from p2ptrain.manifest import new_manifest
+from p2ptrain.manifest_source import SourceUnavailable
+from p2ptrain.ownedrun import RunKeeper, apply_run_flags, prepare_run
+from p2ptrain.owner import OwnerKey
+from p2ptrain.rundht import members_key, publish_manifest
+
+OTHER = "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3"
+NOW = 1_800_000_000.0
+LATER = NOW + 2 * 86400
+
+
+class MemoryDHT:
+    """hivemind.DHT's store/get/run_coroutine over a dict, answering at once."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, dict[Any, Any]] = {}
+        self.gets = 0
+
+    @staticmethod
+    def _done(value: Any) -> Future:
+        future: Future = Future()
+        future.set_result(value)
+        return future
+
+    def store(self, key, value, expiration_time, subkey=None, return_future=False):
+        self.data.setdefault(key, {})[subkey] = SimpleNamespace(value=value, expiration_time=expiration_time)
+        return self._done(True) if return_future else True
+
+    def get(self, key, latest=False, return_future=False):
+        self.gets += 1
+        found = SimpleNamespace(value=dict(self.data[key])) if key in self.data else None
+        return self._done(found) if return_future else found
+
+    def run_coroutine(self, coro, return_future=False):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def owner():
+    key = OwnerKey.generate()
+    return key, new_manifest(key, "owned", TaskSection(d_model=64), TrainingSection(lr=3e-4))
+
+
+def _write(tmp_path: Path, manifest) -> Path:
+    path = tmp_path / "manifest.toml"
+    path.write_text(manifest.to_toml())
+    return path
+
+
+def _config(tmp_path: Path, **swarm) -> Any:
+    return parse_config({"node": {"state_dir": str(tmp_path / "state")},
+                         "swarm": {k: str(v) for k, v in swarm.items()}}, "node.toml")
+
+
+def test_plain_runs_have_no_plan(tmp_path):
+    assert prepare_run(_config(tmp_path), tmp_path / "id.key") is None
+
+
+def test_manifest_file_gives_the_merged_config(tmp_path, owner):
+    _, manifest = owner
+    plan = prepare_run(_config(tmp_path, manifest=_write(tmp_path, manifest)), tmp_path / "id.key")
+    assert plan is not None and plan.ref == manifest.ref and plan.manifest == manifest
+    assert plan.config.task.d_model == 64 and plan.config.training.lr == 3e-4
+    assert plan.config.swarm.run_id == manifest.ref.run_id and plan.authorizer is None
+    assert plan.dht_kwargs() == {} and plan.gate.policy == "open" and len(plan.validators) == 1
+
+
+def test_reference_only_sets_the_run_id_and_waits_for_the_swarm(tmp_path, owner):
+    _, manifest = owner
+    plan = prepare_run(_config(tmp_path, run=manifest.ref), tmp_path / "id.key")
+    assert plan.manifest is None and plan.config.swarm.run_id == manifest.ref.run_id
+    assert plan.config.task.d_model == 128  # merged once the manifest arrives
+
+
+@pytest.mark.parametrize("case", ["other-run", "invite-only", "open-with-invite", "expired", "wrong-peer",
+                                  "no-identity", "run-id"])
+def test_bad_combinations_are_one_line_and_write_nothing(tmp_path, owner, case):
+    key, manifest = owner
+    identity = tmp_path / "identity" / "id.key"
+    identity.parent.mkdir()
+    ensure_identity(identity)
+    me = peer_id_of_identity(identity)
+    private = dataclasses.replace(manifest, policy="invite").signed(key)
+    swarm: dict[str, Any]
+    if case == "other-run":
+        other = OwnerKey.generate().ref("owned")
+        swarm, message = {"run": other, "manifest": _write(tmp_path, manifest)}, r"is the manifest of run owned@"
+    elif case == "invite-only":
+        swarm, message = {"manifest": _write(tmp_path, private)}, r"^swarm\.invite: run owned@\w+ .* is invite-only"
+    elif case == "open-with-invite":
+        swarm = {"manifest": _write(tmp_path, manifest), "invite": issue_invite(key, manifest.ref, me, 1, now=LATER)}
+        message = r"^swarm\.invite: run owned@\w+ .* is open to everyone; remove swarm\.invite"
+    elif case == "expired":
+        swarm = {"manifest": _write(tmp_path, private), "invite": issue_invite(key, manifest.ref, me, 1, now=NOW)}
+        message = r"^swarm\.invite: invite for peer \w+ expired on"
+    elif case == "wrong-peer":
+        swarm = {"run": manifest.ref, "invite": issue_invite(key, manifest.ref, OTHER, 1, now=LATER)}
+        message = rf"^swarm\.invite: invite is for peer {OTHER}, not {me}"
+    elif case == "no-identity":
+        identity = tmp_path / "missing.key"
+        swarm = {"run": manifest.ref, "invite": issue_invite(key, manifest.ref, OTHER, 1, now=LATER)}
+        message = r"^swarm\.invite: is for peer \w+, but this node has no identity yet"
+    else:
+        swarm = {"run": manifest.ref, "run_id": "something-else"}
+        message = r"^swarm\.run_id: this node's config says 'something-else' but run owned@"
+    with pytest.raises(ConfigError, match=message) as caught:
+        prepare_run(_config(tmp_path, **swarm), identity, now=LATER)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "state").exists()
+
+
+def test_invited_node_gets_an_authorizer_and_admits_itself(tmp_path, owner):
+    key, manifest = owner
+    private = dataclasses.replace(manifest, policy="invite").signed(key)
+    identity = tmp_path / "id.key"
+    ensure_identity(identity)
+    me = peer_id_of_identity(identity)
+    plan = prepare_run(_config(tmp_path, manifest=_write(tmp_path, private),
+                               invite=issue_invite(key, manifest.ref, me, 1)), identity)
+    assert plan.authorizer is not None and plan.dht_kwargs() == {"authorizer": plan.authorizer}
+    assert plan.gate.policy == "invite" and plan.gate(me) and not plan.gate(OTHER)
+
+
+def test_keeper_fetches_merges_follows_updates_and_members(tmp_path, owner):
+    key, manifest = owner
+    private = dataclasses.replace(manifest, policy="invite").signed(key)
+    identity = tmp_path / "id.key"
+    ensure_identity(identity)
+    me = peer_id_of_identity(identity)
+    plan = prepare_run(_config(tmp_path, run=manifest.ref, invite=issue_invite(key, manifest.ref, me, 1)), identity)
+    dht, now = MemoryDHT(), [NOW]
+    keeper = RunKeeper(plan, dht, clock=lambda: now[0], poll_every=10.0)
+    with pytest.raises(SourceUnavailable, match=r"no valid manifest of run owned@\w+ found in the swarm within 0s"):
+        keeper.join(threading.Event(), timeout=0.0)
+
+    publish_manifest(dht, private)
+    config = keeper.join(threading.Event(), timeout=5.0)
+    assert config.task.d_model == 64 and keeper.manifest == private
+    assert keeper.status()["manifest_version"] == 1 and keeper.status()["admission_policy"] == "invite"
+    keeper.check_fingerprint("0123456789abcdef")  # no fingerprint recorded: nothing to compare
+
+    assert keeper.poll() is None  # publishes and starts lookups
+    assert members_key(manifest.ref) in dht.data  # our own invite, for the others' gates
+    dht.store(members_key(manifest.ref), issue_invite(key, manifest.ref, OTHER, 1, now=NOW), NOW + 60, subkey=OTHER)
+    v2 = dataclasses.replace(private, version=2, training={**private.training, "lr": 1e-4},
+                             revoked=(), fingerprint="0123456789abcdef").signed(key)
+    publish_manifest(dht, v2)
+    now[0] += 11
+    keeper.poll()  # starts the next lookups (the first ones found only version 1 and us)
+    offer = keeper.poll()
+    assert offer is not None and offer.accepted and offer.change is not None and offer.change.live
+    assert plan.gate(OTHER) and plan.gate(me)
+    with pytest.raises(ConfigError, match="model fingerprint ffffffffffffffff differs from run owned@"):
+        keeper.check_fingerprint("ffffffffffffffff")
+
+    v3 = dataclasses.replace(v2, version=3, revoked=(OTHER,)).signed(key)
+    publish_manifest(dht, v3)
+    now[0] += 11
+    keeper.poll()
+    offer = keeper.poll()
+    assert offer is not None and offer.change.fields == ["admission.revoked"]
+    assert not plan.gate(OTHER) and plan.gate(me)
+
+
+def test_command_line_flags_win_over_the_config(tmp_path, owner):
+    _, manifest = owner
+    config = _config(tmp_path, run="other@" + "a" * 26)
+    flagged = apply_run_flags(config, str(manifest.ref), tmp_path / "m.toml")
+    assert flagged.swarm.run == str(manifest.ref) and flagged.swarm.manifest == tmp_path / "m.toml"
+    assert apply_run_flags(config, None, None) is config
+    with pytest.raises(ConfigError, match=r"^--run: not a run reference: 'nope'"):
+        apply_run_flags(config, "nope", None)

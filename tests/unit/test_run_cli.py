@@ -1,0 +1,170 @@
+"""``p2ptrain run init|show|invite|update|peer-id`` through the CLI's front door; bad input is one line,
+exit 78, and leaves every file as it was."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from p2ptrain.cli import build_parser, main
+from p2ptrain.invite import verify_invite
+from p2ptrain.manifest import read_manifest_file
+from p2ptrain.runref import RunRef
+
+PEER = "QmXyX6Ps4qyR2awJLJ5nwzg5n7Vdjk1CHidb8p2GbthpvF"
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Path:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "init", "demo", "--fingerprint", "none"]) == 0
+    capsys.readouterr()
+    return tmp_path / "demo"
+
+
+def _ref(run_dir: Path) -> RunRef:
+    return read_manifest_file(run_dir / "manifest.toml").ref
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture, pattern: str, code: int = 78) -> str:
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(pattern, err), err
+    return err
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_init_writes_a_private_key_and_a_signed_manifest(run_dir: Path, capsys):
+    key, manifest = run_dir / "owner.key", run_dir / "manifest.toml"
+    assert key.stat().st_mode & 0o777 == 0o600
+    ref = _ref(run_dir)
+    assert read_manifest_file(manifest, ref).version == 1
+    assert main(["run", "init", "other", "--dir", "elsewhere/x", "--private", "--fingerprint", "none"]) == 0
+    out = capsys.readouterr().out
+    other = read_manifest_file(Path("elsewhere/x/manifest.toml"))
+    assert other.policy == "invite" and f"created run {other.ref}" in out
+    assert f"p2ptrain run --join ADDR --run {other.ref}" in out and "p2ptrain run invite" in out
+
+
+def test_init_records_the_model_fingerprint(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("hello world, a tiny corpus for a tiny model.\n" * 400)
+    (tmp_path / "node.toml").write_text(
+        '[task]\nd_model = 16\nn_layers = 1\nn_heads = 2\nseq_len = 16\ndata_path = "corpus.txt"\n'
+        "[training]\nlr = 3e-4\nthreads = 1\n")
+    assert main(["run", "init", "fp", "--from-config", "node.toml"]) == 0
+    manifest = read_manifest_file(tmp_path / "fp" / "manifest.toml")
+    assert re.fullmatch(r"[0-9a-f]{16}", manifest.fingerprint or "")
+    assert manifest.task["d_model"] == 16 and manifest.training["lr"] == 3e-4 and "threads" not in manifest.training
+
+
+def test_init_bad_input_writes_nothing(tmp_path: Path, monkeypatch, capsys, run_dir):
+    (tmp_path / "bad.toml").write_text("[training]\nlr = -1\n")
+    before = _snapshot(tmp_path)
+    _fails(["run", "init", "demo", "--fingerprint", "none"], capsys, r"demo/owner.key: already exists")
+    _fails(["run", "init", "bad.name", "--fingerprint", "none"], capsys, r"run name 'bad.name': must be 1-32")
+    _fails(["run", "init", "x", "--from-config", "bad.toml", "--fingerprint", "none"], capsys,
+           r"bad.toml: training\.lr: Input should be greater than 0")
+    _fails(["run", "init", "y", "--fingerprint", "12"], capsys, r"--fingerprint '12': expected 16 lowercase hex")
+    assert _snapshot(tmp_path) == before and not Path("x").exists() and not Path("y").exists()
+
+
+def test_show_a_file_a_directory_and_its_toml(run_dir: Path, capsys):
+    assert main(["run", "show", str(run_dir / "manifest.toml")]) == 0
+    out = capsys.readouterr().out
+    assert f"run          {_ref(run_dir)}" in out and "version      1" in out and "admission    open" in out
+    assert main(["run", "show", "demo", "--toml"]) == 0
+    assert capsys.readouterr().out == (run_dir / "manifest.toml").read_text()
+
+
+def test_show_bad_input(run_dir: Path, capsys):
+    ref = _ref(run_dir)
+    _fails(["run", "show", "demo@xyz"], capsys, r"not a run reference: 'demo@xyz'; expected NAME@<26")
+    _fails(["run", "show", str(ref)], capsys, rf"run {ref}: fetching its manifest from a swarm needs --join ADDR")
+    _fails(["run", "show", str(ref), "--join", "/ip4/127.0.0.1/tcp/1"], capsys, r"--join: .*no /p2p/")
+    _fails(["run", "show", "missing.toml"], capsys, r"manifest missing.toml: no such file")
+    tampered = run_dir / "tampered.toml"
+    tampered.write_text((run_dir / "manifest.toml").read_text().replace("lr = 0.001", "lr = 0.002"))
+    _fails(["run", "show", str(tampered)], capsys, r"tampered.toml: signature does not verify")
+
+
+def test_invite_prints_a_token_that_verifies(run_dir: Path, capsys):
+    ref = _ref(run_dir)
+    assert main(["run", "invite", str(ref), PEER, "--days", "2"]) == 0  # the key found at ./demo/owner.key
+    captured = capsys.readouterr()
+    token = captured.out.strip()
+    assert verify_invite(token, ref=ref, peer_id=PEER).peer_id == PEER
+    assert "invite = " in captured.err
+    assert main(["run", "invite", "demo", PEER]) == 0
+
+
+def test_invite_bad_input(run_dir: Path, tmp_path: Path, capsys):
+    ref = _ref(run_dir)
+    _fails(["run", "invite", "demo", "not-a-peer"], capsys, r"peer ID 'not-a-peer': not a libp2p peer ID")
+    _fails(["run", "invite", "demo", PEER, "--days", "-1"], capsys, r"--days -1: must be more than 0")
+    _fails(["run", "invite", str(ref), PEER, "--key", "nope.key"], capsys, r"owner key nope.key: no such file")
+    assert main(["run", "init", "demo2", "--fingerprint", "none"]) == 0
+    capsys.readouterr()
+    _fails(["run", "invite", "demo", PEER, "--key", "demo2/owner.key"], capsys,
+           rf"owner key demo2/owner.key: is not the key of run {ref}")
+    (run_dir / "owner.key").chmod(0o640)
+    _fails(["run", "invite", "demo", PEER], capsys, r"mode 0640 lets other users read it; run: chmod 600")
+    (run_dir / "owner.key").unlink()
+    _fails(["run", "invite", "demo", PEER], capsys, r"owner key demo/owner.key: no such file")
+
+
+def test_update_bumps_the_version_and_re_signs(run_dir: Path, capsys):
+    path = run_dir / "manifest.toml"
+    assert main(["run", "update", str(path), "--set", "training.lr=3e-4", "--ban", PEER, "--private"]) == 0
+    out = capsys.readouterr().out
+    new = read_manifest_file(path, _ref(run_dir))
+    assert new.version == 2 and new.training["lr"] == 3e-4 and new.banned == (PEER,) and new.policy == "invite"
+    assert "version 1 -> 2" in out and "training.lr: 0.001 -> 0.0003  (applied live at an epoch boundary)" in out
+    assert "admission.policy: 'open' -> 'invite'  (nodes restart to apply it)" in out
+    assert main(["run", "update", "demo", "--unban", PEER, "--revoke", PEER]) == 0
+    assert read_manifest_file(path).banned == () and read_manifest_file(path).revoked == (PEER,)
+
+
+def test_update_bad_input_leaves_the_manifest_alone(run_dir: Path, capsys):
+    path = run_dir / "manifest.toml"
+    original = path.read_bytes()
+    _fails(["run", "update", str(path)], capsys, r"nothing changes")
+    _fails(["run", "update", str(path), "--set", "training.threads=2"], capsys, r"training\.threads: a local setting")
+    _fails(["run", "update", str(path), "--ban", "x y"], capsys, r"--ban 'x y': not a libp2p peer ID")
+    (run_dir / "owner.key").chmod(0o644)
+    _fails(["run", "update", str(path), "--set", "training.lr=1e-4"], capsys, r"mode 0644")
+    (run_dir / "owner.key").chmod(0o600)
+    path.write_bytes(original.replace(b"version = 1", b"version = 7"))
+    _fails(["run", "update", str(path), "--set", "training.lr=1e-4"], capsys, r"signature does not verify")
+    assert path.read_bytes() == original.replace(b"version = 1", b"version = 7")
+    path.write_bytes(original)
+    assert path.read_bytes() == original and not list(run_dir.glob(".*.tmp"))
+
+
+def test_node_command_still_parses_and_takes_the_one_line_join_flags():
+    args = build_parser().parse_args(["run", "--config", "node.toml", "--join", "/ip4/1.2.3.4/tcp/1/p2p/QmX"])
+    assert args.config == Path("node.toml") and args.join == ["/ip4/1.2.3.4/tcp/1/p2p/QmX"]
+    assert args.run_ref is None and args.manifest is None
+    args = build_parser().parse_args(["run", "--run", "demo@" + "a" * 26, "--manifest", "run.toml"])
+    assert args.run_ref == "demo@" + "a" * 26 and args.manifest == Path("run.toml")
+    assert args.handler.__qualname__.endswith("handler")
+
+
+def test_peer_id_creates_the_identity_once(tmp_path: Path, capsys):
+    config = tmp_path / "node.toml"
+    config.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n')
+    assert main(["run", "peer-id", "--config", str(config)]) == 0
+    first = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"Qm[1-9A-HJ-NP-Za-km-z]{44}", first)
+    assert main(["run", "peer-id", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.strip() == first
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[node]\nstate_dir = "{tmp_path / "state2"}"\n[swarm]\nrun = "nope"\n')
+    _fails(["run", "peer-id", "--config", str(bad)], capsys, r"swarm\.run: not a run reference")
+    assert not (tmp_path / "state2").exists()

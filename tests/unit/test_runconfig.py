@@ -1,0 +1,74 @@
+"""A manifest merged into a node config: run-wide settings from the owner, local ones from the node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from p2ptrain.config import ConfigError, parse_config
+from p2ptrain.manifest import new_manifest
+from p2ptrain.owner import OwnerKey
+from p2ptrain.runconfig import apply_settings, merge_manifest
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    owner = parse_config({"task": {"d_model": 64, "n_heads": 2}, "training": {"lr": 3e-4, "mode": "diloco",
+                                                                              "inner_steps": 50}}, "owner")
+    return new_manifest(OwnerKey.generate(), "merge-run", owner.task, owner.training)
+
+
+def test_empty_volunteer_config_takes_the_run_settings_and_keeps_local_ones(manifest):
+    local = parse_config({"training": {"threads": 2, "max_epochs": 7}, "node": {"state_dir": "/tmp/x"},
+                          "task": {"data_path": "/data/corpus"}}, "node.toml")
+    merged = merge_manifest(local, manifest)
+    assert merged.task.d_model == 64 and merged.task.n_heads == 2
+    assert merged.training.lr == 3e-4 and merged.training.mode == "diloco" and merged.training.inner_steps == 50
+    assert merged.training.threads == 2 and merged.training.max_epochs == 7
+    assert merged.node.state_dir == Path("/tmp/x") and merged.task.data_path == Path("/data/corpus")
+    assert merged.swarm.run_id == manifest.ref.run_id and merged.swarm.run == str(manifest.ref)
+
+
+def test_values_equal_to_the_default_or_to_the_manifest_are_not_contradictions(manifest):
+    local = parse_config({"training": {"lr": 1e-3, "inner_steps": 50}, "task": {"d_model": 64}}, "node.toml")
+    merged = merge_manifest(local, manifest)  # lr is the default; inner_steps and d_model agree
+    assert merged.training.lr == 3e-4
+
+
+@pytest.mark.parametrize(("section", "values", "message"), [
+    ("training", {"lr": 0.01}, r"^training\.lr: this node's config says 0\.01 but run merge-run@\w+ "
+                               r"\(manifest version 1\) says 0\.0003; remove training\.lr from the node config$"),
+    ("task", {"d_model": 256, "n_heads": 4}, r"^task\.d_model: .* says 256 but .* says 64"),
+    ("task", {"entrypoint": "pkg.mod:fn"}, r"^task\.entrypoint: .* says 'pkg.mod:fn' but .* says None"),
+    ("training", {"mode": "gradient", "inner_steps": 7}, r"^training\.inner_steps: .* says 7 but .* says 50"),
+    ("swarm", {"run_id": "another-run"}, r"^swarm\.run_id: .* says 'another-run' but .* says 'merge-run-"),
+    ("swarm", {"run": "merge-run@" + "a" * 26}, r"^swarm\.run: .* says 'merge-run@a+' but"),
+])
+def test_explicit_contradictions_name_both_values(manifest, section, values, message):
+    local = parse_config({section: values}, "node.toml")
+    with pytest.raises(ConfigError, match=message):
+        merge_manifest(local, manifest)
+
+
+def test_apply_settings_edits_run_wide_fields_only(manifest):
+    edited = apply_settings(manifest, ["training.lr=1e-4", "training.target_batch_size = 512",
+                                       "task.options={ a = 1 }", "training.overlap=false"])
+    assert edited.training["lr"] == 1e-4 and edited.training["target_batch_size"] == 512
+    assert edited.task["options"] == {"a": 1} and edited.training["overlap"] is False
+    assert edited.signature == manifest.signature  # unsigned until the caller re-signs it
+
+
+@pytest.mark.parametrize(("assignment", "message"), [
+    ("training.threads=4", r"--set training\.threads: a local setting"),
+    ("training.nope=1", r"--set training\.nope: unknown key"),
+    ("task.nope=1", r"--set task\.nope: unknown key"),
+    ("swarm.run_id=x", r"--set swarm\.run_id: only task\.\* and training\.\*"),
+    ("training.lr", r"expected SECTION\.FIELD=VALUE"),
+    ("training.lr=-1", r"--set training\.lr: Input should be greater than 0"),
+    ("task.n_heads=3", r"--set task: .*n_heads \(3\) must divide d_model"),
+    ("training.mode=sideways", r"--set training\.mode: Input should be 'gradient' or 'diloco'"),
+])
+def test_bad_settings_are_one_line(manifest, assignment, message):
+    with pytest.raises(ConfigError, match=message):
+        apply_settings(manifest, [assignment])
