@@ -327,8 +327,15 @@ class TrainingSection(_Section):
     failed gradient rounds (hivemind's default of 1 doubles the traffic)."""
 
     inner_steps: PositiveInt = 100
-    """DiLoCo mode: local AdamW steps (H) between two outer steps. Pick it so one round takes at least
-    ~30x the all-reduce time of the model on the slowest peer's link (e.g. 20 s+ on home links)."""
+    """DiLoCo mode: inner AdamW steps (H) per outer round, for an average peer. A round ends for every
+    peer at the same time, once the swarm has processed inner_steps x inner_batch_size sequences per
+    peer on average: faster peers make more inner steps, slower ones fewer, each weighted by its
+    samples. Pick it so one round takes at least ~30x the all-reduce time of the model on the slowest
+    peer's link (e.g. 20 s+ on home links)."""
+
+    inner_batch_size: Annotated[int, Field(ge=0)] = 0
+    """DiLoCo mode: sequences per inner AdamW step, accumulated over micro-batches of batch_size (a
+    multiple of batch_size); larger batches pay the optimizer step less often. 0: batch_size."""
 
     outer_lr: PositiveFloat = 0.7
     """DiLoCo mode: learning rate of the outer SGD step applied to the averaged pseudo-gradient."""
@@ -338,6 +345,13 @@ class TrainingSection(_Section):
 
     outer_nesterov: bool = True
     """DiLoCo mode: use Nesterov momentum for the outer step (the DiLoCo paper's choice)."""
+
+    @model_validator(mode="after")
+    def _inner_batch_is_whole_micro_batches(self) -> TrainingSection:
+        if self.inner_batch_size % self.batch_size:
+            raise ValueError(f"inner_batch_size ({self.inner_batch_size}) must be a multiple of "
+                             f"batch_size ({self.batch_size})")
+        return self
 
 
 class CheckpointSection(_Section):

@@ -1,10 +1,13 @@
-"""DiLoCo: H local AdamW steps, then one swarm all-reduce of the parameter change and an outer SGD step.
+"""DiLoCo: local AdamW steps, then one swarm all-reduce of the parameter change and an outer SGD step.
 
-Each outer round starts from the shared "outer" parameters.  A peer trains alone for
-``inner_steps`` micro-batches, then averages its pseudo-gradient (outer params - current params)
-with whoever is in the round (weighted by samples) and applies Nesterov-momentum SGD to the outer
-params, which become the model's parameters for the next round.  Matchmaking for a round is started
-``matchmaking_time`` seconds before the round ends.  With ``overlap`` (the default) the all-reduce
+Each outer round starts from the shared "outer" parameters.  A peer trains alone with inner AdamW
+steps of ``inner_batch_size`` sequences (accumulated over micro-batches) until the swarm's round
+clock (``p2ptrain.roundclock``) says the round is over: when the swarm has processed
+``inner_steps`` inner batches per peer on average, at the same moment for fast and slow peers.
+It then averages its pseudo-gradient (outer params - current params) with whoever is in the
+round, weighted by samples, and applies Nesterov-momentum SGD to the outer params, which become
+the model's parameters for the next round.  Matchmaking for a round is started
+``matchmaking_time`` seconds before the round clock's estimated end.  With ``overlap`` (the default) the all-reduce
 itself runs while the next round's inner steps compute: when it lands, the outer step is applied
 and the local progress made in the meantime is kept on top of the new outer params (a one-round
 delayed outer update), so neither the all-reduce nor waiting for a slower peer stalls training.
@@ -27,12 +30,12 @@ from typing import Any
 
 import hivemind
 import torch
-from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 
 from p2ptrain.compression import make_compression, wire_bytes
 from p2ptrain.config import TrainingSection
 from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
+from p2ptrain.roundclock import SwarmRoundTracker, schedule_position, set_schedule_position
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
 
@@ -112,15 +115,17 @@ class DiLoCoOptimizer:
         self.param_groups = [{"params": self.params}]
         self.inner = ClippedAdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   max_grad_norm=cfg.max_grad_norm)
-        # The LR schedule advances per inner step: warmup/total epochs count outer rounds in config.
+        # The LR schedule moves per inner step (warmup/total epochs count outer rounds in config); its
+        # position is set from the round and the step in it, so fast and slow peers stay on one curve.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.inner, warmup_cosine(cfg.warmup_epochs * cfg.inner_steps, cfg.total_epochs * cfg.inner_steps))
         self.outer = OuterStep(self.params, cfg.outer_lr, cfg.outer_momentum, cfg.outer_nesterov)
+        #: Micro-batches per inner AdamW step (inner_batch_size / batch_size).
+        self._accumulate = max(1, (cfg.inner_batch_size or cfg.batch_size) // cfg.batch_size)
+        self._micro_batches = 0
         self.inner_step = 0
         self.samples_this_round = 0
         self._local_epoch = 0
-        self._step_seconds = math.nan
-        self._last_step_end: float | None = None
         self._scheduled: Any = None
         self._in_flight: _RoundInFlight | None = None
         #: Set while no round is in flight (state served to newcomers waits for it).
@@ -130,8 +135,8 @@ class DiLoCoOptimizer:
         numel = sum(p.numel() for p in self.params)
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
-        self._tracker = ProgressTracker(dht, f"{run_id}_diloco", cfg.inner_steps * cfg.batch_size,
-                                        client_mode=client_mode, start=True)
+        self._tracker = SwarmRoundTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
+                                          per_peer_samples=cfg.inner_steps * self._accumulate * cfg.batch_size)
         self.averager = _DiLoCoAverager(
             self._buffers, dht, owner=self, start=True, prefix=f"{run_id}_diloco_avg", client_mode=client_mode,
             min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
@@ -173,40 +178,48 @@ class DiLoCoOptimizer:
         return GuardTargets(tensors=[*self.params, *self.outer.params], optimizers=[self.inner, self.outer.optimizer])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
+        if self._micro_batches == 0:  # mid-way through an inner batch the gradients keep accumulating
+            self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self, batch_size: int | None = None) -> None:
-        """One inner AdamW step; after ``inner_steps`` of them, the outer round."""
-        self.inner.step()
-        self.scheduler.step()
-        self.inner_step += 1
+        """One micro-batch; every ``inner_batch_size`` sequences an inner AdamW step; when the swarm's
+        round clock says the round is over, the outer round."""
         self.samples_this_round += batch_size or self.cfg.batch_size
         self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
-        self._time_step()
+        self._micro_batches += 1
+        if self._micro_batches < self._accumulate:
+            return
+        self._inner_step()
         self._settle_round(block=False)
         self._maybe_schedule_round()
-        if self.inner_step >= self.cfg.inner_steps:
+        if self._tracker.ready_to_update_epoch:
             self._settle_round(block=True)  # one round at a time: the previous one lands first
             self._outer_round()
 
-    def _time_step(self) -> None:
-        now = time.perf_counter()
-        if self._last_step_end is not None:
-            took = now - self._last_step_end
-            self._step_seconds = took if math.isnan(self._step_seconds) else 0.9 * self._step_seconds + 0.1 * took
-        self._last_step_end = now
+    def _inner_step(self) -> None:
+        if self._accumulate > 1:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.div_(self._accumulate)
+        set_schedule_position(self.scheduler, schedule_position(self.local_epoch, self.inner_step,
+                                                                self.cfg.inner_steps))
+        self.inner.step()
+        self.inner_step += 1
+        self._micro_batches = 0
 
     def _maybe_schedule_round(self) -> None:
-        """Start matchmaking while the last inner steps still compute, so the round starts on time."""
-        if self._scheduled is not None or math.isnan(self._step_seconds) or self._tracker.global_progress.num_peers < 2:
+        """Start matchmaking shortly before the swarm's round clock says the round ends, so every
+        peer looks for its group at the same moment (DHT time), however fast it trains."""
+        if self._scheduled is not None or self._tracker.global_progress.num_peers < 2:
             return
-        eta = (self.cfg.inner_steps - self.inner_step) * self._step_seconds
-        if eta > self.cfg.matchmaking_time:
+        now = get_dht_time()
+        ends = self._tracker.estimated_next_update_time
+        if ends - now > self.cfg.matchmaking_time:
             return
         try:
             self._scheduled = self.averager.step(
-                weight=float(self.cfg.inner_steps * self.cfg.batch_size), gather=self.local_epoch,
-                scheduled_time=get_dht_time() + max(eta, 0.5), timeout=self.cfg.averaging_timeout,
+                weight=float(max(self.samples_this_round, 1)), gather=self.local_epoch,
+                scheduled_time=max(ends, now + 0.5), timeout=self.cfg.averaging_timeout,
                 require_trigger=True, wait=False)
         except Exception as exc:  # the averager process being gone is swarm weather too
             logger.warning("could not schedule the DiLoCo round: %r", exc)
@@ -224,7 +237,6 @@ class DiLoCoOptimizer:
             self._in_flight = _RoundInFlight(control, [p.detach().clone() for p in self.params], pseudo, started)
             self.round_settled.clear()
         self.inner_step, self.samples_this_round = 0, 0
-        self._last_step_end = None  # the round's time is not an inner step's
         self._set_epoch(self._local_epoch + 1)
         if self._in_flight is None:
             self._catch_up()
@@ -287,9 +299,14 @@ class DiLoCoOptimizer:
         self._catch_up()
 
     def _catch_up(self) -> None:
-        """Download the swarm's state if it has moved on to a later round than ours."""
-        if self._tracker.global_epoch > self.local_epoch:
-            logger.info("swarm is at round %d, we are at %d: syncing", self._tracker.global_epoch, self.local_epoch)
+        """Rejoin a swarm that has moved on: one round behind, just join the next round (the missed
+        outer step is the same small drift as a failed round); further behind, download the state."""
+        swarm_round = self._tracker.global_epoch
+        if swarm_round == self.local_epoch + 1:
+            logger.info("missed round %d: joining round %d with the swarm", self.local_epoch, swarm_round)
+            self._set_epoch(swarm_round)
+        elif swarm_round > self.local_epoch:
+            logger.info("swarm is at round %d, we are at %d: syncing", swarm_round, self.local_epoch)
             self.load_state_from_peers()
 
     def _finish_round(self, group: Any, pseudo: list[torch.Tensor], carry: list[torch.Tensor] | None,
@@ -341,7 +358,7 @@ class DiLoCoOptimizer:
             self.outer.optimizer.state[outer]["momentum_buffer"] = buffer.clone()
         # Finish the donor's current round with it instead of drifting a partial round behind.
         self.inner_step = min(int(metadata.get("inner_step", 0)), self.cfg.inner_steps - 1)
-        self.samples_this_round = 0
+        self.samples_this_round = self._micro_batches = 0
         self._set_epoch(int(metadata["epoch"]))
         logger.info("loaded round %d (inner step %d) from a peer", self.local_epoch, self.inner_step)
 
