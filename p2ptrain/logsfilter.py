@@ -5,9 +5,10 @@ WARNING ("Reducer: received 33.3% of input tensors"), a round without a group is
 traceback, a connection cut mid-request is an asyncio ERROR ("Task was destroyed but it is
 pending!").  p2ptrain already counts that weather and says it once, in its own words.  So
 :class:`SwarmNoiseFilter`, attached to every handler the daemon installs, turns each record from
-those loggers into a DEBUG record (its original level kept in :data:`DEMOTED_FROM`), which shows
-only when the node runs with ``--log-level debug``, tracebacks included.  What it hid is tallied,
-and every few minutes one INFO line says so::
+those loggers (and each Python warning raised in hivemind's code) into a DEBUG record (its
+original level kept in :data:`DEMOTED_FROM`), which shows only when the node runs with
+``--log-level debug``, tracebacks included.  What it hid is tallied, and every few minutes one
+INFO line says so::
 
     hivemind: 12 partial reductions (median 67% received), 30 warnings and 2 errors hidden in the
     last 5 min (--log-level debug shows them)
@@ -56,6 +57,18 @@ def level_name(levelno: int) -> str:
 
 def is_noisy(name: str) -> bool:
     return any(name == prefix or name.startswith(prefix + ".") for prefix in NOISY_LOGGERS)
+
+
+def _is_hivemind_warning(record: logging.LogRecord) -> bool:
+    """A Python warning raised inside hivemind's own code (``logging.captureWarnings`` routes it to
+    ``py.warnings`` with the file name first), e.g. its scheduler call order in torch's eyes."""
+    if record.name != "py.warnings":
+        return False
+    try:
+        text = record.getMessage()
+    except Exception:
+        return False
+    return f"{os.sep}hivemind{os.sep}" in text.split(":", 1)[0]
 
 
 def _daemon_timer(delay: float, action: Callable[[], None]) -> object:
@@ -108,7 +121,7 @@ class SwarmNoiseFilter(logging.Filter):
         return bool(verdict)
 
     def _judge(self, record: logging.LogRecord) -> bool:
-        if not is_noisy(record.name):
+        if not (is_noisy(record.name) or _is_hivemind_warning(record)):
             return True
         if record.levelno > logging.DEBUG:
             self._tally(record)

@@ -169,6 +169,21 @@ def test_swarm_weather_is_hidden_at_info_counted_and_summarised_in_one_line() ->
         hivemind_logging.use_hivemind_log_handler("in_hivemind")
 
 
+def test_python_warnings_from_hivemind_code_are_internals_too() -> None:
+    import warnings
+
+    stream = io.StringIO()
+    configure_logging("INFO", "human", stream=stream, tame_hivemind=False)
+    hivemind_file = os.path.join("site-packages", "hivemind", "optim", "state_averager.py")
+    warnings.warn_explicit("Detected call of `lr_scheduler.step()` before `optimizer.step()`", UserWarning,
+                           hivemind_file, 704)
+    warnings.warn_explicit("a warning of our own", UserWarning, os.path.join("p2ptrain", "trainer.py"), 10)
+    lines = [m.group(1, 2) for m in map(HUMAN_LINE.match, stream.getvalue().splitlines()) if m]
+    assert lines == [("WARNING", "py.warnings")]
+    assert "a warning of our own" in stream.getvalue() and "lr_scheduler" not in stream.getvalue()
+    assert noise_filter().flush() is not None
+
+
 def test_debug_shows_every_internal_record_with_its_traceback() -> None:
     hivemind_logging = pytest.importorskip("hivemind.utils.logging")
     stream, ring = io.StringIO(), LogRing(capacity=20)
