@@ -234,8 +234,16 @@ def test_real_busy_loop_held_to_a_quarter_core() -> None:
             slice_end = time.process_time() + 0.02
             while time.process_time() < slice_end:
                 pass
-    used = 100.0 * (time.process_time() - cpu_start) / (time.monotonic() - wall_start)
-    assert 20.0 <= used <= 30.0, f"a 25% share measured {used:.1f}% of a core over 5 s"
+    cpu, wall = time.process_time() - cpu_start, time.monotonic() - wall_start
+    used = 100.0 * cpu / wall
+    # On a loaded machine the loop gets less CPU than it asks for while it runs: that is the
+    # machine's doing, not the duty cycle's, so only then is the lower bound lifted.
+    running = wall - share.idle_seconds_total
+    starved = running > 0 and cpu / running < 0.8
+    message = (f"a 25% share measured {used:.1f}% of a core over {wall:.1f} s "
+               f"(idled {share.idle_seconds_total:.1f} s, got {cpu / max(running, 1e-9):.0%} of a core while running)")
+    assert used <= 30.0, message
+    assert starved or used >= 20.0, message
 
 
 # ---------------------------------------------------------------------------------- config
