@@ -5,6 +5,9 @@ Under systemd, stderr is connected to the journal and ``$JOURNAL_STREAM`` names 
 works) and carry no timestamp (journald adds its own).  Anywhere else: a human format with
 timestamps.  hivemind installs its own coloured handler on the ``hivemind`` logger and stops
 propagation; we switch it to ``"nowhere"`` so hivemind's records flow through our one handler.
+There, :class:`~p2ptrain.logsfilter.SwarmNoiseFilter` turns hivemind's and asyncio's records into
+DEBUG records (shown with ``--log-level debug``) and logs a periodic count of what it hid.  Forked
+helper processes (hivemind's DHT and averagers) inherit all of this at fork time.
 """
 
 from __future__ import annotations
@@ -15,17 +18,29 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Literal, TextIO
 
+from p2ptrain.logsfilter import DEMOTED_FROM, SwarmNoiseFilter, level_name
+
 LogFormat = Literal["auto", "human", "journal"]
 
 #: Loggers whose level follows ``node.log_level``; everything else stays at WARNING.
 OWN_LOGGERS = ("p2ptrain", "__main__")
 #: sd-daemon(3) priorities.
 _PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
-#: Fixed names: hivemind renames WARNING to "WARN" process-wide when it is imported.
-_LEVEL_NAME = {logging.CRITICAL: "CRITICAL", logging.ERROR: "ERROR", logging.WARNING: "WARNING",
-               logging.INFO: "INFO", logging.DEBUG: "DEBUG"}
 #: Marks the handler this module installed, so a second call replaces it instead of adding another.
 _OWNED = "_p2ptrain_owned"
+#: The one noise filter of this process, shared by every handler installed here.
+_NOISE = SwarmNoiseFilter()
+
+
+def noise_filter() -> SwarmNoiseFilter:
+    """The filter that hides hivemind's and asyncio's internals (e.g. to flush its summary now)."""
+    return _NOISE
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's text; a record demoted from hivemind/asyncio says what level it came with."""
+    demoted = getattr(record, DEMOTED_FROM, None)
+    return f"({demoted}) {record.getMessage()}" if demoted else record.getMessage()
 
 
 def _priority(levelno: int) -> int:
@@ -35,20 +50,12 @@ def _priority(levelno: int) -> int:
     return 7
 
 
-def level_name(levelno: int) -> str:
-    """The standard name of a level, whatever hivemind renamed it to."""
-    for threshold, name in sorted(_LEVEL_NAME.items(), reverse=True):
-        if levelno >= threshold:
-            return name
-    return "DEBUG"
-
-
 class JournalFormatter(logging.Formatter):
     """``<N>logger: message``; every line of a multi-line record (a traceback) gets the prefix,
     because journald turns each line of a stream into its own entry."""
 
     def format(self, record: logging.LogRecord) -> str:
-        text = f"{record.name}: {record.getMessage()}"
+        text = f"{record.name}: {_message(record)}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         if record.stack_info:
@@ -65,7 +72,7 @@ class HumanFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = f"{self.formatTime(record, self.datefmt)}.{int(record.msecs):03d}"
-        text = f"{stamp} {level_name(record.levelno):<7} {record.name}: {record.getMessage()}"
+        text = f"{stamp} {level_name(record.levelno):<7} {record.name}: {_message(record)}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         if record.stack_info:
@@ -99,13 +106,16 @@ def quiet_hivemind_handler() -> bool:
 
 
 def set_log_level(level: str) -> None:
-    """Apply ``node.log_level`` (also on SIGHUP): ours at ``level``, hivemind at WARNING unless DEBUG."""
+    """Apply ``node.log_level`` (also on SIGHUP): ours at ``level``; hivemind's and asyncio's records
+    only at DEBUG (and then all of hivemind's, down to its own DEBUG)."""
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(numeric)
+    # WARNING, not higher: hivemind's warnings and errors still reach the filter, which counts them.
     logging.getLogger("hivemind").setLevel(logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING)
+    _NOISE.set_level(numeric)
 
 
 def configure_logging(
@@ -129,6 +139,7 @@ def configure_logging(
     journal = fmt == "journal" or (fmt == "auto" and stream_is_journal(stream, environ))
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JournalFormatter() if journal else HumanFormatter())
+    handler.addFilter(_NOISE)
     setattr(handler, _OWNED, True)
 
     root = logging.getLogger()
@@ -136,6 +147,8 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     for extra in extra_handlers:
+        if _NOISE not in extra.filters:
+            extra.addFilter(_NOISE)
         if extra not in root.handlers:
             root.addHandler(extra)
     # Third-party libraries stay at WARNING; our own loggers and hivemind's are set explicitly.

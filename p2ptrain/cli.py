@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +29,23 @@ def _lazy(target: str) -> Handler:
         return getattr(importlib.import_module(module_name), function_name)(args)
 
     return handler
+
+
+#: What ``p2ptrain run --log-level`` sets: the documented override of ``node.log_level``, so it also
+#: holds across SIGHUP reloads (they re-read the config with the environment).
+LOG_LEVEL_ENV = "P2PTRAIN_NODE__LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _with_log_level(handler: Handler) -> Handler:
+    """``handler`` with ``--log-level`` applied first, as the environment override of node.log_level."""
+
+    def run(args: argparse.Namespace) -> int:
+        if args.log_level:
+            os.environ[LOG_LEVEL_ENV] = args.log_level.upper()
+        return handler(args)
+
+    return run
 
 
 def _add_config_flag(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "(sets swarm.run)")
     run.add_argument("--manifest", type=Path, metavar="FILE",
                      help="the run's manifest file, instead of fetching it from the swarm (sets swarm.manifest)")
-    run.set_defaults(handler=_lazy("p2ptrain.daemon.main:run_node"))
+    run.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL",
+                     help="override node.log_level: debug, info, warning or error (debug also shows "
+                     "hivemind's and asyncio's internals, tracebacks included)")
+    run.set_defaults(handler=_with_log_level(_lazy("p2ptrain.daemon.main:run_node")))
 
     demo = sub.add_parser("demo", help="a local demo swarm on 127.0.0.1 with churn and a live table")
     demo.add_argument("--peers", type=int, default=3, help="nodes to start (default 3)")

@@ -24,7 +24,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from p2ptrain import health
-from p2ptrain.status import ROUND_DURATION_BUCKETS, LatestSnapshot, NodeState, PauseReason, StatusSnapshot
+from p2ptrain.status import (
+    RECEIVED_FRACTION_BUCKETS,
+    ROUND_DURATION_BUCKETS,
+    LatestSnapshot,
+    NodeState,
+    PauseReason,
+    StatusSnapshot,
+)
 
 _P = "p2ptrain_"
 
@@ -43,28 +50,48 @@ def _counter(name: str, doc: str, value: float) -> Metric:
     return CounterMetricFamily(_P + name, doc, value=max(0.0, float(value)))
 
 
-def _outcomes(name: str, doc: str, ok: float, failed: float) -> Metric:
+def _outcomes(name: str, doc: str, **counts: float) -> Metric:
     family = CounterMetricFamily(_P + name, doc, labels=["outcome"])
-    family.add_metric(["ok"], max(0.0, float(ok)))
-    family.add_metric(["failed"], max(0.0, float(failed)))
+    for outcome, count in counts.items():
+        family.add_metric([outcome], max(0.0, float(count)))
     return family
 
 
-def round_duration_histogram(status: StatusSnapshot) -> HistogramMetricFamily:
-    """Cumulative buckets from the snapshot's per-bucket counts (a malformed list reads as empty)."""
-    counts = list(status.round_duration_bucket_counts)
-    if len(counts) != len(ROUND_DURATION_BUCKETS) + 1 or any(c < 0 for c in counts):
-        counts = [0] * (len(ROUND_DURATION_BUCKETS) + 1)
+def _histogram(name: str, doc: str, bounds: tuple[float, ...], counts: tuple[int, ...],
+               total: float) -> HistogramMetricFamily:
+    """Cumulative buckets from a snapshot's per-bucket counts (a malformed list reads as empty)."""
+    per_bucket = list(counts)
+    if len(per_bucket) != len(bounds) + 1 or any(c < 0 for c in per_bucket):
+        per_bucket = [0] * (len(bounds) + 1)
     buckets: list[tuple[str, float]] = []
     running = 0
-    for bound, count in zip((*ROUND_DURATION_BUCKETS, math.inf), counts, strict=True):
+    for bound, count in zip((*bounds, math.inf), per_bucket, strict=True):
         running += count
         buckets.append(("+Inf" if math.isinf(bound) else repr(float(bound)), float(running)))
-    total = status.round_duration_sum_seconds
-    return HistogramMetricFamily(
-        _P + "averaging_round_duration_seconds", "Duration of finished averaging rounds.",
-        buckets=buckets, sum_value=total if math.isfinite(total) else 0.0,
-    )
+    return HistogramMetricFamily(_P + name, doc, buckets=buckets, sum_value=total if math.isfinite(total) else 0.0)
+
+
+def round_duration_histogram(status: StatusSnapshot) -> HistogramMetricFamily:
+    return _histogram("averaging_round_duration_seconds", "Duration of finished averaging rounds.",
+                      ROUND_DURATION_BUCKETS, status.round_duration_bucket_counts, status.round_duration_sum_seconds)
+
+
+def received_ratio_histogram(status: StatusSnapshot) -> HistogramMetricFamily:
+    return _histogram("averaging_received_ratio",
+                      "Share of the expected contributions that completed averaging rounds received.",
+                      RECEIVED_FRACTION_BUCKETS, status.received_fraction_bucket_counts,
+                      status.received_fraction_sum)
+
+
+def group_coverage(status: StatusSnapshot) -> float | None:
+    """The last round's group size over the peers online then (None before a round or if unknown)."""
+    if status.last_round_group_size <= 0 or status.last_round_peers_online <= 0:
+        return None
+    return min(1.0, status.last_round_group_size / status.last_round_peers_online)
+
+
+def _ratio(percent: float | None) -> float | None:
+    return None if percent is None else percent / 100.0
 
 
 class P2PTrainCollector(Collector):
@@ -119,10 +146,17 @@ class P2PTrainCollector(Collector):
         yield _counter("parameter_rollbacks", "Rollbacks to the last good parameters after averaging made them "
                        "non-finite.", s.rollbacks_total)
 
-        yield _outcomes("averaging_rounds", "Averaging rounds by outcome.",
-                        s.averaging_rounds_ok_total, s.averaging_rounds_failed_total)
+        yield _outcomes("averaging_rounds", "Averaging rounds by outcome: ok (averaged most of the swarm), "
+                        "partial (completed with a small group or missing contributions), failed.",
+                        ok=s.averaging_rounds_ok_total, partial=s.averaging_rounds_partial_total,
+                        failed=s.averaging_rounds_failed_total)
         yield round_duration_histogram(s)
+        yield received_ratio_histogram(s)
         yield _g("averaging_group_size", "Peers in the last averaging group.", s.last_round_group_size)
+        yield _g("averaging_round_peers_online", "Peers online (self included) when the last averaging group "
+                 "formed.", s.last_round_peers_online)
+        yield from _gauge("averaging_group_coverage_ratio",
+                          "Last averaging group's size over the peers online at the time.", group_coverage(s))
         yield _counter("network_sent_bytes", "Bytes sent to peers.", s.bytes_sent_total)
         yield _counter("network_received_bytes", "Bytes received from peers.", s.bytes_received_total)
 
@@ -136,9 +170,16 @@ class P2PTrainCollector(Collector):
                           s.state_download_progress)
 
         yield _outcomes("checkpoint_writes", "Local checkpoint writes by outcome.",
-                        s.checkpoint_writes_ok_total, s.checkpoint_writes_failed_total)
+                        ok=s.checkpoint_writes_ok_total, failed=s.checkpoint_writes_failed_total)
         yield from _gauge("last_checkpoint_timestamp_seconds",
                           "Unix time of the last complete local checkpoint.", s.last_checkpoint_time)
+        limit = s.cpu_limit_percent if 0 < s.cpu_limit_percent < 100 else 100.0
+        yield _g("cpu_share_limit_ratio", "volunteer.max_cpu_percent as a share of the machine (1: no limit).",
+                 limit / 100.0)
+        yield from _gauge("cpu_share_used_ratio", "CPU use of the node's process tree over the last seconds, "
+                          "as a share of the machine.", _ratio(s.cpu_used_percent))
+        yield _counter("cpu_throttle_seconds", "Seconds the node idled between steps to stay within its CPU share.",
+                       s.cpu_idle_seconds_total)
         yield _counter("rejected_peer_records", "Peer records dropped as forged, malformed or oversized.",
                        max(s.rejected_records_total, swarm.rejected_records_total))
 

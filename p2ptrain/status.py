@@ -14,10 +14,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-SCHEMA_VERSION = 1
+#: 2: ``averaging_rounds_ok_total`` counts only rounds that averaged a meaningful share of the swarm
+#: (see :mod:`p2ptrain.roundstats`); in 1 it counted every completed round.
+SCHEMA_VERSION = 2
 
 #: Upper bounds (seconds) of the averaging-round duration histogram; a last +Inf bucket is implied.
 ROUND_DURATION_BUCKETS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+#: Upper bounds of the histogram of the share of a round's expected contributions that arrived
+#: (0..1; groups of 2-4 give halves, thirds and quarters); a last +Inf bucket is implied and empty.
+RECEIVED_FRACTION_BUCKETS: tuple[float, ...] = (0.25, 0.5, 0.67, 0.75, 0.9, 0.99, 1.0)
 
 
 class NodeState(enum.StrEnum):
@@ -159,6 +164,8 @@ class StatusSnapshot:
     peers_online: int = 0
     loss: float | None = None
     val_loss: float | None = None
+    #: Rounds that completed AND averaged a meaningful share of the swarm ("full" rounds; the rule is
+    #: :func:`p2ptrain.roundstats.classify`).  Schema 1: every completed round.
     averaging_rounds_ok_total: int = 0
     averaging_rounds_failed_total: int = 0
     #: Durations of every finished averaging round so far (seconds), newest last, capped in length.
@@ -183,6 +190,23 @@ class StatusSnapshot:
     #: Times the parameters turned non-finite after averaging and were restored to the last good state.
     rollbacks_total: int = 0
     rejected_records_total: int = 0
+    #: Rounds that completed but averaged too little of the swarm to count as ok (schema 2).
+    averaging_rounds_partial_total: int = 0
+    #: Peers online (self included) when the last round finished; its group size is last_round_group_size.
+    last_round_peers_online: int = 0
+    #: Share (0..1) of the expected contributions the last completed round actually received.
+    last_round_received_fraction: float | None = None
+    #: Per-bucket counts of received fractions of completed rounds, len(RECEIVED_FRACTION_BUCKETS) + 1.
+    received_fraction_bucket_counts: tuple[int, ...] = ()
+    received_fraction_sum: float = 0.0
+    #: Median received fraction over the recent completed rounds (up to the last 100).
+    median_received_fraction: float | None = None
+    #: volunteer.max_cpu_percent in force (percent of the machine); 0: no limit.
+    cpu_limit_percent: float = 0.0
+    #: CPU use of the node's process tree over the last seconds, percent of the machine.
+    cpu_used_percent: float | None = None
+    #: Seconds the node idled between steps to stay within cpu_limit_percent.
+    cpu_idle_seconds_total: float = 0.0
     #: Monotonic-clock age of the last completed local step; None before the first step.
     seconds_since_progress: float | None = None
     uptime_seconds: float = 0.0
@@ -202,7 +226,8 @@ class StatusSnapshot:
         return dataclasses.replace(base, **lists)
 
 
-_LIST_FIELDS = ("visible_maddrs", "recent_round_durations", "round_duration_bucket_counts")
+_LIST_FIELDS = ("visible_maddrs", "recent_round_durations", "round_duration_bucket_counts",
+                "received_fraction_bucket_counts")
 
 
 @dataclass

@@ -72,8 +72,8 @@ def _sanitize(obj: _D) -> _D:
         changes["visible_maddrs"] = tuple(a for a in obj.visible_maddrs if isinstance(a, str))
         changes["recent_round_durations"] = tuple(
             float(d) for d in obj.recent_round_durations if _finite_or_none(d) is not None)
-        changes["round_duration_bucket_counts"] = tuple(
-            c for c in obj.round_duration_bucket_counts if isinstance(c, int))
+        for name in ("round_duration_bucket_counts", "received_fraction_bucket_counts"):
+            changes[name] = tuple(c for c in getattr(obj, name) if isinstance(c, int))
     return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
 
 

@@ -59,8 +59,11 @@ def test_node_view_shows_the_snapshot(make_app: MakeApp) -> None:
         assert text(app, "#epoch-value") == "42 (swarm 42) · 5 peers"
         bar = app.screen.query_one("#progress-bar", ProgressBar)
         assert bar.total == 4096 and bar.progress == (29 * 137) % 4096
-        assert text(app, "#avg-value") == "95.2% ok (40/42)"
-        assert text(app, "#round-value") == "1.25s, group of 4"
+        assert text(app, "#avg-value") == "42 rounds · 88% full · median 100% received · group 4/5"
+        assert text(app, "#rounds-value") == "37 full, 3 partial, 2 failed"
+        assert len(app.screen.query_one("#rounds-spark", Sparkline).data or []) == 24
+        assert text(app, "#round-value") == "1.25s · 67% received"
+        assert text(app, "#cpu-value") == "24.6% of the machine (limit 25%) · idled 32m 12s"
         assert text(app, "#traffic-value") == "↑ 734.0 MB  ↓ 1.3 GB"
         assert text(app, "#ckpt-value") == "3m 12s ago (7 ok, 0 failed)"
         assert text(app, "#uptime-value") == "2h 03m"

@@ -127,6 +127,8 @@ def test_wrong_types_are_dropped_not_crashing() -> None:
     server, url = _serve_json({"schema_version": 1, "loss": "low", "val_loss": [1], "state": "training",
                                "visible_maddrs": ["/ip4/1.2.3.4/tcp/1", 5],
                                "recent_round_durations": [1.0, "x", None, 2],
+                               "received_fraction_bucket_counts": [1, "2", 3.5, None, 4],
+                               "median_received_fraction": "most", "cpu_used_percent": [50],
                                "peers": [{"peer_id": "A", "loss": {"x": 1}}, "junk"]})
     try:
         client = NodeClient(url, None)
@@ -134,6 +136,8 @@ def test_wrong_types_are_dropped_not_crashing() -> None:
         assert status.loss is None and status.val_loss is None
         assert status.visible_maddrs == ("/ip4/1.2.3.4/tcp/1",)
         assert status.recent_round_durations == (1.0, 2.0)
+        assert status.received_fraction_bucket_counts == (1, 4)
+        assert status.median_received_fraction is None and status.cpu_used_percent is None
         view = client.peers()
         assert [(p.peer_id, p.loss) for p in view.peers] == [("A", None)]
         with pytest.raises(NodeProtocolError, match="expected {'lines'"):

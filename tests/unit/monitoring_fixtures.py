@@ -30,6 +30,9 @@ def populated_status(now: float | None = None) -> StatusSnapshot:
         state_download_progress=0.25, checkpoint_writes_ok_total=4, checkpoint_writes_failed_total=1,
         last_checkpoint_time=now - 60, nonfinite_skips_total=1, rejected_records_total=2,
         seconds_since_progress=0.5, uptime_seconds=600.0, started_at=now - 600, taken_at=now,
+        averaging_rounds_partial_total=3, last_round_peers_online=4, last_round_received_fraction=2 / 3,
+        received_fraction_bucket_counts=(0, 1, 2, 0, 0, 0, 9, 0), received_fraction_sum=10.8333,
+        median_received_fraction=1.0, cpu_limit_percent=25.0, cpu_used_percent=24.5, cpu_idle_seconds_total=31.5,
     )
 
 

@@ -20,7 +20,7 @@ from p2ptrain.daemon.auth import load_or_create_token, token_matches
 from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.metrics import build_registry
-from p2ptrain.status import LatestSnapshot
+from p2ptrain.status import SCHEMA_VERSION, LatestSnapshot
 
 TOKEN = "t" * 43
 
@@ -67,7 +67,7 @@ def test_reads_status_peers_metrics(node):
     assert node.server.url == f"http://127.0.0.1:{node.server.port}" and node.server.port > 0
     status, body = node.json("GET", "/api/v1/status")
     assert status == 200 and body["peer_id"] == "QmSelf" and body["local_epoch"] == 7
-    assert body["visible_maddrs"] == ["/ip4/127.0.0.1/tcp/41400"] and body["schema_version"] == 1
+    assert body["visible_maddrs"] == ["/ip4/127.0.0.1/tcp/41400"] and body["schema_version"] == SCHEMA_VERSION
     status, body = node.json("GET", "/api/v1/peers")
     assert status == 200 and body["peers_online"] == 2 and body["fastest_peer"] == "QmB"
     assert [p["peer_id"] for p in body["peers"]] == ["QmA", "QmB"]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from p2ptrain.daemon.logbuffer import LogRing
-from p2ptrain.daemon.logsetup import configure_logging, set_log_level, stream_is_journal
+from p2ptrain.daemon.logsetup import configure_logging, noise_filter, set_log_level, stream_is_journal
+from p2ptrain.logsfilter import DEMOTED_FROM, SwarmNoiseFilter
 
 HUMAN_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (\w+) +([\w.]+): (.*)$")
 
@@ -24,7 +25,10 @@ def restore_logging() -> Iterator[None]:
     names = ("p2ptrain", "__main__", "hivemind")
     saved_levels = {name: logging.getLogger(name).level for name in names}
     saved_root = root.level
+    saved_noise = noise_filter().level
     yield
+    noise_filter().set_level(saved_noise)
+    noise_filter().flush()  # nothing a test hid may surface in a later test's stream
     root.handlers[:] = saved_handlers
     root.setLevel(saved_root)
     for name, level in saved_levels.items():
@@ -112,19 +116,155 @@ def test_set_log_level_follows_reload() -> None:
         set_log_level("LOUD")
 
 
-def test_hivemind_records_pass_once_through_our_handler() -> None:
+def test_hivemind_records_pass_once_through_our_handler_and_only_at_debug() -> None:
     hivemind_logging = pytest.importorskip("hivemind.utils.logging")
     stream = io.StringIO()
     try:
         configure_logging("INFO", "journal", stream=stream)
         hive_log = hivemind_logging.get_logger("hivemind.averaging.averager")
         hive_log.info("hivemind chatter hidden below DEBUG")
-        hive_log.warning("averaging round failed")
-        assert stream.getvalue() == "<4>hivemind.averaging.averager: averaging round failed\n"
+        hive_log.warning("All-reduce group did not finish.")
+        assert stream.getvalue() == ""
         # hivemind's own coloured handler must not be attached anywhere on the way to the root.
         assert not logging.getLogger("hivemind").handlers
         set_log_level("DEBUG")
         hive_log.debug("matchmaking details")
-        assert stream.getvalue().endswith("<7>hivemind.averaging.averager: matchmaking details\n")
+        hive_log.warning("All-reduce group did not finish.")
+        assert stream.getvalue() == ("<7>hivemind.averaging.averager: matchmaking details\n"
+                                     "<7>hivemind.averaging.averager: (WARNING) All-reduce group did not finish.\n")
     finally:
         hivemind_logging.use_hivemind_log_handler("in_hivemind")
+
+
+def _swarm_weather(hivemind_logging) -> None:
+    """What hivemind and asyncio log when a peer vanishes mid-round."""
+    hivemind_logging.get_logger("hivemind.averaging.partition").warning("Reducer: received 33.3% of input tensors")
+    hivemind_logging.get_logger("hivemind.averaging.partition").warning("Reducer: received 66.7% of input tensors")
+    try:
+        raise RuntimeError("Averaging step failed: could not find a group")
+    except RuntimeError as error:
+        hivemind_logging.get_logger("hivemind.averaging.averager").exception(error)
+    logging.getLogger("asyncio").error("Task was destroyed but it is pending!")
+    hivemind_logging.get_logger("hivemind.averaging.averager").warning("Averager could not load state from peers")
+
+
+def test_swarm_weather_is_hidden_at_info_counted_and_summarised_in_one_line() -> None:
+    hivemind_logging = pytest.importorskip("hivemind.utils.logging")
+    stream, ring = io.StringIO(), LogRing(capacity=10)
+    try:
+        configure_logging("INFO", "human", [ring], stream=stream)
+        _swarm_weather(hivemind_logging)
+        logging.getLogger("p2ptrain.optim").warning("averaging round failed; applied local gradients instead")
+        assert [m.group(1, 2, 3) for m in map(HUMAN_LINE.match, stream.getvalue().splitlines()) if m] == [
+            ("WARNING", "p2ptrain.optim", "averaging round failed; applied local gradients instead")]
+        assert "Traceback" not in stream.getvalue()
+        assert [line.level for line in ring.since(0)] == ["WARNING"]  # the API's log view: the same lines
+        summary = noise_filter().flush()
+        assert summary == ("hivemind: 2 partial reductions (median 50% received), 1 warning and 2 errors hidden "
+                           "in the last 1 min (--log-level debug shows them)")
+        last = HUMAN_LINE.match(stream.getvalue().splitlines()[-1])
+        assert last is not None and last.group(1, 2, 3) == ("INFO", "p2ptrain.swarmlog", summary)
+        assert noise_filter().flush() is None  # nothing hidden since
+    finally:
+        hivemind_logging.use_hivemind_log_handler("in_hivemind")
+
+
+def test_python_warnings_from_hivemind_code_are_internals_too() -> None:
+    import warnings
+
+    stream = io.StringIO()
+    configure_logging("INFO", "human", stream=stream, tame_hivemind=False)
+    hivemind_file = os.path.join("site-packages", "hivemind", "optim", "state_averager.py")
+    warnings.warn_explicit("Detected call of `lr_scheduler.step()` before `optimizer.step()`", UserWarning,
+                           hivemind_file, 704)
+    warnings.warn_explicit("a warning of our own", UserWarning, os.path.join("p2ptrain", "trainer.py"), 10)
+    lines = [m.group(1, 2) for m in map(HUMAN_LINE.match, stream.getvalue().splitlines()) if m]
+    assert lines == [("WARNING", "py.warnings")]
+    assert "a warning of our own" in stream.getvalue() and "lr_scheduler" not in stream.getvalue()
+    assert noise_filter().flush() is not None
+
+
+def test_debug_shows_every_internal_record_with_its_traceback() -> None:
+    hivemind_logging = pytest.importorskip("hivemind.utils.logging")
+    stream, ring = io.StringIO(), LogRing(capacity=20)
+    try:
+        configure_logging("DEBUG", "journal", [ring], stream=stream)
+        _swarm_weather(hivemind_logging)
+        lines = stream.getvalue().splitlines()
+        assert all(line.startswith("<7>") for line in lines), lines  # nothing above DEBUG ...
+        assert "<7>hivemind.averaging.partition: (WARNING) Reducer: received 33.3% of input tensors" in lines
+        assert "<7>asyncio: (ERROR) Task was destroyed but it is pending!" in lines
+        assert "<7>Traceback (most recent call last):" in lines  # ... and the full detail
+        assert "<7>RuntimeError: Averaging step failed: could not find a group" in lines
+        assert {line.level for line in ring.since(0)} == {"DEBUG"}
+    finally:
+        hivemind_logging.use_hivemind_log_handler("in_hivemind")
+
+
+def _child_logs_swarm_weather() -> None:
+    hivemind_logging = __import__("hivemind.utils.logging", fromlist=["get_logger"])
+    _swarm_weather(hivemind_logging)
+    logging.getLogger("p2ptrain.test").info("child still logs its own lines")
+    noise_filter().flush()  # a helper that lives long enough reports on a timer
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+def test_forked_helper_processes_inherit_the_quiet(tmp_path: Path, level: str) -> None:
+    """hivemind's averagers and DHT are forked children: they log through the inherited setup."""
+    hivemind_logging = pytest.importorskip("hivemind.utils.logging")
+    import multiprocessing
+
+    path = tmp_path / "stderr"
+    try:
+        with path.open("w") as stream:
+            configure_logging(level, "human", [LogRing(capacity=10)], stream=stream)
+            logging.getLogger("hivemind.averaging.partition").warning("Reducer: received 50.0% of input tensors")
+            child = multiprocessing.get_context("fork").Process(target=_child_logs_swarm_weather)
+            child.start()
+            child.join(30)
+            assert child.exitcode == 0
+        lines = path.read_text().splitlines()
+        levels = [m.group(1) for m in map(HUMAN_LINE.match, lines) if m]
+        assert "WARNING" not in levels and "ERROR" not in levels, lines
+        messages = [m.group(3) for m in map(HUMAN_LINE.match, lines) if m]
+        assert "child still logs its own lines" in messages
+        # The child's summary counts the child's records only (the parent's one is its own to report).
+        assert ("hivemind: 2 partial reductions (median 50% received), 1 warning and 2 errors hidden in the last "
+                "1 min (--log-level debug shows them)") in messages
+        if level == "DEBUG":
+            assert "(WARNING) Reducer: received 33.3% of input tensors" in messages
+            assert any(line == "RuntimeError: Averaging step failed: could not find a group" for line in lines)
+        else:
+            assert not any("Reducer" in message or "Traceback" in message for message in messages)
+    finally:
+        hivemind_logging.use_hivemind_log_handler("in_hivemind")
+
+
+def test_noise_filter_tallies_one_window_at_a_time() -> None:
+    now = [100.0]
+    scheduled: list[float] = []
+    noise = SwarmNoiseFilter(every=300.0, clock=lambda: now[0], schedule=lambda delay, _action: scheduled.append(delay))
+
+    def record(name: str, level: int, message: str) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, message, None, None)
+
+    ours = record("p2ptrain.node", logging.WARNING, "ours")
+    assert noise.filter(ours) and ours.levelno == logging.WARNING and not hasattr(ours, DEMOTED_FROM)
+    assert noise.filter(record("hivemindish.x", logging.WARNING, "not hivemind"))
+    hidden = record("hivemind.dht", logging.ERROR, "boom")
+    assert not noise.filter(hidden)
+    assert (hidden.levelno, hidden.levelname, getattr(hidden, DEMOTED_FROM)) == (logging.DEBUG, "DEBUG", "ERROR")
+    assert not noise.filter(hidden)  # a second handler: same verdict, not counted again
+    for _ in range(3):
+        noise.filter(record("hivemind.averaging.partition", logging.WARNING,
+                            "Reducer: received 66.7% of input tensors"))
+    assert scheduled == [300.0]  # one summary per window, however much was hidden
+    now[0] += 610.0
+    assert noise.flush() == ("hivemind: 3 partial reductions (median 67% received) and 1 error hidden in the "
+                             "last 10 min (--log-level debug shows them)")
+    noise.filter(record("asyncio", logging.WARNING, "slow callback"))
+    assert scheduled == [300.0, 300.0]
+    noise.after_fork()  # a forked child starts with nothing to report
+    assert noise.flush() is None
+    noise.set_level(logging.DEBUG)
+    assert noise.filter(record("asyncio", logging.ERROR, "shown at DEBUG"))

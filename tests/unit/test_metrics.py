@@ -43,6 +43,13 @@ def test_populated_snapshot_values_and_types():
     assert m[("p2ptrain_loss", ())] == 2.75 and m[("p2ptrain_validation_loss", ())] == 2.9
     assert m[("p2ptrain_averaging_rounds_total", (("outcome", "ok"),))] == 9
     assert m[("p2ptrain_averaging_rounds_total", (("outcome", "failed"),))] == 2
+    assert m[("p2ptrain_averaging_rounds_total", (("outcome", "partial"),))] == 3
+    assert m[("p2ptrain_averaging_group_size", ())] == 3
+    assert m[("p2ptrain_averaging_group_coverage_ratio", ())] == 0.75
+    assert m[("p2ptrain_averaging_round_peers_online", ())] == 4
+    assert m[("p2ptrain_cpu_share_limit_ratio", ())] == 0.25
+    assert m[("p2ptrain_cpu_share_used_ratio", ())] == 0.245
+    assert m[("p2ptrain_cpu_throttle_seconds_total", ())] == 31.5
     assert m[("p2ptrain_checkpoint_writes_total", (("outcome", "failed"),))] == 1
     assert m[("p2ptrain_network_sent_bytes_total", ())] == 1_000_000
     assert m[("p2ptrain_network_received_bytes_total", ())] == 2_000_000
@@ -67,15 +74,39 @@ def test_round_duration_histogram_is_cumulative():
     assert m[("p2ptrain_averaging_round_duration_seconds_sum", ())] == 4.6
 
 
+def test_received_ratio_histogram_is_cumulative():
+    _, m = scrape(populated_status(now=NOW))
+    bucket = {dict(labels)["le"]: v for (name, labels), v in m.items()
+              if name == "p2ptrain_averaging_received_ratio_bucket"}
+    assert bucket == {"0.25": 0, "0.5": 1, "0.67": 3, "0.75": 3, "0.9": 3, "0.99": 3, "1.0": 12, "+Inf": 12}
+    assert m[("p2ptrain_averaging_received_ratio_count", ())] == 12
+    assert m[("p2ptrain_averaging_received_ratio_sum", ())] == 10.8333
+
+
+def test_cpu_share_and_coverage_absent_when_unknown_or_unlimited():
+    for limit in (0.0, 100.0):
+        _, m = scrape(StatusSnapshot(cpu_limit_percent=limit, last_round_group_size=2, taken_at=NOW))
+        assert m[("p2ptrain_cpu_share_limit_ratio", ())] == 1.0  # no limit: the whole machine
+        assert ("p2ptrain_cpu_share_used_ratio", ()) not in m  # not measured yet: absent, not a fake 0
+        assert m[("p2ptrain_averaging_round_peers_online", ())] == 0
+        assert ("p2ptrain_averaging_group_coverage_ratio", ()) not in m  # peers online unknown
+        assert m[("p2ptrain_cpu_throttle_seconds_total", ())] == 0
+    _, m = scrape(StatusSnapshot(last_round_group_size=3, last_round_peers_online=2, taken_at=NOW))
+    assert m[("p2ptrain_averaging_group_coverage_ratio", ())] == 1.0  # a lagging swarm view is capped
+
+
 def test_unknowns_are_absent_not_zero_and_bad_buckets_are_empty():
     status = StatusSnapshot(state="paused", pause_reason="schedule", loss=float("nan"),
-                            round_duration_bucket_counts=(1, 2), taken_at=NOW)
+                            round_duration_bucket_counts=(1, 2), received_fraction_bucket_counts=(0, -1, 2),
+                            received_fraction_sum=float("nan"), taken_at=NOW)
     _, m = scrape(status)
     for absent in ("p2ptrain_loss", "p2ptrain_validation_loss", "p2ptrain_last_checkpoint_timestamp_seconds",
                    "p2ptrain_last_progress_age_seconds", "p2ptrain_state_download_progress_ratio"):
         assert (absent, ()) not in m
     assert m[("p2ptrain_pause_reason", (("p2ptrain_pause_reason", "schedule"),))] == 1
     assert m[("p2ptrain_averaging_round_duration_seconds_count", ())] == 0
+    assert m[("p2ptrain_averaging_received_ratio_count", ())] == 0
+    assert m[("p2ptrain_averaging_received_ratio_sum", ())] == 0
     assert m[("p2ptrain_build_info", (("version", "unknown"),))] == 1
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from p2ptrain.status import StatusSnapshot
+
 #: Rich styles for node states inside table cells (whole widgets are coloured from the .tcss).
 STATE_STYLES = {
     "training": "bold green",
@@ -75,6 +77,68 @@ def byte_count(n: int | float) -> str:
     return f"{value:.1f} TB"  # pragma: no cover - loop always returns
 
 
-def percent(ok: int, failed: int) -> str:
-    total = ok + failed
-    return f"{100 * ok / total:.1f}% ok ({ok}/{total})" if total else "no rounds yet"
+def share(part: int, total: int) -> str:
+    """``92%`` of a count; never rounds a shortfall up to 100% or a few down to 0%."""
+    value = 100 * part / total
+    if part < total:
+        value = min(math.floor(value), 99)
+    if part > 0:
+        value = max(value, 1)
+    return f"{value:.0f}%"
+
+
+def fraction(value: float | None) -> str:
+    return DASH if value is None or math.isnan(value) else f"{value:.0%}"
+
+
+def group(status: StatusSnapshot) -> str:
+    """``group 3/4``: the last round's group against the peers online when it formed."""
+    size, online = status.last_round_group_size, status.last_round_peers_online
+    if size <= 0:
+        return ""
+    return f"group {size}/{max(online, size)}" if online > 0 else f"group of {size}"
+
+
+def averaging_line(status: StatusSnapshot) -> str:
+    """``40 rounds · 92% full · median 100% received · group 3/3`` (schema 1 nodes: completed rounds)."""
+    ok, partial, failed = (status.averaging_rounds_ok_total, status.averaging_rounds_partial_total,
+                           status.averaging_rounds_failed_total)
+    total = ok + partial + failed
+    if not total:
+        return "no rounds yet"
+    parts = [f"{total:,} round{'s' if total != 1 else ''}"]
+    if status.schema_version < 2:  # "ok" meant "completed" then; nothing was said about coverage
+        parts.append(f"{share(ok, total)} completed")
+    else:
+        parts.append(f"{share(ok, total)} full")
+        if status.median_received_fraction is not None:
+            parts.append(f"median {fraction(status.median_received_fraction)} received")
+    if group(status):
+        parts.append(group(status))
+    return " · ".join(parts)
+
+
+def rounds_line(status: StatusSnapshot) -> str:
+    ok, partial, failed = (status.averaging_rounds_ok_total, status.averaging_rounds_partial_total,
+                           status.averaging_rounds_failed_total)
+    if status.schema_version < 2:
+        return f"{ok:,} completed, {failed:,} failed"
+    return f"{ok:,} full, {partial:,} partial, {failed:,} failed"
+
+
+def last_round_line(status: StatusSnapshot) -> str:
+    last = status.last_round_duration_seconds
+    if last is None:
+        return "none yet"
+    received = status.last_round_received_fraction
+    return f"{number(last, 2)}s" + (f" · {fraction(received)} received" if received is not None else "")
+
+
+def cpu_line(status: StatusSnapshot) -> str:
+    """``24.5% of the machine (limit 25%) · idled 3m 12s``, or ``... · no limit``."""
+    used = status.cpu_used_percent
+    text = f"{number(used)}% of the machine" if used is not None else "use not measured"
+    limit = status.cpu_limit_percent
+    if not 0 < limit < 100:
+        return f"{text} · no limit"
+    return f"{text} (limit {limit:g}%) · idled {duration(status.cpu_idle_seconds_total)}"

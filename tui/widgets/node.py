@@ -11,7 +11,17 @@ from textual.containers import Grid
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
 from p2ptrain.status import NodeState, StatusSnapshot
-from p2ptrain.tui.widgets.format import DASH, age, byte_count, duration, number, percent
+from p2ptrain.tui.widgets.format import (
+    DASH,
+    age,
+    averaging_line,
+    byte_count,
+    cpu_line,
+    duration,
+    last_round_line,
+    number,
+    rounds_line,
+)
 
 #: (row key, label, kind of the third column): "span" lets the value take the whole line.
 _ROWS: tuple[tuple[str, str, str], ...] = (
@@ -24,10 +34,12 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("sps", "Samples/s", "spark"),
     ("loss", "Loss", "spark"),
     ("val", "Val loss", "spark"),
-    ("avg", "Averaging", "spark"),
+    ("avg", "Averaging", "span"),
+    ("rounds", "Rounds", "spark"),
     ("round", "Last round", "blank"),
     ("traffic", "Traffic", "blank"),
     ("ckpt", "Checkpoint", "blank"),
+    ("cpu", "CPU", "span"),
     ("uptime", "Uptime", "blank"),
 )
 
@@ -106,14 +118,14 @@ class NodePanel(Grid):
         self._spark("loss", history.loss)
         self._set("val", number(status.val_loss, 4))
         self._spark("val", history.val_loss)
-        self._set("avg", percent(status.averaging_rounds_ok_total, status.averaging_rounds_failed_total))
-        self._spark("avg", status.recent_round_durations[-60:])
-        last = status.last_round_duration_seconds
-        self._set("round", f"{number(last, 2)}s, group of {status.last_round_group_size}"
-                  if last is not None else "none yet")
+        self._set("avg", averaging_line(status))
+        self._set("rounds", rounds_line(status))
+        self._spark("rounds", status.recent_round_durations[-60:])
+        self._set("round", last_round_line(status))
         self._set("traffic", f"↑ {byte_count(status.bytes_sent_total)}  ↓ "
                              f"{byte_count(status.bytes_received_total)}")
         ckpt = f"{age(status.last_checkpoint_time, now)} ({status.checkpoint_writes_ok_total} ok"
         ckpt += f", {status.checkpoint_writes_failed_total} failed)"
         self._set("ckpt", ckpt + (f" {status.last_checkpoint_error}" if status.last_checkpoint_error else ""))
+        self._set("cpu", cpu_line(status))
         self._set("uptime", duration(status.uptime_seconds))

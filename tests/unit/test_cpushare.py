@@ -1,0 +1,275 @@
+"""The CPU share duty cycle on a simulated machine, the /proc process-tree reader, and one real busy loop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from p2ptrain.cpushare import CpuShare, ProcessTreeCpu, check_limit, default_cpu_source, os_times_cpu
+
+
+class FakeMachine:
+    """A clock and a CPU counter that advance together: steps burn CPU, waits only the background's."""
+
+    def __init__(self, background_cores: float = 0.0) -> None:
+        self.now = 1000.0
+        self.cpu = 50.0
+        self.background = background_cores
+        self.waits: list[float] = []
+        self.stop_after: int | None = None
+
+    def clock(self) -> float:
+        return self.now
+
+    def cpu_seconds(self) -> float:
+        return self.cpu
+
+    def step(self, seconds: float, cores: float = 1.0) -> None:
+        self.now += seconds
+        self.cpu += seconds * (cores + self.background)
+
+    def wait(self, seconds: float) -> bool:
+        assert seconds > 0
+        self.waits.append(seconds)
+        self.now += seconds
+        self.cpu += seconds * self.background
+        return self.stop_after is not None and len(self.waits) >= self.stop_after
+
+    def share(self, limit: float, cores: int = 2, **kwargs: float) -> CpuShare:
+        return CpuShare(limit, cpu_seconds=self.cpu_seconds, clock=self.clock, wait=self.wait, cores=cores,
+                        **kwargs)
+
+
+def train(machine: FakeMachine, share: CpuShare, seconds: float, step: float = 0.1, cores: float = 1.0) -> int:
+    """Run steps through the duty cycle for ``seconds`` of simulated time; returns steps taken."""
+    end, steps = machine.now + seconds, 0
+    while machine.now < end:
+        if share.wait_for_budget():
+            machine.step(step, cores)
+            steps += 1
+    return steps
+
+
+@pytest.mark.parametrize("limit, cores, step, step_cores",
+                         [(25.0, 2, 0.1, 1.0), (12.5, 2, 0.3, 1.0), (60.0, 4, 0.05, 3.0), (10.0, 1, 1.5, 1.0)])
+def test_duty_cycle_holds_the_share_of_the_machine(limit: float, cores: int, step: float, step_cores: float) -> None:
+    machine = FakeMachine()
+    share = machine.share(limit, cores=cores)
+    train(machine, share, 120.0, step=step, cores=step_cores)
+    start_cpu, start = machine.cpu, machine.now
+    train(machine, share, 60.0, step=step, cores=step_cores)
+    measured = 100.0 * (machine.cpu - start_cpu) / (machine.now - start) / cores
+    # The share is a percentage of all cores: a one-core step loop at 25% of 2 cores runs half the time.
+    assert measured == pytest.approx(limit, abs=0.05 * limit + step * 100 / 60)
+    figures = share.figures()
+    assert figures.limit_percent == limit
+    assert figures.used_percent == pytest.approx(limit, abs=0.1 * limit + step * 100 / 10)
+    busy = limit * cores / 100 / step_cores  # the fraction of wall time a step runs
+    assert figures.idle_seconds_total == pytest.approx(180.0 * (1 - busy), rel=0.05)
+    assert max(machine.waits) <= share.max_wait + 1e-9
+
+
+def test_any_window_holds_the_share_plus_one_step() -> None:
+    machine = FakeMachine()
+    share = machine.share(30.0, cores=2, window=10.0)
+    train(machine, share, 30.0, step=0.2)
+    for _ in range(200):
+        if share.wait_for_budget():
+            machine.step(0.2)
+        used = share.figures().used_percent
+        assert used is not None and used <= 30.0 + 100 * 0.2 / 10.0 / 2 + 1e-6
+
+
+def test_background_work_counts_against_the_share() -> None:
+    machine = FakeMachine(background_cores=0.2)
+    share = machine.share(50.0, cores=1)
+    train(machine, share, 100.0)
+    start_cpu, start = machine.cpu, machine.now
+    steps = train(machine, share, 50.0)
+    assert 100.0 * (machine.cpu - start_cpu) / (machine.now - start) == pytest.approx(50.0, abs=2.0)
+    assert steps == pytest.approx(50.0 * 0.3 / 0.1, rel=0.05)  # 0.3 of the core is left for training
+
+
+@pytest.mark.parametrize("limit", [0.0, 100.0])
+def test_no_limit_never_waits_but_still_measures(limit: float) -> None:
+    machine = FakeMachine()
+    share = machine.share(limit)
+    assert not share.enabled
+    train(machine, share, 30.0)
+    assert machine.waits == []
+    figures = share.figures()
+    assert figures.limit_percent == 0.0 and figures.idle_seconds_total == 0.0
+    assert figures.used_percent == pytest.approx(50.0)  # one busy core of two
+
+
+def test_first_step_is_free_and_a_long_debt_is_paid_in_bounded_slices() -> None:
+    machine = FakeMachine()
+    share = machine.share(25.0, cores=1, max_wait=1.0)
+    assert share.wait_for_budget() and machine.waits == []
+    machine.step(5.0)  # one long step: 5 s of CPU need 20 s of wall time at a quarter core
+    calls = 0
+    while not share.wait_for_budget():
+        calls += 1
+        assert sum(machine.waits) <= calls * 1.0 + 1e-9  # the loop gets control back every second
+    assert calls == 14 and sum(machine.waits) == pytest.approx(15.0)
+
+
+def test_a_stop_ends_the_wait_at_once() -> None:
+    machine = FakeMachine()
+    machine.stop_after = 1
+    share = machine.share(10.0, cores=1, max_wait=5.0)
+    share.wait_for_budget()
+    machine.step(2.0)
+    assert share.wait_for_budget() is False
+    assert len(machine.waits) == 1
+
+
+def test_reload_changes_the_limit_and_starts_a_new_window() -> None:
+    machine = FakeMachine()
+    share = machine.share(0.0, cores=1)
+    train(machine, share, 20.0)  # unlimited: a full core
+    share.update(50.0)
+    assert share.wait_for_budget()  # the time used before the limit is not paid back
+    assert machine.waits == []
+    train(machine, share, 60.0)
+    assert share.figures().used_percent == pytest.approx(50.0, abs=2.0)
+    share.update(100.0)
+    assert not share.enabled and share.figures().limit_percent == 0.0
+
+
+@pytest.mark.parametrize("bad", [-1.0, 100.5, float("nan"), float("inf")])
+def test_bad_limits_are_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="CPU share must be a percentage from 0 to 100"):
+        check_limit(bad)
+    machine = FakeMachine()
+    share = machine.share(20.0)
+    with pytest.raises(ValueError, match="percentage from 0 to 100"):
+        share.update(bad)
+    assert share.limit_percent == 20.0
+
+
+def test_bad_construction_is_refused() -> None:
+    machine = FakeMachine()
+    with pytest.raises(ValueError, match="cores must be at least 1"):
+        machine.share(20.0, cores=0)
+    with pytest.raises(ValueError, match="window and max_wait must be positive"):
+        machine.share(20.0, window=0.0)
+
+
+def test_background_alone_over_the_share_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    machine = FakeMachine(background_cores=0.3)
+    share = machine.share(20.0, cores=1)
+    with caplog.at_level(logging.INFO, logger="p2ptrain.cpushare"):
+        steps = train(machine, share, 40.0)
+        assert steps <= 2
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1
+        assert "swarm work alone" in warnings[0].getMessage()
+        assert "volunteer.max_cpu_percent=20" in warnings[0].getMessage()
+        machine.background = 0.05
+        # Swarm work put at most a window's worth of idling on the debt: training resumes soon.
+        assert train(machine, share, 40.0) >= 40
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
+        "training again within volunteer.max_cpu_percent=20"]
+
+
+def test_source_going_backwards_restarts_the_window() -> None:
+    machine = FakeMachine()
+    share = machine.share(50.0, cores=1)
+    train(machine, share, 20.0)
+    machine.cpu -= 30.0
+    assert share.wait_for_budget()
+    assert share.figures().used_percent is None
+
+
+# ---------------------------------------------------------------------------------- /proc reader
+
+def _write_stat(proc: Path, pid: int, ppid: int, ticks: int, start: int = 1, name: str = "py (x) y") -> None:
+    fields = ["S", str(ppid)] + ["0"] * 9 + [str(ticks), "0"] + ["0"] * 6 + [str(start)]
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "stat").write_text(f"{pid} ({name}) {' '.join(fields)}\n")
+
+
+def test_process_tree_sums_descendants_and_keeps_departed_time(tmp_path: Path) -> None:
+    ticks = os.sysconf("SC_CLK_TCK")
+    now = [0.0]
+    for pid, ppid, used in ((10, 1, 100), (11, 10, 50), (12, 11, 25), (13, 1, 999)):  # 13: not ours
+        _write_stat(tmp_path, pid, ppid, used)
+    (tmp_path / "self").mkdir()  # non-numeric entries are ignored
+    source = ProcessTreeCpu(10, proc=tmp_path, rescan_every=5.0, clock=lambda: now[0])
+    assert source() == pytest.approx(175 / ticks)
+    _write_stat(tmp_path, 12, 11, 40)
+    _write_stat(tmp_path, 14, 10, 7)  # a new helper: seen at the next scan only
+    assert source() == pytest.approx(190 / ticks)
+    now[0] = 6.0
+    assert source() == pytest.approx(197 / ticks)
+    for name in ("stat",):
+        (tmp_path / "12" / name).unlink()  # the grandchild exits: its time stays counted
+    assert source() == pytest.approx(197 / ticks)
+    _write_stat(tmp_path, 14, 10, 3, start=99)  # pid reused by a new process
+    assert source() == pytest.approx(200 / ticks)
+
+
+def test_default_source_reads_this_process_tree() -> None:
+    source = default_cpu_source()
+    first = source()
+    deadline = time.process_time() + 0.2
+    while time.process_time() < deadline:
+        pass
+    assert source() - first >= 0.1
+    assert os_times_cpu() > 0
+
+
+def test_real_busy_loop_held_to_a_quarter_core() -> None:
+    """One measurement on the real machine: a busy loop in 20 ms slices, 25% of one core, ~5 s."""
+    share = CpuShare(25.0, cpu_seconds=ProcessTreeCpu(), wait=lambda t: (time.sleep(t), False)[1], cores=1,
+                     window=2.0)
+    cpu_start, wall_start = time.process_time(), time.monotonic()
+    while time.monotonic() - wall_start < 5.0:
+        if share.wait_for_budget():
+            slice_end = time.process_time() + 0.02
+            while time.process_time() < slice_end:
+                pass
+    cpu, wall = time.process_time() - cpu_start, time.monotonic() - wall_start
+    used = 100.0 * cpu / wall
+    # On a loaded machine the loop gets less CPU than it asks for while it runs: that is the
+    # machine's doing, not the duty cycle's, so only then is the lower bound lifted.
+    running = wall - share.idle_seconds_total
+    starved = running > 0 and cpu / running < 0.8
+    message = (f"a 25% share measured {used:.1f}% of a core over {wall:.1f} s "
+               f"(idled {share.idle_seconds_total:.1f} s, got {cpu / max(running, 1e-9):.0%} of a core while running)")
+    assert used <= 30.0, message
+    assert starved or used >= 20.0, message
+
+
+# ---------------------------------------------------------------------------------- config
+
+@pytest.mark.parametrize("toml_value, message", [
+    ("-1", "greater than or equal to 0"),
+    ("100.5", "less than or equal to 100"),
+    ('"half"', "valid number"),
+    ("nan", "finite number"),
+    ("inf", "finite number"),
+])
+def test_max_cpu_percent_bad_values_name_the_field(tmp_path: Path, toml_value: str, message: str) -> None:
+    from p2ptrain.config import ConfigError, load_config
+
+    path = tmp_path / "node.toml"
+    path.write_text(f"[volunteer]\nmax_cpu_percent = {toml_value}\n")
+    with pytest.raises(ConfigError, match=f"volunteer.max_cpu_percent: .*{message}") as caught:
+        load_config(path, environ={})
+    assert "\n" not in str(caught.value)
+
+
+def test_max_cpu_percent_defaults_off_takes_env_and_reloads() -> None:
+    from p2ptrain.config import NodeConfig, parse_config
+    from p2ptrain.daemon.reload import reloadable_changes
+
+    assert NodeConfig().volunteer.max_cpu_percent == 0.0
+    config = parse_config({}, "defaults", {"P2PTRAIN_VOLUNTEER__MAX_CPU_PERCENT": "12.5"})
+    assert config.volunteer.max_cpu_percent == 12.5
+    assert reloadable_changes(NodeConfig(), config) == (["volunteer.max_cpu_percent"], [])
