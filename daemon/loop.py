@@ -15,10 +15,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from p2ptrain.config import NodeConfig
+from p2ptrain.cpushare import CpuShare
 from p2ptrain.daemon.control import Command, ControlQueue
 from p2ptrain.daemon.hooks import NodeHooks
 from p2ptrain.daemon.snapshot import StatusBoard
 from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.roundstats import RoundStats
 from p2ptrain.status import NodeState, PauseReason
 from p2ptrain.swarm_optimizer import SwarmOptimizer
 from p2ptrain.trainer import StepStats
@@ -60,7 +62,8 @@ class LoopParts(Protocol):
 
 class TrainingLoop:
     def __init__(self, config: NodeConfig, parts: LoopParts, board: StatusBoard, hooks: NodeHooks,
-                 stopper: Stopper, control: ControlQueue, *, clock: Callable[[], float],
+                 stopper: Stopper, control: ControlQueue, *, clock: Callable[[], float], cpu_share: CpuShare,
+                 rounds: RoundStats,
                  refresh_fingerprint: Callable[[], None], set_threads: Callable[[int], None],
                  paused_wait: float = PAUSED_WAIT) -> None:
         self.config = config
@@ -72,6 +75,8 @@ class TrainingLoop:
         self.clock = clock
         self._refresh_fingerprint = refresh_fingerprint
         self._set_threads = set_threads
+        self.cpu_share = cpu_share
+        self.rounds = rounds
         self._paused_wait = paused_wait
         self._manual_pause_until: float | None = None
         self._next_step_aside = 0.0
@@ -89,7 +94,10 @@ class TrainingLoop:
                 break
             self._update_pause()
             if self.board.pause_reason is PauseReason.NONE:
-                self._train_one_step()
+                if self.cpu_share.wait_for_budget():  # volunteer.max_cpu_percent: idle between steps
+                    self._train_one_step()
+                else:
+                    self.hooks.idle()  # holding back on purpose is not a hang
             else:
                 self._stay_paused()
             now = self.clock()
@@ -105,6 +113,9 @@ class TrainingLoop:
             if now >= next_fingerprint:
                 self._refresh_fingerprint()
                 next_fingerprint = now + FINGERPRINT_EVERY
+            summary = self.rounds.take_summary(now)
+            if summary:
+                logger.info(summary)
             max_epochs = self.config.training.max_epochs
             if max_epochs and self.parts.trainer.epoch >= max_epochs:
                 logger.info("reached training.max_epochs=%d", max_epochs)
@@ -162,6 +173,7 @@ class TrainingLoop:
             return
         if new.training.threads != self.config.training.threads:
             self._set_threads(new.training.threads)
+        self.cpu_share.update(new.volunteer.max_cpu_percent)
         self.config = new
 
     def _update_pause(self) -> None:

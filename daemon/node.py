@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from p2ptrain.config import EX_CONFIG, ConfigError, NodeConfig
+from p2ptrain.cpushare import CpuShare, default_cpu_source
 from p2ptrain.daemon.builder import JoinedSwarm, NodeBuilder, TrainingParts
 from p2ptrain.daemon.control import ControlQueue
 from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
@@ -72,8 +73,12 @@ class Node:
         self.latest = LatestSnapshot()
         self.swarm_stats = SwarmStats()
         self.board = StatusBoard(self.latest, config.training.target_batch_size, clock=clock, wall_clock=wall_clock)
+        self.cpu_share = CpuShare(config.volunteer.max_cpu_percent, cpu_seconds=default_cpu_source(), clock=clock,
+                                  wait=self.stopper.wait)
         self.board.view = self.hooks.swarm_view
         self.board.stats = self.swarm_stats.view
+        self.board.rounds = self.swarm_stats.rounds.figures
+        self.board.cpu = self.cpu_share.figures
         self.swarm: JoinedSwarm | None = None
         self.parts: TrainingParts | None = None
         self.loop: TrainingLoop | None = None
@@ -144,6 +149,7 @@ class Node:
                                                          long_operation=self.hooks.long_operation)
         self._watch(parts)
         self.loop = TrainingLoop(cfg, parts, self.board, self.hooks, self.stopper, self.control, clock=self.clock,
+                                 cpu_share=self.cpu_share, rounds=self.swarm_stats.rounds,
                                  refresh_fingerprint=lambda: swarm.refresh_fingerprint(cfg.swarm.run_id,
                                                                                         parts.fingerprint),
                                  set_threads=self.set_threads, paused_wait=self.paused_wait)

@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2ptrain import __version__
+from p2ptrain.cpushare import CpuShareFigures
 from p2ptrain.daemon.smoothing import Ema, WindowRate
+from p2ptrain.roundstats import RoundFigures
 from p2ptrain.status import LatestSnapshot, NodeState, PauseReason, Reachability, StatusSnapshot, SwarmView
 from p2ptrain.swarm_optimizer import GlobalProgress
 from p2ptrain.swarmstats import SwarmStatsView
@@ -72,9 +74,9 @@ class LiveFigures:
 
 
 def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: NodeIdentity,
-                  training: TrainingFigures, live: LiveFigures, progress: GlobalProgress, stats: SwarmStatsView,
-                  checkpoints: CheckpointFigures, view: SwarmView, target_batch_size: int,
-                  taken_at: float) -> StatusSnapshot:
+                  training: TrainingFigures, live: LiveFigures, progress: GlobalProgress, rounds: RoundFigures,
+                  stats: SwarmStatsView, cpu: CpuShareFigures, checkpoints: CheckpointFigures, view: SwarmView,
+                  target_batch_size: int, taken_at: float) -> StatusSnapshot:
     """The node's status from plain figures; no I/O, no clock."""
     return StatusSnapshot(
         version=__version__, state=state.value, pause_reason=pause_reason.value,
@@ -88,9 +90,9 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
         # Signed records are the swarm view; hivemind's progress entries outlive departed peers.
         peers_online=view.peers_online or progress.num_peers,
         loss=live.loss, val_loss=live.val_loss,
-        averaging_rounds_ok_total=stats.rounds_ok, averaging_rounds_failed_total=stats.rounds_failed,
-        last_round_duration_seconds=stats.last_round_duration, last_round_group_size=stats.last_group_size,
-        round_duration_bucket_counts=stats.round_bucket_counts, round_duration_sum_seconds=stats.round_duration_sum,
+        **rounds.snapshot_fields(),
+        cpu_limit_percent=cpu.limit_percent, cpu_used_percent=cpu.used_percent,
+        cpu_idle_seconds_total=cpu.idle_seconds_total,
         bytes_sent_total=stats.bytes_sent, bytes_received_total=stats.bytes_received,
         state_downloads_total=stats.state_downloads, state_downloads_failed_total=stats.state_downloads_failed,
         state_download_seconds_total=stats.state_download_seconds,
@@ -123,6 +125,8 @@ class StatusBoard:
         self.training: Callable[[], TrainingFigures] = TrainingFigures
         self.progress: Callable[[], GlobalProgress] = GlobalProgress
         self.stats: Callable[[], SwarmStatsView] = SwarmStatsView
+        self.rounds: Callable[[], RoundFigures] = RoundFigures
+        self.cpu: Callable[[], CpuShareFigures] = lambda: CpuShareFigures(0.0, None, 0.0)
         self.checkpoints: Callable[[], CheckpointFigures] = CheckpointFigures
         self.view: Callable[[], SwarmView | None] = lambda: None
         self._last_view = SwarmView()
@@ -156,8 +160,8 @@ class StatusBoard:
             seconds_since_progress=None if self._last_progress is None else now - self._last_progress,
             uptime_seconds=now - self._started_mono, started_at=self._started_wall)
         return make_snapshot(state=self.state, pause_reason=self.pause_reason, identity=self.identity,
-                             training=self.training(), live=live, progress=self.progress(), stats=self.stats(),
-                             checkpoints=self.checkpoints(), view=self._last_view,
+                             training=self.training(), live=live, progress=self.progress(), rounds=self.rounds(),
+                             stats=self.stats(), cpu=self.cpu(), checkpoints=self.checkpoints(), view=self._last_view,
                              target_batch_size=self.target_batch_size, taken_at=self.wall_clock())
 
     def publish(self) -> None:

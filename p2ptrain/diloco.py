@@ -36,6 +36,7 @@ from p2ptrain.compression import make_compression, wire_bytes
 from p2ptrain.config import TrainingSection
 from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
 from p2ptrain.roundclock import SwarmRoundTracker, schedule_position, set_schedule_position
+from p2ptrain.roundstats import RoundReport
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
 
@@ -317,8 +318,10 @@ class DiLoCoOptimizer:
                 pseudo = [buffer.clone() for buffer in buffers]
         self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
-            self.stats.record_round(group is not None, time.perf_counter() - started, len(group or ()),
-                                    self._payload_bytes)
+            report = RoundReport(ok=group is not None, duration=time.perf_counter() - started,
+                                 group_size=len(group or ()), peers_online=self._tracker.global_progress.num_peers,
+                                 received_fraction=1.0)
+            self.stats.record_round(report, self._payload_bytes)
 
     def flush(self) -> None:
         """Wait for the round in flight (bounded by the averaging timeout) and apply it."""

@@ -19,6 +19,7 @@ import torch
 
 from p2ptrain.compression import wire_bytes
 from p2ptrain.optim import withdraw_progress
+from p2ptrain.roundstats import RoundReport
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
 
@@ -114,8 +115,10 @@ class GradientOptimizer(hivemind.Optimizer):
             return  # alone in the swarm: no round was attempted
         ok = maybe_step_control.done() and not maybe_step_control.cancelled() \
             and maybe_step_control.exception() is None
-        group_size = len(maybe_step_control.result()) if ok else 0
-        self.stats.record_round(ok, time.perf_counter() - started, group_size, self._payload_bytes)
+        report = RoundReport(ok=ok, duration=time.perf_counter() - started,
+                             group_size=len(maybe_step_control.result()) if ok else 0,
+                             peers_online=self.tracker.global_progress.num_peers, received_fraction=1.0)
+        self.stats.record_round(report, self._payload_bytes)
         if not ok:
             logger.warning("averaging round failed; applied local gradients instead")
 

@@ -14,6 +14,7 @@ from p2ptrain.daemon.builder import peer_seed
 from p2ptrain.daemon.smoothing import Ema, WindowRate
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.optim import warmup_cosine
+from p2ptrain.roundstats import RoundReport
 from p2ptrain.status import ROUND_DURATION_BUCKETS
 from p2ptrain.swarmstats import SwarmStats
 
@@ -68,11 +69,12 @@ def test_peer_seed_is_stable_and_distinct() -> None:
     assert 0 <= peer_seed("QmA") < 2**63
 
 
-def test_round_histogram_buckets() -> None:
+def test_round_histogram_buckets_and_traffic() -> None:
     stats = SwarmStats()
-    stats.record_round(True, 0.1, 2, 1000)
-    stats.record_round(False, 1000.0, 0, 1000)
-    view = stats.view()
-    assert view.round_bucket_counts[0] == 1 and view.round_bucket_counts[len(ROUND_DURATION_BUCKETS)] == 1
-    assert view.rounds_ok == 1 and view.rounds_failed == 1 and view.last_group_size == 2
-    assert view.bytes_sent > 0
+    stats.record_round(RoundReport(ok=True, duration=0.1, group_size=2, peers_online=2, received_fraction=1.0), 1000)
+    stats.record_round(RoundReport(ok=False, duration=1000.0, group_size=0, peers_online=2,
+                                   received_fraction=0.0), 1000)
+    rounds = stats.rounds.figures()
+    assert rounds.duration_bucket_counts[0] == 1 and rounds.duration_bucket_counts[len(ROUND_DURATION_BUCKETS)] == 1
+    assert rounds.rounds_ok == 1 and rounds.rounds_failed == 1 and rounds.last_group_size == 2
+    assert stats.view().bytes_sent == 1000  # 2 x payload x (n-1)/n for a pair

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 
+from p2ptrain.roundstats import RoundReport
 from p2ptrain.status import ROUND_DURATION_BUCKETS
 from p2ptrain.swarmstats import SwarmStats
 
@@ -19,28 +20,31 @@ def test_readings_are_consistent_while_two_threads_record_rounds() -> None:
     torn: list[str] = []
 
     def writer(ok: bool) -> None:
+        report = RoundReport(ok=ok, duration=1.0, group_size=3, peers_online=3, received_fraction=1.0)
         for _ in range(ROUNDS_PER_WRITER):
-            stats.record_round(ok, 1.0, 3, 300)
+            stats.record_round(report, 300)
 
     writers = [threading.Thread(target=writer, args=(ok,)) for ok in (True, False)]
     try:
         for thread in writers:
             thread.start()
         while any(thread.is_alive() for thread in writers) and not torn:
-            view = stats.view()
-            rounds = view.rounds_ok + view.rounds_failed
-            if sum(view.round_bucket_counts) != rounds or view.round_duration_sum != float(rounds):
-                torn.append(f"{view}")
-            if view.bytes_sent != 400 * view.rounds_ok:
-                torn.append(f"{view}")
+            rounds = stats.rounds.figures()
+            total = rounds.rounds_total
+            if sum(rounds.duration_bucket_counts) != total or rounds.duration_sum != float(total) \
+                    or sum(rounds.received_bucket_counts) != rounds.rounds_ok + rounds.rounds_partial:
+                torn.append(f"{rounds}")
+            if stats.view().bytes_sent % 400:
+                torn.append(f"{stats.view()}")
     finally:
         for thread in writers:
             thread.join()
         sys.setswitchinterval(previous_interval)
     assert not torn, torn[0]
-    final = stats.view()
+    final = stats.rounds.figures()
     assert final.rounds_ok == final.rounds_failed == ROUNDS_PER_WRITER
-    assert final.round_bucket_counts[ROUND_DURATION_BUCKETS.index(1.0)] == 2 * ROUNDS_PER_WRITER
+    assert final.duration_bucket_counts[ROUND_DURATION_BUCKETS.index(1.0)] == 2 * ROUNDS_PER_WRITER
+    assert stats.view().bytes_sent == 400 * ROUNDS_PER_WRITER
 
 
 def test_downloads_are_counted_with_their_time_and_progress_cleared() -> None:
