@@ -149,10 +149,12 @@ def test_restart_resumes_epoch_and_data_position(make_node):
     assert second["epoch"] == 6
     consumed = second["samples_processed"] - first["samples_processed"]
     position_1, position_2 = first["data_position"], second["data_position"]
-    assert position_2["epoch"] == position_1["epoch"]  # a short run stays inside one pass over the data
-    # The stream position counts sequences: it continued exactly where the checkpoint left it.
-    assert position_2["index"] - position_1["index"] == consumed > 0, (position_1, position_2, consumed)
-    assert "resumed from checkpoint" in a.log_path.read_text()
+    assert position_2["pass"] == position_1["pass"]  # a short run stays inside one pass over the data
+    # The stream went on from the saved position (exact resumption is unit-tested on the stream): it
+    # drew at least one window per sequence trained since, and did not start the pass afresh.
+    assert position_2["draws"] - position_1["draws"] >= consumed > 0, (position_1, position_2, consumed)
+    log = a.log_path.read_text()
+    assert "resumed from checkpoint" in log and "starting pass" not in log
 
 
 def test_node_with_another_model_is_refused(make_node):
