@@ -69,6 +69,104 @@ def test_env_overrides_give_a_config_or_one_line(environ):
         _one_line(error)
 
 
+def _numeric_fields() -> list[tuple[str, str, type, float, float, bool]]:
+    """(section, key, int or float, low, high, low is inclusive) of every numeric config field."""
+    found = []
+    for section, section_field in NodeConfig.model_fields.items():
+        for key, field in section_field.annotation.model_fields.items():
+            if field.annotation not in (int, float):
+                continue
+            bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in field.metadata}
+            low = bounds.get("Ge", bounds.get("Gt"))
+            high = bounds.get("Le", bounds.get("Lt"))
+            found.append((section, key, field.annotation, low, high, "Ge" in bounds))
+    return found
+
+
+NUMERIC_FIELDS = _numeric_fields()
+
+
+def test_every_numeric_field_is_bounded_on_both_sides():
+    assert len(NUMERIC_FIELDS) > 30
+    unbounded = [f"{s}.{k}" for s, k, _, low, high, _ in NUMERIC_FIELDS if low is None or high is None]
+    assert unbounded == []
+
+
+def _toml_literal(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+@st.composite
+def bad_numbers(draw):
+    """A numeric field and a value it must refuse, with the words the refusal must contain."""
+    section, key, kind, low, high, _ = draw(st.sampled_from(NUMERIC_FIELDS))
+    choice = draw(st.sampled_from(["above", "below", "non-finite", "bool", "text", "float-for-int"]))
+    if choice == "above":
+        value = draw(st.integers(int(high) + 1, 2**80)) if kind is int else draw(
+            st.floats(min_value=high, exclude_min=True, allow_infinity=False, allow_nan=False))
+        words = "less than"
+    elif choice == "below":
+        value = draw(st.integers(-(2**80), math.ceil(low) - 1)) if kind is int else draw(
+            st.floats(max_value=low, exclude_max=True, allow_infinity=False, allow_nan=False))
+        words = "greater than"
+    elif choice == "non-finite":
+        value = draw(st.sampled_from([math.inf, -math.inf, math.nan]))
+        words = "finite number" if kind is float else "valid integer"
+    elif choice == "bool":
+        value, words = draw(st.booleans()), "valid"
+    elif choice == "text":
+        value, words = str(draw(st.integers(0, 10))), "valid"
+    else:
+        value = draw(st.floats(min_value=1.0, max_value=8.0)) if kind is int else draw(st.sampled_from([True]))
+        words = "valid"
+    return section, key, value, words
+
+
+@settings(max_examples=EXAMPLES * 2, deadline=None)
+@given(bad_numbers(), st.booleans())
+def test_numbers_out_of_bounds_or_of_the_wrong_type_name_the_field(case, from_env):
+    section, key, value, words = case
+    if from_env:
+        data, environ = {}, {f"P2PTRAIN_{section.upper()}__{key.upper()}": _toml_literal(value)}
+    else:
+        data, environ = {section: {key: value}}, {}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, "f.toml", environ=environ)
+    message = str(caught.value)
+    _one_line(caught.value)
+    assert message.startswith(f"f.toml: {section}.{key}: "), message
+    assert words in message, message
+
+
+@st.composite
+def good_numbers(draw):
+    section, key, kind, low, high, low_inclusive = draw(st.sampled_from(NUMERIC_FIELDS))
+    if kind is int:
+        value = draw(st.integers(int(low) if low_inclusive else int(low) + 1, int(high)))
+    else:
+        value = draw(st.floats(min_value=low, max_value=high, exclude_min=not low_inclusive,
+                               exclude_max=(section, key) in {("task", "validation_fraction"),
+                                                              ("training", "outer_momentum")}))
+    extra = {}
+    if (section, key) == ("task", "d_model"):
+        extra = {"n_heads": 1}
+    elif (section, key) == ("task", "n_heads"):
+        extra = {"d_model": value}
+    return section, key, value, extra
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(good_numbers())
+def test_numbers_in_bounds_are_accepted(case):
+    section, key, value, extra = case
+    config = parse_config({section: {key: value, **extra}}, "f.toml", environ={})
+    assert getattr(getattr(config, section), key) == value
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
 def test_config_files_give_a_config_or_one_line(tmp_path: Path, raw):
