@@ -36,8 +36,8 @@ def _storage_node(make_node, name: str, tmp_path) -> WrappedNode:
     node = WrappedNode(base.name, base.workdir, base.run_id + name, base.overrides)
     ckpt = node.state_dir / "checkpoints"
     ckpt.mkdir(parents=True)
-    node.prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                   f'mount -t tmpfs -o size=4m p2ptrain-chaos "{ckpt}" && exec "$@"', "p2ptrain-node"]
+    node.command_prefix = ("unshare", "-m", "--propagation", "private", "sh", "-c",
+                           f'mount -t tmpfs -o size=4m p2ptrain-chaos "{ckpt}" && exec "$@"', "p2ptrain-node")
     base.process = None  # the fixture stops ``base``; this wrapper is stopped by the test
     return node
 

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from p2ptrain.waiting import wait_until
+
 TMUX = shutil.which("tmux")
 
 
@@ -35,13 +37,12 @@ class Terminal:
         self.tmux("send-keys", "-t", "top", *keys)
 
     def wait_for(self, condition: Callable[[str], bool], timeout: float = 15.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def matching() -> str | None:
             text = self.screen()
-            if condition(text):
-                return text
-            time.sleep(0.1)
-        raise AssertionError(f"screen never matched; last screen:\n{self.screen()}")
+            return text if condition(text) else None
+
+        return wait_until(matching, timeout, "matching screen", interval=0.1,
+                          detail=lambda: f"last screen:\n{self.screen()}")
 
     def alive(self) -> bool:
         return subprocess.run([*self.base, "has-session", "-t", "top"], capture_output=True,
