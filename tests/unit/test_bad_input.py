@@ -184,7 +184,8 @@ def api():
     latest.publish(StatusSnapshot(state="training", taken_at=time.time()))
     control = ControlQueue(maxsize=4)
     server = ApiServer(host="127.0.0.1", port=0, latest=latest, logs=LogRing(capacity=20), control=control,
-                       registry=build_registry(latest), token=TOKEN, request_timeout=2.0)
+                       registry=build_registry(latest), token=TOKEN, request_timeout=2.0,
+                       client_rate=1e6, client_burst=10**6)  # pacing has its own tests; fuzz at full speed
     server.start()
     yield server, control
     server.stop()
@@ -207,7 +208,7 @@ def _status_code(response: bytes) -> int:
 
 
 def _still_serving(server: ApiServer) -> None:
-    response = _raw(server, b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    response = _raw(server, b"GET /api/v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     assert _status_code(response) == 200, response[:200]
 
 
@@ -217,14 +218,21 @@ paths = st.sampled_from(["/api/v1/status", "/api/v1/peers", "/api/v1/logs?limit=
     alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=60).map(lambda t: "/" + t)
 
 
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "127.0.0.1:41480", "localhost:1", "[::1]", "[::1]:41480", "127.9.8.7"]
+hosts = st.sampled_from(LOOPBACK_HOSTS) | st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126),
+                                                  max_size=30)
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(methods, paths, st.binary(max_size=2000) | st.text(max_size=200).map(str.encode), st.booleans())
-def test_api_answers_garbage_with_4xx_and_keeps_serving(api, method, path, body, with_token):
+@given(methods, paths, st.binary(max_size=2000) | st.text(max_size=200).map(str.encode), st.booleans(), hosts)
+def test_api_answers_garbage_with_4xx_and_keeps_serving(api, method, path, body, with_token, host):
     server, control = api
     auth = f"Authorization: Bearer {TOKEN}\r\n" if with_token else ""
-    request = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}"
+    request = (f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{auth}"
                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     code = _status_code(_raw(server, request))
+    if host not in LOOPBACK_HOSTS and not host.lower().startswith(("localhost", "127.", "[::1]")):
+        assert code in (400, 421), (host, code)  # never an answer to a request addressed elsewhere
     while control.drain():  # a valid pause request may be accepted; keep the queue from filling
         pass
     # 501 is the right answer to a method HTTP does not define; anything else must be a 4xx at worst.
@@ -236,12 +244,13 @@ def test_api_answers_garbage_with_4xx_and_keeps_serving(api, method, path, body,
 
 def test_api_huge_bodies_slow_clients_and_bad_json(api):
     server, _ = api
-    huge = _raw(server, (f"POST /api/v1/control/pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+    huge = _raw(server, (f"POST /api/v1/control/pause HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\n"
                          f"Content-Length: {50 * 2**20}\r\n\r\n").encode() + b"x" * 4096)
     assert _status_code(huge) == 413
     for bad in (b"{", b"[1,2]", b'{"duration": "soon"}', b'{"duration": -1}', b'{"duration": 1e999}', b"\xff\xfe"):
-        response = _raw(server, (f"POST /api/v1/control/pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-                                 f"Content-Length: {len(bad)}\r\nConnection: close\r\n\r\n").encode() + bad)
+        response = _raw(server, (f"POST /api/v1/control/pause HTTP/1.1\r\nHost: localhost\r\n"
+                                 f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(bad)}\r\n"
+                                 "Connection: close\r\n\r\n").encode() + bad)
         assert 400 <= _status_code(response) < 500, (bad, response[:200])
         assert json.loads(response.split(b"\r\n\r\n", 1)[1])["error"]
     # Slow clients (a few bytes, then silence) hold a connection each until the request timeout,
