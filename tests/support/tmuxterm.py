@@ -37,12 +37,12 @@ class Terminal:
         self.tmux("send-keys", "-t", "top", *keys)
 
     def wait_for(self, condition: Callable[[str], bool], timeout: float = 15.0) -> str:
-        def matching() -> str | None:
+        def matching() -> tuple[str] | None:  # a tuple: an empty screen (the session ended) may match
             text = self.screen()
-            return text if condition(text) else None
+            return (text,) if condition(text) else None
 
         return wait_until(matching, timeout, "matching screen", interval=0.1,
-                          detail=lambda: f"last screen:\n{self.screen()}")
+                          detail=lambda: f"last screen:\n{self.screen()}")[0]
 
     def alive(self) -> bool:
         return subprocess.run([*self.base, "has-session", "-t", "top"], capture_output=True,
