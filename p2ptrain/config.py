@@ -376,7 +376,8 @@ def _is_text(section: str, key: str) -> bool:
     if field is None:
         return False
     annotation = field.annotation
-    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    is_union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    options = typing.get_args(annotation) if is_union else (annotation,)
     return any(option in (str, Path) for option in options)
 
 

@@ -175,6 +175,9 @@ def test_env_overrides_keep_strict_types() -> None:
     assert config.training.averaging_timeout == 20.0
     assert config.swarm.run_id == "2024"  # a text field keeps the text, though it reads as a number
     assert config.api.host == "::1" and config.node.state_dir == Path("/tmp/p2ptrain-env-state")
+    numeric_names = parse_config({}, "env", {"P2PTRAIN_NODE__STATE_DIR": "2024"})
+    assert numeric_names.node.state_dir == Path("2024")
+    assert "task.entrypoint: must look like" in _config_error({"P2PTRAIN_TASK__ENTRYPOINT": "true"})
     for name, raw, expected in (
         ("P2PTRAIN_TRAINING__BATCH_SIZE", "true", "training.batch_size: Input should be a valid integer (got True)"),
         ("P2PTRAIN_TRAINING__BATCH_SIZE", '"8"', "training.batch_size: Input should be a valid integer (got '8')"),
@@ -185,6 +188,12 @@ def test_env_overrides_keep_strict_types() -> None:
     ):
         with pytest.raises(ConfigError, match=f"^env: {re.escape(expected)}"):
             parse_config({}, "env", {name: raw})
+
+
+def _config_error(environ: dict[str, str]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({}, "env", environ)
+    return str(caught.value)
 
 
 def test_bad_env_override_names_the_field() -> None:
