@@ -1,31 +1,35 @@
-"""The node's local HTTP API: /metrics, /healthz and /api/v1/... served from background threads.
+"""The node's local HTTP API: /metrics, /healthz and /api/v1/..., what each request means and who may ask.
 
 Handlers only read the latest snapshot, the log ring and the metric registry, and only enqueue
-control requests, so nothing here can block or crash the training loop.  Every socket has a
-timeout, bodies are capped, concurrent connections are bounded, and every error becomes a JSON
-``{"error": ...}`` with a 4xx/5xx status instead of an exception.
+control requests, so nothing here can block or crash the training loop.  The connection handling
+(deadlines, caps, size limits) is :mod:`p2ptrain.daemon.httpserver`'s; this module adds what keeps
+readers from costing the loop more than a bounded share: rendered answers are cached for a moment
+(``cache_seconds``, and never past a newer snapshot), and each client is paced
+(:mod:`p2ptrain.daemon.ratelimit`, ``429`` with ``Retry-After`` when far over its rate).  On a
+loopback bind only requests addressed to a loopback name are answered (no DNS rebinding from a
+browser).  Every error is a JSON ``{"error": ...}`` with a 4xx/5xx status.
 """
 
 from __future__ import annotations
 
-import http.server
+import asyncio
 import ipaddress
 import json
 import logging
 import math
-import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from p2ptrain import health
 from p2ptrain.daemon.auth import token_matches
 from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
+from p2ptrain.daemon.httpserver import HttpServer, Limits, Request, Response, error_response, json_response
 from p2ptrain.daemon.logbuffer import LogRing
+from p2ptrain.daemon.ratelimit import ClientLimiter
 from p2ptrain.status import LatestSnapshot
 
 logger = logging.getLogger(__name__)
@@ -34,6 +38,7 @@ MAX_BODY_BYTES = 4096
 MAX_LOG_LINES = 2000
 #: Longest pause the API accepts (30 days); longer ones are almost certainly a unit mistake.
 MAX_PAUSE_SECONDS = 30 * 24 * 3600.0
+CONTROL_PREFIX = "/api/v1/control/"
 CONTROL_COMMANDS = {c.value: c for c in (Command.PAUSE, Command.RESUME, Command.CHECKPOINT, Command.LEAVE)}
 GET_PATHS = frozenset({"/metrics", "/healthz", "/api/v1/status", "/api/v1/peers", "/api/v1/logs"})
 OPEN_PATHS = frozenset({"/metrics", "/healthz"})  # never need the token, even off loopback
@@ -52,7 +57,7 @@ class ApiError(Exception):
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
+    if host.lower().rstrip(".") == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -60,158 +65,26 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost: assume it is reachable from outside
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False  # stop() must not wait for a client that never reads
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], api: ApiServer, max_connections: int) -> None:
-        self.api = api
-        self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            # Over the connection cap: refuse at once instead of queueing behind slow clients.
-            try:
-                request.settimeout(0.5)
-                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Connection: close\r\n\r\n{\"error\": \"too many connections\"}\n")
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # socketserver would print a traceback to stderr; a misbehaving client is not news.
-        logger.debug("API connection from %s ended with an error", client_address, exc_info=True)
+def host_header_is_loopback(value: str) -> bool:
+    """``Host: localhost``, ``127.0.0.1:41480``, ``[::1]:41480``... (a port is optional)."""
+    if value.startswith("["):
+        address, bracket, rest = value[1:].partition("]")
+        if not bracket or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return False
+        return ":" in address and is_loopback(address)
+    name, _, port = value.partition(":")
+    return (not port or port.isdigit()) and is_loopback(name)
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.0"
-    # Answer even an unparsable request line with a status line and headers (not bare HTTP/0.9).
-    default_request_version = "HTTP/1.0"
-    server_version = "p2ptrain"
-    sys_version = ""
-
-    def setup(self) -> None:
-        self.timeout = self.server.api.request_timeout  # socket timeout for every read and write
-        super().setup()
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        logger.debug("API %s %s", self.address_string(), format % args)
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        # Used by the stdlib for malformed request lines, oversized headers and unknown methods.
-        self._send_json(code, {"error": message or http.HTTPStatus(code).phrase})
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
-    def do_OPTIONS(self) -> None:
-        self._dispatch("OPTIONS")
-
-    def _dispatch(self, method: str) -> None:
-        api = self.server.api
-        try:
-            parts = urlsplit(self.path)
-            path = parts.path.rstrip("/") or "/"
-            if path in GET_PATHS:
-                allowed = "GET"
-            elif path.startswith("/api/v1/control/") and path.rsplit("/", 1)[-1] in CONTROL_COMMANDS:
-                allowed = "POST"
-            else:
-                raise ApiError(404, f"no such endpoint: {path}")
-            if method != allowed:
-                raise ApiError(405, f"{method} not allowed on {path}; use {allowed}", {"Allow": allowed})
-            if allowed == "POST" or (path not in OPEN_PATHS and not api.loopback):
-                self._require_token()
-            if allowed == "POST":
-                status, body = api.control(path.rsplit("/", 1)[-1], self._read_body())
-            else:
-                status, body = api.get(path, parts.query)
-            if isinstance(body, bytes):
-                self._send(status, body, METRICS_CONTENT_TYPE)
-            else:
-                self._send_json(status, body)
-        except ApiError as exc:
-            if exc.status == 413:
-                self.close_connection = True  # the unread body must not be parsed as the next request
-            self._send_json(exc.status, {"error": exc.message}, exc.headers)
-        except OSError:
-            self.close_connection = True  # the client went away or stopped reading; nothing to answer
-        except Exception:
-            logger.exception("API handler failed for %s %s", method, self.path)
-            self._send_json(500, {"error": "internal error"})
-
-    def _require_token(self) -> None:
-        api = self.server.api
-        if not api.token:
-            raise ApiError(403, "this endpoint needs a token and the node has none configured")
-        if not token_matches(api.token, self.headers.get("Authorization")):
-            raise ApiError(401, "missing or wrong bearer token (see <state_dir>/api.token)",
-                           {"WWW-Authenticate": 'Bearer realm="p2ptrain"'})
-
-    def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            raise ApiError(411, "send the body with a Content-Length, not chunked")
-        raw = self.headers.get("Content-Length", "0").strip() or "0"
-        if not (raw.isascii() and raw.isdigit()):
-            raise ApiError(400, f"bad Content-Length: {raw[:40]!r}")
-        length = int(raw)
-        if length > MAX_BODY_BYTES:
-            raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes")
-        return self.rfile.read(length) if length else b""
-
-    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        body = (json.dumps(payload, allow_nan=False, default=str) + "\n").encode("utf-8")
-        self._send(status, body, "application/json", headers)
-
-    def _send(self, status: int, body: bytes, content_type: str,
-              headers: dict[str, str] | None = None) -> None:
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-        except OSError:
-            self.close_connection = True
+def route(path: str) -> tuple[str, str | None]:
+    """(the method a path takes, its control command); ApiError 404 for anything else.  A control
+    command is exactly ``/api/v1/control/<command>``: nothing in between."""
+    if path in GET_PATHS:
+        return "GET", None
+    command = path.removeprefix(CONTROL_PREFIX)
+    if path.startswith(CONTROL_PREFIX) and command in CONTROL_COMMANDS:
+        return "POST", command
+    raise ApiError(404, f"no such endpoint: {path[:200]}")
 
 
 def _json_safe(value: Any) -> Any:
@@ -225,8 +98,29 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+class RenderCache:
+    """Rendered answers, reused while they are younger than ``max_age`` and the snapshot behind them
+    is still the newest one: any number of readers cost at most a few renders per second."""
+
+    def __init__(self, max_age: float, clock: Callable[[], float]) -> None:
+        self.max_age = max_age
+        self.clock = clock
+        self._entries: dict[str, tuple[object, float, Response]] = {}
+        self.renders = 0
+
+    def get(self, name: str, source: object, render: Callable[[], Response]) -> Response:
+        now = self.clock()
+        entry = self._entries.get(name)
+        if entry is not None and entry[0] is source and now - entry[1] < self.max_age:
+            return entry[2]
+        response = render()
+        self.renders += 1
+        self._entries[name] = (source, now, response)
+        return response
+
+
 class ApiServer:
-    """Owns the listening socket and its threads; the node calls :meth:`start` and :meth:`stop`."""
+    """Owns the listening socket and its thread; the node calls :meth:`start` and :meth:`stop`."""
 
     def __init__(
         self,
@@ -240,9 +134,17 @@ class ApiServer:
         token: str | None,
         clock: Callable[[], float] = time.time,
         request_timeout: float = 10.0,
-        max_connections: int = 32,
+        max_connections: int = 256,
+        max_client_connections: int = 64,
         max_snapshot_age: float = health.DEFAULT_MAX_SNAPSHOT_AGE,
         max_progress_age: float = health.DEFAULT_MAX_PROGRESS_AGE,
+        client_rate: float = 20.0,
+        client_burst: int = 40,
+        health_rate: float = 50.0,
+        health_burst: int = 100,
+        max_queue_wait: float = 1.0,
+        cache_seconds: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
         self.latest = latest
@@ -251,18 +153,25 @@ class ApiServer:
         self.registry = registry
         self.token = token or ""
         self.clock = clock
-        self.request_timeout = request_timeout
         self.max_snapshot_age = max_snapshot_age
         self.max_progress_age = max_progress_age
         self.loopback = is_loopback(host)
-        server_cls = _Server6 if ":" in host else _Server
-        # Binding happens here so a taken port fails the node's start with a clear OSError.
-        self._server = server_cls((host, port), self, max_connections)
-        self._thread: threading.Thread | None = None
+        self.cache = RenderCache(cache_seconds, monotonic)
+        self.read_limit = ClientLimiter(client_rate, client_burst, max_queue_wait, clock=monotonic)
+        self.health_limit = ClientLimiter(health_rate, health_burst, max_queue_wait, clock=monotonic)
+        limits = Limits(request_timeout=request_timeout, max_body_bytes=MAX_BODY_BYTES,
+                        max_connections=max_connections, max_client_connections=max_client_connections,
+                        over_cap_timeout=min(1.0, request_timeout))
+        try:
+            # Binding happens here so a bad address or a taken port fails the node's start, naming the field.
+            self._server = HttpServer(host, port, self._handle, limits, logger)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise OSError(f"api.host/api.port: cannot listen on {host}:{port}: {reason}") from None
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.port
 
     @property
     def url(self) -> str:
@@ -277,33 +186,87 @@ class ApiServer:
         return f"http://{host}:{self.port}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="p2ptrain-api", daemon=True)
-        self._thread.start()
+        self._server.start()
         logger.info("API listening on %s%s", self.url, "" if self.loopback else " (token required)")
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self._server.server_close()
+        self._server.stop()
 
-    # -- endpoint logic (no HTTP details below this line) --
+    # -- one request ------------------------------------------------------------------------------
 
-    def get(self, path: str, query: str) -> tuple[int, Any]:
-        if path == "/metrics":
-            return 200, generate_latest(self.registry)
+    async def _handle(self, request: Request) -> Response:
+        try:
+            response = await self._answer(request)
+        except ApiError as error:
+            response = error_response(error.status, error.message, error.headers)
+        except Exception:
+            logger.exception("API handler failed for %s %s", request.method, request.target[:200])
+            response = error_response(500, "internal error")
+        logger.debug("API %s %s %s -> %d", request.client, request.method, request.target[:200], response.status)
+        return response
+
+    async def _answer(self, request: Request) -> Response:
+        path = request.path.rstrip("/") or "/"
+        self._check_host(request)
+        is_health = path == "/healthz"
+        if request.over_cap and not is_health:
+            raise ApiError(503, f"too many open connections from {request.client}", {"Retry-After": "1"})
+        limiter = self.health_limit if is_health else self.read_limit
+        admission = limiter.admit(request.client)
+        if admission.wait > 0:
+            await asyncio.sleep(admission.wait)
+        if admission.refused:
+            rate = 1.0 / limiter.interval
+            raise ApiError(429, f"too many requests from {request.client} (at most {rate:g} per second)",
+                           {"Retry-After": str(admission.retry_after)})
+        allowed, command = route(path)
+        if request.method != allowed and not (allowed == "GET" and request.method == "HEAD"):
+            raise ApiError(405, f"{request.method} not allowed on {path}; use {allowed}", {"Allow": allowed})
+        if allowed == "POST" or (path not in OPEN_PATHS and not self.loopback):
+            self._require_token(request)
+        if command is not None:
+            status, payload = self.control(command, request.body)
+            return json_response(status, payload)
+        return self.get(path, request.query)
+
+    def _check_host(self, request: Request) -> None:
+        if not self.loopback:
+            return  # reachable from elsewhere by design: the token guards it
+        host = request.headers.get("host")
+        if host is None:
+            if request.version == "HTTP/1.0":
+                return  # an old-style client that names no host (browsers always send one)
+            raise ApiError(400, "HTTP/1.1 request without a Host header")
+        if not host_header_is_loopback(host):
+            raise ApiError(421, f"Host {host[:100]!r} is not a loopback name; this API answers only requests "
+                                "addressed to localhost, 127.0.0.1 or [::1] (protection against DNS rebinding)")
+
+    def _require_token(self, request: Request) -> None:
+        if not self.token:
+            raise ApiError(403, "this endpoint needs a token and the node has none configured")
+        if not token_matches(self.token, request.headers.get("authorization")):
+            raise ApiError(401, "missing or wrong bearer token (see <state_dir>/api.token)",
+                           {"WWW-Authenticate": 'Bearer realm="p2ptrain"'})
+
+    # -- endpoint logic (no HTTP details below this line) -------------------------------------------
+
+    def get(self, path: str, query: str) -> Response:
         if path == "/healthz":
             status = self.latest.status()
             verdict = health.evaluate(status, self.clock(), max_snapshot_age=self.max_snapshot_age,
                                       max_progress_age=self.max_progress_age)
-            return (200 if verdict.healthy else 503), {**verdict.to_dict(), "state": status.state}
+            return json_response(200 if verdict.healthy else 503, {**verdict.to_dict(), "state": status.state})
+        if path == "/metrics":
+            # Keyed by the status snapshot: the node publishes its swarm view together with it.
+            return self.cache.get("metrics", self.latest.status(), lambda: Response(
+                200, generate_latest(self.registry), METRICS_CONTENT_TYPE))
         if path == "/api/v1/status":
-            return 200, _json_safe(self.latest.status().to_dict())
+            snapshot = self.latest.status()
+            return self.cache.get("status", snapshot, lambda: json_response(200, _json_safe(snapshot.to_dict())))
         if path == "/api/v1/peers":
-            return 200, _json_safe(self.latest.swarm().to_dict())
-        return self._logs(query)
+            view = self.latest.swarm()
+            return self.cache.get("peers", view, lambda: json_response(200, _json_safe(view.to_dict())))
+        return json_response(*self._logs(query))
 
     def _logs(self, query: str) -> tuple[int, Any]:
         try:

@@ -20,6 +20,11 @@ from p2ptrain.errors import EX_CONFIG, ConfigError  # not p2ptrain.config: no py
 
 Handler = Callable[[argparse.Namespace], int]
 
+#: What ``p2ptrain --help`` says the program is (the module docstring describes this module).
+DESCRIPTION = ("p2ptrain: an elastic peer-to-peer training daemon for volunteer compute. Each machine runs "
+               "one node; nodes find each other through a DHT, train the same model on their own data and "
+               "average with whoever is online.")
+
 
 def _lazy(target: str) -> Handler:
     """``"module:function"`` imported on first call."""
@@ -69,7 +74,7 @@ def _duration(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="p2ptrain", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="p2ptrain", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"p2ptrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 

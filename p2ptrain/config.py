@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -18,21 +19,30 @@ from typing import Annotated, Any, Literal
 from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from p2ptrain.config_checks import check_host, missing_data_path, unusable_directory
+
 # Re-exported (the "as" form): callers keep importing both from p2ptrain.config.
 from p2ptrain.errors import EX_CONFIG as EX_CONFIG
 from p2ptrain.errors import ConfigError as ConfigError
 from p2ptrain.paths import resolve_state_dir
+from p2ptrain.tomlfile import ENV_PREFIX as ENV_PREFIX
+from p2ptrain.tomlfile import env_overrides as _env_overrides
+from p2ptrain.tomlfile import read_toml, with_overrides
 
-ENV_PREFIX = "P2PTRAIN_"
 DEFAULT_SWARM_PORT = 41400
 DEFAULT_API_PORT = 41480
 
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-
+# Upper bounds: far above any real run, low enough that a typo (1e8 for 1e3) is caught here and
+# not as an out-of-memory kill, an overflow or a node that waits for a week.
+DAY = 86_400.0
+MAX_COUNT = 10**9  # epochs, steps, samples
+MAX_SEED = 2**63 - 1  # torch.manual_seed's range
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+    # strict: no silent coercion (bool -> int, "8" -> 8, 8.0 -> 8); allow_inf_nan=False: every float
+    # is finite.  Paths opt out of strictness field by field, since TOML spells them as strings.
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True,
+                              strict=True, allow_inf_nan=False)
 
 
 def parse_multiaddr(text: str, *, need_peer_id: bool = False) -> Multiaddr:
@@ -55,7 +65,7 @@ def _check_maddrs(values: list[str], *, need_peer_id: bool) -> list[str]:
 class NodeSection(_Section):
     """Where the node keeps its state and how it logs."""
 
-    state_dir: Path | None = None
+    state_dir: Annotated[Path | None, Field(strict=False)] = None
     """State directory (identity key, API token, checkpoints). Default: $STATE_DIRECTORY under systemd,
     else $XDG_STATE_HOME/p2ptrain (~/.local/state/p2ptrain)."""
 
@@ -96,7 +106,7 @@ class SwarmSection(_Section):
     use_auto_relay: bool = False
     """Look for relays automatically when this node is not reachable directly."""
 
-    bootstrap_timeout: PositiveFloat = 60.0
+    bootstrap_timeout: Annotated[float, Field(gt=0, le=DAY)] = 60.0
     """Seconds to keep retrying (with backoff) when no initial peer answers, before giving up."""
 
     run: str | None = None
@@ -104,7 +114,7 @@ class SwarmSection(_Section):
     [task], the run-wide [training] settings and run_id from the owner's signed manifest; set only local
     matters here. Unset: a plain run named by run_id."""
 
-    manifest: Path | None = None
+    manifest: Annotated[Path | None, Field(strict=False)] = None
     """A run manifest file (from the run's owner) to use instead of fetching it from the swarm; for runs
     without a swarm yet. Its signature is checked against swarm.run when that is set."""
 
@@ -178,10 +188,10 @@ class TaskSection(_Section):
     """Memory (MiB) this node gives to training and validation text, whatever the dataset's size. Bigger
     blocks mix the data better. Parquet row groups should be smaller than this."""
 
-    cache_dir: Path | None = None
+    cache_dir: Annotated[Path | None, Field(strict=False)] = None
     """Where shards downloaded from http(s) URLs are kept. Default: <state_dir>/data-cache."""
 
-    cache_max_mb: Annotated[int, Field(ge=0, strict=True)] = 0
+    cache_max_mb: Annotated[int, Field(ge=0, le=2**30, strict=True)] = 0
     """Keep the download cache under this many MiB, deleting the least recently used shards. 0: no limit."""
 
     download_attempts: Annotated[int, Field(ge=1, le=20, strict=True)] = 4
@@ -191,22 +201,22 @@ class TaskSection(_Section):
     download_timeout: Annotated[float, Field(gt=0, le=3600, strict=True)] = 60.0
     """Seconds without data after which one download try is abandoned."""
 
-    seq_len: PositiveInt = 128
+    seq_len: Annotated[int, Field(gt=0, le=65_536)] = 128
     """Tokens (bytes) per training sequence."""
 
-    d_model: PositiveInt = 128
+    d_model: Annotated[int, Field(gt=0, le=16_384)] = 128
     """Transformer width."""
 
-    n_layers: PositiveInt = 2
+    n_layers: Annotated[int, Field(gt=0, le=1_024)] = 2
     """Transformer blocks."""
 
-    n_heads: PositiveInt = 4
+    n_heads: Annotated[int, Field(gt=0, le=1_024)] = 4
     """Attention heads; must divide d_model."""
 
     validation_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.05
     """Share of files (chosen by path hash, the same on every node) held out for validation."""
 
-    validation_batches: PositiveInt = 8
+    validation_batches: Annotated[int, Field(gt=0, le=100_000)] = 8
     """Batches evaluated for each validation loss."""
 
     options: dict[str, Any] = {}
@@ -247,56 +257,56 @@ class TaskSection(_Section):
 class TrainingSection(_Section):
     """The optimizer, its schedule and how averaging with the swarm is paced."""
 
-    batch_size: PositiveInt = 8
+    batch_size: Annotated[int, Field(gt=0, le=65_536)] = 8
     """Sequences per local step (micro-batch)."""
 
-    target_batch_size: PositiveInt = 256
+    target_batch_size: Annotated[int, Field(gt=0, le=MAX_COUNT)] = 256
     """Sequences the whole swarm accumulates per optimizer epoch. Larger means fewer, bigger averaging
     rounds: aim for an epoch every 10-60 s of swarm time (at least ~5x the measured all-reduce time,
     or communication shows up in throughput). Gradient mode only; DiLoCo paces by inner_steps."""
 
-    lr: PositiveFloat = 1e-3
+    lr: Annotated[float, Field(gt=0, le=10)] = 1e-3
     """Peak AdamW learning rate."""
 
-    weight_decay: Annotated[float, Field(ge=0)] = 0.01
+    weight_decay: Annotated[float, Field(ge=0, le=10)] = 0.01
     """AdamW weight decay."""
 
-    warmup_epochs: Annotated[int, Field(ge=0)] = 10
+    warmup_epochs: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 10
     """Linear warmup length, in optimizer epochs."""
 
-    total_epochs: PositiveInt = 10_000
+    total_epochs: Annotated[int, Field(gt=0, le=MAX_COUNT)] = 10_000
     """Length of the cosine decay, in optimizer epochs."""
 
-    max_grad_norm: PositiveFloat = 1.0
+    max_grad_norm: Annotated[float, Field(gt=0, le=1e6)] = 1.0
     """Clip the local gradient to this L2 norm before it is accumulated."""
 
-    matchmaking_time: PositiveFloat = 5.0
+    matchmaking_time: Annotated[float, Field(gt=0, le=3_600.0)] = 5.0
     """Seconds to look for peers to average with before each round. The group is only closed when this
     window ends, so a round lasts at least this long; it starts this long before the round is due
     (overlapping compute) and costs nothing while epochs are longer than it. Make it ~3x the DHT round
     trip between peers: 0.5 s on loopback, 1-2 s on a LAN, 5+ s across the internet."""
 
-    averaging_timeout: PositiveFloat = 30.0
+    averaging_timeout: Annotated[float, Field(gt=0, le=DAY)] = 30.0
     """Seconds after which an averaging round is abandoned (the node goes on with local progress); a
     dead peer never stalls the others longer than this. Make it ~3x a measured round (status:
     last_round_duration) plus matchmaking_time."""
 
-    load_state_timeout: PositiveFloat = 60.0
+    load_state_timeout: Annotated[float, Field(gt=0, le=DAY)] = 60.0
     """Seconds to wait for one donor when downloading the swarm's state."""
 
-    load_state_attempts: PositiveInt = 3
+    load_state_attempts: Annotated[int, Field(gt=0, le=1_000)] = 3
     """Donors to try before continuing from the local checkpoint."""
 
-    threads: Annotated[int, Field(ge=0)] = 0
+    threads: Annotated[int, Field(ge=0, le=4_096)] = 0
     """Torch CPU threads; 0 means all cores."""
 
-    validate_every: PositiveFloat = 30.0
+    validate_every: Annotated[float, Field(gt=0, le=30 * DAY)] = 30.0
     """Seconds between validation-loss evaluations."""
 
-    max_epochs: Annotated[int, Field(ge=0)] = 0
+    max_epochs: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
     """Stop cleanly after this optimizer epoch; 0 trains until stopped."""
 
-    seed: int = 0
+    seed: Annotated[int, Field(ge=-MAX_SEED - 1, le=MAX_SEED)] = 0
     """Seed for model initialisation (must match across the swarm)."""
 
     mode: Literal["gradient", "diloco"] = "gradient"
@@ -322,22 +332,22 @@ class TrainingSection(_Section):
     DiLoCo mode: the outer round's all-reduce runs while the next inner steps compute; its outer step
     lands a few steps late, with the local progress made meanwhile kept on top."""
 
-    average_state_every: PositiveInt = 16
+    average_state_every: Annotated[int, Field(gt=0, le=1_000_000)] = 16
     """Gradient mode: epochs between parameter-averaging rounds, which only repair the drift left by
     failed gradient rounds (hivemind's default of 1 doubles the traffic)."""
 
-    inner_steps: PositiveInt = 100
+    inner_steps: Annotated[int, Field(gt=0, le=MAX_COUNT)] = 100
     """DiLoCo mode: inner AdamW steps (H) per outer round, for an average peer. A round ends for every
     peer at the same time, once the swarm has processed inner_steps x inner_batch_size sequences per
     peer on average: faster peers make more inner steps, slower ones fewer, each weighted by its
     samples. Pick it so one round takes at least ~30x the all-reduce time of the model on the slowest
     peer's link (e.g. 20 s+ on home links)."""
 
-    inner_batch_size: Annotated[int, Field(ge=0)] = 0
+    inner_batch_size: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
     """DiLoCo mode: sequences per inner AdamW step, accumulated over micro-batches of batch_size (a
     multiple of batch_size); larger batches pay the optimizer step less often. 0: batch_size."""
 
-    outer_lr: PositiveFloat = 0.7
+    outer_lr: Annotated[float, Field(gt=0, le=100)] = 0.7
     """DiLoCo mode: learning rate of the outer SGD step applied to the averaged pseudo-gradient."""
 
     outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
@@ -357,13 +367,13 @@ class TrainingSection(_Section):
 class CheckpointSection(_Section):
     """Local checkpoints: written atomically, the last ``keep`` retained."""
 
-    dir: Path | None = None
+    dir: Annotated[Path | None, Field(strict=False)] = None
     """Checkpoint directory. Default: <state_dir>/checkpoints."""
 
-    interval: PositiveFloat = 300.0
+    interval: Annotated[float, Field(gt=0, le=30 * DAY)] = 300.0
     """Seconds between periodic checkpoints (one is always written on a clean stop)."""
 
-    keep: PositiveInt = 3
+    keep: Annotated[int, Field(gt=0, le=10_000)] = 3
     """Checkpoints kept; older ones are deleted once a newer one is complete."""
 
 
@@ -380,6 +390,11 @@ class ApiSection(_Section):
     port: Annotated[int, Field(ge=0, le=65535)] = DEFAULT_API_PORT
     """TCP port; 0 picks a free one (written to <state_dir>/api.url)."""
 
+    @field_validator("host")
+    @classmethod
+    def _host_syntax(cls, value: str) -> str:
+        return check_host(value)
+
 
 class VolunteerSection(_Section):
     """Volunteer controls (like BOINC's preferences): when the node may train. Reloadable with SIGHUP.
@@ -389,7 +404,7 @@ class VolunteerSection(_Section):
     """Train only inside these local-time windows, e.g. ["22:00-07:00"] or ["Mon-Fri 19:00-08:00",
     "Sat,Sun 00:00-24:00"]. A window may cross midnight; days name the day it starts. Empty: always."""
 
-    busy_load_threshold: Annotated[float, Field(ge=0)] = 0.0
+    busy_load_threshold: Annotated[float, Field(ge=0, le=1_000)] = 0.0
     """Pause while the 1-minute load average per CPU core, less the node's own share, is above this
     (e.g. 0.5). 0 disables."""
 
@@ -400,27 +415,27 @@ class VolunteerSection(_Section):
     busy_resume_ratio: Annotated[float, Field(gt=0, le=1)] = 0.75
     """Hysteresis: a busy pause ends only once the load is below threshold * this ratio."""
 
-    busy_hold_seconds: Annotated[float, Field(ge=0)] = 300.0
+    busy_hold_seconds: Annotated[float, Field(ge=0, le=DAY)] = 300.0
     """A busy pause lasts at least this long, and the machine must stay quiet this long before
     training resumes."""
 
-    max_cpu_percent: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
+    max_cpu_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
     """Use at most this percentage of the machine's CPU time (all its cores: 25 on a 4-core machine is
     one core's worth), like BOINC's "use at most N% of CPU time". The node idles between training
     steps so its whole process tree (helpers and p2p daemon included) stays within it. 0 or 100: no
     limit. For a hard limit use systemd's CPUQuota= (per core: CPUQuota=100% is one core)."""
 
-    max_memory_mb: Annotated[int, Field(ge=0)] = 0
+    max_memory_mb: Annotated[int, Field(ge=0, le=2**30)] = 0
     """Resident memory (MiB) above which the node pauses training and logs a warning. 0: unlimited.
     For a hard limit use systemd's MemoryMax= on the unit."""
 
-    upload_kbps: Annotated[int, Field(ge=0)] = 0
+    upload_kbps: Annotated[int, Field(ge=0, le=10**9)] = 0
     """Upload bandwidth hint in kilobits/s. Not a cap: the slower of upload_kbps/download_kbps is given to
     hivemind's averager as this node's relative bandwidth, so it reduces a smaller share of each
     all-reduce than faster peers (peers without a hint count as the group's average). 0: no hint.
     To enforce a limit use a traffic shaper (tc) or systemd's IPAccounting/cgroup controls."""
 
-    download_kbps: Annotated[int, Field(ge=0)] = 0
+    download_kbps: Annotated[int, Field(ge=0, le=10**9)] = 0
     """Download bandwidth hint in kilobits/s; a hint like upload_kbps, not a cap. 0: no hint."""
 
     @field_validator("run_windows")
@@ -452,34 +467,22 @@ class NodeConfig(_Section):
         return self.checkpoint.dir if self.checkpoint.dir is not None else self.state_dir() / "checkpoints"
 
 
-def _parse_env_value(raw: str) -> Any:
-    """Env values are TOML literals when they parse as one (numbers, booleans, arrays), else strings."""
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
+def _is_text(section: str, key: str) -> bool:
+    """Whether ``[section] key`` holds text (a string or a path), so an env override keeps its text."""
+    section_field = NodeConfig.model_fields.get(section)
+    model = section_field.annotation if section_field is not None else None
+    field = model.model_fields.get(key) if isinstance(model, type) and issubclass(model, BaseModel) else None
+    if field is None:
+        return False
+    annotation = field.annotation
+    is_union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    options = typing.get_args(annotation) if is_union else (annotation,)
+    return any(option in (str, Path) for option in options)
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """Collect ``P2PTRAIN_<SECTION>__<KEY>=value`` into ``{section: {key: value}}``."""
-    overrides: dict[str, dict[str, Any]] = {}
-    for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        section, _, key = name[len(ENV_PREFIX) :].partition("__")
-        if not section or not key:
-            raise ConfigError(f"environment variable {name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
-        overrides.setdefault(section.lower(), {})[key.lower()] = _parse_env_value(raw)
-    return overrides
-
-
-def _merge(base: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    merged = {key: dict(value) if isinstance(value, dict) else value for key, value in base.items()}
-    for section, values in overrides.items():
-        target = merged.setdefault(section, {})
-        if isinstance(target, dict):
-            target.update(values)
-    return merged
+    """Collect ``P2PTRAIN_<SECTION>__<KEY>=value`` into ``{section: {key: value}}`` (TOML literals)."""
+    return _env_overrides(environ, _is_text)
 
 
 def _describe(error: ValidationError, origin: str) -> str:
@@ -502,13 +505,30 @@ def _describe(error: ValidationError, origin: str) -> str:
     return f"{origin}: {field}: {problem}{suffix}"
 
 
+def _filesystem_problem(config: NodeConfig) -> str | None:
+    """The first configured path that cannot work on this machine, as ``field: problem``."""
+    checks = (("task.data_path", config.task.data_path, missing_data_path),
+              ("node.state_dir", config.node.state_dir, unusable_directory),
+              ("checkpoint.dir", config.checkpoint.dir, unusable_directory))
+    for field, path, check in checks:
+        problem = check(path) if path is not None else None
+        if problem:
+            return f"{field}: {problem}"
+    return None
+
+
 def parse_config(data: Mapping[str, Any], origin: str, environ: Mapping[str, str] | None = None) -> NodeConfig:
-    """Validate ``data`` (already-parsed TOML) with env overrides applied on top."""
-    merged = _merge(dict(data), env_overrides(environ if environ is not None else {}))
+    """Validate ``data`` (already-parsed TOML) with env overrides applied on top, then check that its
+    paths can work here (training data that exists, state and checkpoint directories that are not files)."""
+    merged = with_overrides(dict(data), env_overrides(environ if environ is not None else {}))
     try:
-        return NodeConfig.model_validate(merged)
+        config = NodeConfig.model_validate(merged)
     except ValidationError as error:
         raise ConfigError(_describe(error, origin)) from None
+    problem = _filesystem_problem(config)
+    if problem:
+        raise ConfigError(f"{origin}: {problem}")
+    return config
 
 
 def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> NodeConfig:
@@ -516,16 +536,4 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     environ = os.environ if environ is None else environ
     if path is None:
         return parse_config({}, "defaults", environ)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file (create one with: p2ptrain config init {path})") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_config(data, str(path), environ)
+    return parse_config(read_toml(path), str(path), environ)

@@ -14,16 +14,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.nodeclient import NodeClient, NodeError
 from p2ptrain.proc import descendants, die_with_parent, signal_all
 from p2ptrain.status import StatusSnapshot, SwarmView
+from p2ptrain.waiting import wait_until
 
 LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
 
@@ -59,6 +58,8 @@ class LocalNode:
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
+    #: A wrapper the node runs under (``["unshare", "-m", ...]``, ``["ip", "netns", "exec", ns]``).
+    command_prefix: Sequence[str] = ()
 
     @property
     def state_dir(self) -> Path:
@@ -83,7 +84,8 @@ class LocalNode:
         if not self.config_path.exists():
             self.write_config()
         (self.state_dir / "api.url").unlink(missing_ok=True)
-        command = [sys.executable, "-m", "p2ptrain.cli", "run", "--config", str(self.config_path)]
+        command = [*self.command_prefix, sys.executable, "-m", "p2ptrain.cli", "run", "--config",
+                   str(self.config_path)]
         for addr in join:
             command += ["--join", addr]
         log = self.log_path.open("ab")
@@ -106,41 +108,45 @@ class LocalNode:
         except OSError:
             return None
 
-    def _get(self, path: str, timeout: float) -> Any:
+    def _read(self, path: str, timeout: float) -> Any:
+        """The node's JSON answer at ``path``, or None while it does not answer (yet)."""
         url = self.api_url()
         if url is None or not self.running:
             return None
         try:
-            with urllib.request.urlopen(url + path, timeout=timeout) as response:
-                return json.loads(response.read())
-        except (OSError, ValueError, urllib.error.URLError):
+            return NodeClient(url, None, timeout).get_json(path)
+        except NodeError:
             return None
 
     def status(self, timeout: float = 2.0) -> StatusSnapshot | None:
-        data = self._get("/api/v1/status", timeout)
+        data = self._read("/api/v1/status", timeout)
         return StatusSnapshot.from_dict(data) if isinstance(data, dict) else None
 
     def peers(self, timeout: float = 2.0) -> SwarmView | None:
-        data = self._get("/api/v1/peers", timeout)
+        data = self._read("/api/v1/peers", timeout)
         return SwarmView.from_dict(data) if isinstance(data, dict) else None
 
     def wait_for(self, predicate: Callable[[StatusSnapshot], bool], timeout: float,
                  what: str = "condition") -> StatusSnapshot:
-        """Poll the status until ``predicate`` holds; raise TimeoutError (with the log tail) if not."""
-        deadline = time.monotonic() + timeout
-        last: StatusSnapshot | None = None
-        while time.monotonic() < deadline:
+        """Poll the status until ``predicate`` holds; TimeoutError (with the log tail) if it does not,
+        RuntimeError at once if the node exits meanwhile."""
+        last: list[StatusSnapshot] = []
+
+        def holds() -> StatusSnapshot | None:
             if not self.running:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode if self.process else None} "
                                    f"while waiting for {what}:\n{self.log_tail()}")
             status = self.status()
             if status is not None:
-                last = status
+                last[:] = [status]
                 if predicate(status):
                     return status
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.name}: no {what} within {timeout:.0f}s (last state "
-                           f"{last.state if last else 'unknown'}):\n{self.log_tail()}")
+            return None
+
+        def detail() -> str:
+            return f"last state {last[0].state if last else 'unknown'}:\n{self.log_tail()}"
+
+        return wait_until(holds, timeout, f"{what} from {self.name}", interval=0.5, detail=detail)
 
     def join_addrs(self, timeout: float = 60.0) -> list[str]:
         """The multiaddrs others can join this node with (waits until it has joined)."""

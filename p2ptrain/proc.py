@@ -6,9 +6,10 @@ import contextlib
 import ctypes
 import os
 import signal
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from p2ptrain.waiting import WaitTimeout, wait_until
 
 _PR_SET_PDEATHSIG = 1
 
@@ -25,7 +26,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def _state_and_parent(pid: int) -> tuple[str, int] | None:
+def state_and_parent(pid: int) -> tuple[str, int] | None:
     """(state letter, parent pid) from /proc/<pid>/stat; None for a vanished process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -37,15 +38,8 @@ def _state_and_parent(pid: int) -> tuple[str, int] | None:
 
 def _parent_of(pid: int) -> int | None:
     """The parent pid of a live process; None for vanished processes and zombies."""
-    found = _state_and_parent(pid)
+    found = state_and_parent(pid)
     return None if found is None or found[0] == "Z" else found[1]
-
-
-def zombie_children(parent: int | None = None) -> list[int]:
-    """Children of ``parent`` (default: this process) that have exited and wait to be reaped."""
-    parent = os.getpid() if parent is None else parent
-    return [int(entry) for entry in os.listdir("/proc")
-            if entry.isdigit() and _state_and_parent(int(entry)) == ("Z", parent)]
 
 
 def cmdline(pid: int) -> str:
@@ -89,10 +83,13 @@ def stop_processes(pids: Iterable[int], grace: float) -> None:
     """SIGTERM ``pids``, give them ``grace`` seconds, SIGKILL whatever is left."""
     pending = list(pids)
     signal_all(pending, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while pending and time.monotonic() < deadline:
-        time.sleep(0.05)
-        pending = [pid for pid in pending if _parent_of(pid) is not None]
+
+    def all_gone() -> bool:
+        pending[:] = [pid for pid in pending if _parent_of(pid) is not None]
+        return not pending
+
+    with contextlib.suppress(WaitTimeout):
+        wait_until(all_gone, grace, "exit after SIGTERM", interval=0.05)
     signal_all(pending, signal.SIGKILL)
 
 

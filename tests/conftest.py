@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.procs import become_subreaper, descendants, kill_all, reap_orphans
+from p2ptrain.waiting import WaitTimeout, wait_until
+from tests.support.processes import become_subreaper, descendants, kill_all, reap_orphans
 
 #: How long helpers of a stopped node may take to exit (p2pd leaves once its client is gone).
 LEAK_GRACE_SECONDS = 45.0
@@ -32,13 +31,14 @@ def no_leaked_processes(request: pytest.FixtureRequest):
 
 
 def _wait_for_leftovers(request: pytest.FixtureRequest, before: set[int]) -> None:
-    deadline = time.monotonic() + LEAK_GRACE_SECONDS
-    leaked = {}
-    while time.monotonic() < deadline:
-        leaked = {pid: cmd for pid, cmd in descendants().items()
-                  if pid not in before and not cmd.split(" ", 1)[0].endswith(PER_RUN_HELPERS)}
-        if not leaked:
-            return
-        time.sleep(0.5)
+    def leftovers() -> dict[int, str]:
+        return {pid: cmd for pid, cmd in descendants().items()
+                if pid not in before and not cmd.split(" ", 1)[0].endswith(PER_RUN_HELPERS)}
+
+    try:
+        wait_until(lambda: not leftovers(), LEAK_GRACE_SECONDS, "exit of the test's processes", interval=0.5)
+        return
+    except WaitTimeout:
+        leaked = leftovers()
     kill_all(leaked)
     pytest.fail(f"{request.node.nodeid} leaked processes: {leaked}", pytrace=False)

@@ -24,9 +24,9 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from p2ptrain.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
+from p2ptrain.nodeclient import NodeClient, NodeError, NodeUnreachable
 from p2ptrain.status import SCHEMA_VERSION, StatusSnapshot, SwarmView
-from p2ptrain.tui.client import NodeClient, NodeError, NodeUnreachable
-from p2ptrain.tui.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
 from p2ptrain.tui.widgets.dialogs import ConfirmScreen, HelpScreen
 from p2ptrain.tui.widgets.format import age
 from p2ptrain.tui.widgets.logs import LocalTime, LogPane

@@ -1,17 +1,16 @@
-"""Measuring tools of the fault-injection suite: process RSS from /proc, polling with a deadline."""
+"""Measuring tools of the fault-injection suite: process RSS from /proc, node statuses, wrapped nodes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import json
+import subprocess
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
 from p2ptrain.localswarm import LocalNode
 from p2ptrain.status import StatusSnapshot
-from tests.livenode import wait_until
-from tests.procs import descendants
-
-_T = TypeVar("_T")
+from tests.support.processes import descendants
 
 
 def rss_bytes(pid: int) -> int:
@@ -27,11 +26,6 @@ def rss_bytes(pid: int) -> int:
                 total += int(line.split()[1]) * 1024
                 break
     return total
-
-
-def poll(probe: Callable[[], _T | None], timeout: float, what: str, every: float = 0.5) -> _T:
-    """Call ``probe`` until it returns something truthy; raise AssertionError naming ``what`` if it never does."""
-    return wait_until(probe, timeout, what, interval=every)
 
 
 def statuses(nodes: Iterable[LocalNode]) -> dict[str, StatusSnapshot]:
@@ -57,39 +51,15 @@ def log_text(node: LocalNode) -> str:
 
 
 class WrappedNode(LocalNode):
-    """A node started through a wrapper command (``unshare``, ``ip netns exec``); optionally reached
-    through ``ip netns exec <netns> curl`` because its API lives inside a network namespace."""
+    """A node started through a wrapper command (``command_prefix``: ``unshare``, ``ip netns exec``),
+    optionally reached through ``ip netns exec <netns> curl`` because its API lives inside a
+    network namespace."""
 
-    prefix: list[str] = []
     netns: str | None = None
 
-    def start(self, join: Iterable[str] = ()) -> None:
-        import os
-        import signal
-        import subprocess
-        import sys
-
-        from p2ptrain.proc import die_with_parent
-
-        if not self.config_path.exists():
-            self.write_config()
-        (self.state_dir / "api.url").unlink(missing_ok=True)
-        command = [*self.prefix, sys.executable, "-m", "p2ptrain.cli", "run", "--config", str(self.config_path)]
-        for addr in join:
-            command += ["--join", addr]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-                start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM),
-            )
-
-    def _get(self, path: str, timeout: float):  # type: ignore[override]
+    def _read(self, path: str, timeout: float) -> Any:
         if self.netns is None:
-            return super()._get(path, timeout)
-        import json
-        import subprocess
-
+            return super()._read(path, timeout)
         url = self.api_url()
         if url is None or not self.running:
             return None

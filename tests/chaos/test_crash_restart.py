@@ -9,8 +9,9 @@ import time
 import pytest
 
 from p2ptrain.checkpoint import CheckpointStore
+from p2ptrain.waiting import wait_until
 from tests.chaos.conftest import AVERAGING_TIMEOUT, CHAOS_TRAINING
-from tests.chaos.helpers import poll, statuses, training
+from tests.chaos.helpers import statuses, training
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
@@ -25,8 +26,8 @@ def test_crash_during_averaging_round(make_node, chaos_report):
                "a successful round in a swarm of three")
     # The swarm has gathered its global batch: the round that averages it is now in flight.
     target = CHAOS_TRAINING["target_batch_size"]
-    in_flight = poll(lambda: (s := c.status(timeout=1.0)) is not None and s.samples_accumulated >= target and s,
-                     60, "a round in flight", every=0.05)
+    in_flight = wait_until(lambda: (s := c.status(timeout=1.0)) is not None and s.samples_accumulated >= target and s,
+                           60, "a round in flight", interval=0.05)
     epoch = in_flight.local_epoch
     before = {n.name: s for n, s in ((n, n.status()) for n in (a, b)) if s is not None}
     c.kill()

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from p2ptrain.waiting import wait_until
 from tests.chaos.conftest import CHAOS_TRAINING
-from tests.chaos.helpers import log_text, poll, training
+from tests.chaos.helpers import log_text, training
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
 
@@ -30,7 +31,8 @@ def test_late_joiners_sync_despite_a_dying_donor(make_node, chaos_report):
     started = time.monotonic()
     j1.start(join=addrs + addrs2)
     # The node's loop is blocked while it downloads (no fresh snapshot), so its log tells when it starts.
-    poll(lambda: "downloading state from peers" in log_text(j1), 90, "the state download to start", every=0.05)
+    wait_until(lambda: "downloading state from peers" in log_text(j1), 90, "the state download to start",
+               interval=0.05)
     d1.kill()  # the donor dies while the joiner is downloading
     killed_after = time.monotonic() - started
     synced = training(j1, SYNC_BOUND)

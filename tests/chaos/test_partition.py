@@ -13,8 +13,9 @@ import time
 
 import pytest
 
+from p2ptrain.waiting import wait_until
 from tests.chaos.conftest import AVERAGING_TIMEOUT
-from tests.chaos.helpers import WrappedNode, poll, training
+from tests.chaos.helpers import WrappedNode, training
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(360)]
 
@@ -64,7 +65,7 @@ def two_hosts():
 def _netns_node(make_node, name: str, netns: str, addr: str) -> WrappedNode:
     base = make_node(name, swarm={"listen_addrs": [f"/ip4/{addr}/tcp/0"]})
     node = WrappedNode(base.name, base.workdir, base.run_id, base.overrides)
-    node.prefix, node.netns = ["ip", "netns", "exec", netns], netns
+    node.command_prefix, node.netns = ("ip", "netns", "exec", netns), netns
     return node
 
 
@@ -107,7 +108,8 @@ def test_partition_heals_into_one_swarm_and_slow_link_still_averages(make_node, 
             return found if ok and max(epochs) - min(epochs) <= 1 else None
 
         try:
-            joined = poll(reunited, HEAL_BOUND_SECONDS, "one swarm (one view, one epoch) after healing", every=1.0)
+            joined = wait_until(reunited, HEAL_BOUND_SECONDS, "one swarm (one view, one epoch) after healing",
+                                interval=1.0)
         except AssertionError as error:
             raise AssertionError(f"{error}; last seen: {last}\n{a.log_tail()}\n{b.log_tail()}") from None
         heal_seconds = time.monotonic() - healed_at

@@ -11,12 +11,12 @@ import io
 import shutil
 import subprocess
 import time
-import urllib.request
 
 import pytest
 import torch
 
 from tests.chaos.helpers import WrappedNode, training
+from tests.support.nodeapi import node_client
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -36,8 +36,8 @@ def _storage_node(make_node, name: str, tmp_path) -> WrappedNode:
     node = WrappedNode(base.name, base.workdir, base.run_id + name, base.overrides)
     ckpt = node.state_dir / "checkpoints"
     ckpt.mkdir(parents=True)
-    node.prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                   f'mount -t tmpfs -o size=4m p2ptrain-chaos "{ckpt}" && exec "$@"', "p2ptrain-node"]
+    node.command_prefix = ("unshare", "-m", "--propagation", "private", "sh", "-c",
+                           f'mount -t tmpfs -o size=4m p2ptrain-chaos "{ckpt}" && exec "$@"', "p2ptrain-node")
     base.process = None  # the fixture stops ``base``; this wrapper is stopped by the test
     return node
 
@@ -63,8 +63,7 @@ def test_full_and_read_only_checkpoint_dirs(make_node, chaos_report, tmp_path):
             assert errno_text in failed.last_checkpoint_error, failed.last_checkpoint_error
             # Training goes on.
             node.wait_for(lambda s, e=before.local_epoch: s.local_epoch >= e + 2, 60, "two more epochs")
-            with urllib.request.urlopen(node.api_url() + "/metrics", timeout=5) as response:
-                metrics = response.read().decode()
+            metrics = node_client(node, timeout=5).request("GET", "/metrics").body.decode()
             failed_metric = 'p2ptrain_checkpoint_writes_total{outcome="failed"}'
             line = next(x for x in metrics.splitlines() if x.startswith(failed_metric))
             assert float(line.split()[-1]) >= 2

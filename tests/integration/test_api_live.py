@@ -8,8 +8,10 @@ import time
 
 import pytest
 
+from p2ptrain.nodeclient import NodeClient
+from p2ptrain.waiting import wait_until
 from tests.integration.conftest import TINY_TASK
-from tests.livenode import call, node_token, wait_until
+from tests.support.nodeapi import node_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -39,41 +41,42 @@ def test_api_of_a_live_node(make_node):
     wait_until(lambda: _record_of(b, a_id, "training"), 60, "A's record in B's swarm view")
     url, token = a.api_url(), node_token(a)
     assert url is not None and len(token) >= 16
+    api, admin = NodeClient(url, None, timeout=10), NodeClient(url, token, timeout=10)
 
     # -- every read endpoint
-    status = call(f"{url}/api/v1/status")
+    status = api.request("GET", "/api/v1/status")
     assert status.status == 200 and status.headers["Content-Type"] == "application/json"
     body = status.json()
     assert body["state"] == "training" and body["peer_id"] and body["schema_version"] >= 1
     assert body["run_id"] == a.run_id and body["model_fingerprint"]
-    peers = call(f"{url}/api/v1/peers")
+    peers = api.request("GET", "/api/v1/peers")
     assert peers.status == 200 and isinstance(peers.json()["peers"], list)
-    logs = call(f"{url}/api/v1/logs?since=0").json()
+    logs = api.request("GET", "/api/v1/logs?since=0").json()
     assert any("API listening on" in line["message"] for line in logs["lines"]), logs
-    newer = call(f"{url}/api/v1/logs?since={logs['last_seq']}&limit=5")
+    newer = api.request("GET", f"/api/v1/logs?since={logs['last_seq']}&limit=5")
     assert newer.status == 200 and len(newer.json()["lines"]) <= 5
-    metrics = call(f"{url}/metrics")
+    metrics = api.request("GET", "/metrics")
     assert metrics.status == 200 and metrics.headers["Content-Type"].startswith("text/plain")
     assert b'p2ptrain_node_state{p2ptrain_node_state="training"} 1.0' in metrics.body
-    health = call(f"{url}/healthz")
+    health = api.request("GET", "/healthz")
     assert health.status == 200 and health.json()["healthy"] is True
 
     # -- bad requests: JSON errors, never a crash
     for method, path, expected in (("GET", "/nope", 404), ("POST", "/api/v1/status", 405),
                                    ("GET", "/api/v1/control/pause", 405), ("GET", "/api/v1/logs?since=x", 400),
                                    ("GET", "/api/v1/logs?bogus=1", 400), ("DELETE", "/metrics", 405)):
-        answer = call(url + path, method)
+        answer = api.request(method, path)
         assert answer.status == expected, (method, path, answer)
         assert "error" in answer.json()
-    bad_json = call(f"{url}/api/v1/control/pause", "POST", token=token, body=b"{not json")
+    bad_json = admin.request("POST", "/api/v1/control/pause", b"{not json")
     assert bad_json.status == 400
-    bad_duration = call(f"{url}/api/v1/control/pause", "POST", token=token, body=b'{"duration_seconds": -1}')
+    bad_duration = admin.request("POST", "/api/v1/control/pause", b'{"duration_seconds": -1}')
     assert bad_duration.status == 400
 
     # -- control needs the token: nothing happens without it
     for command in CONTROLS:
         for given in (None, "wrong-token-" + "x" * 20):
-            answer = call(f"{url}/api/v1/control/{command}", "POST", token=given)
+            answer = NodeClient(url, given).request("POST", f"/api/v1/control/{command}")
             assert answer.status == 401, (command, given, answer)
             assert answer.headers.get("WWW-Authenticate", "").startswith("Bearer")
     time.sleep(1.0)
@@ -84,17 +87,17 @@ def test_api_of_a_live_node(make_node):
     try:
         started = time.monotonic()
         for _ in range(5):
-            assert call(f"{url}/healthz", timeout=5).status == 200
+            assert api.request("GET", "/healthz", timeout=5).status == 200
         assert time.monotonic() - started < 5, "healthz slowed down by clients that never read"
 
         # -- pause: stops contributing, keeps serving and stays in the swarm
-        answer = call(f"{url}/api/v1/control/pause", "POST", token=token)
+        answer = admin.request("POST", "/api/v1/control/pause")
         assert answer.status == 202 and answer.json() == {"accepted": True, "command": "pause"}
         paused = a.wait_for(lambda s: s.state == "paused", 20, "PAUSED state")
         assert paused.pause_reason == "manual"
-        health = call(f"{url}/healthz")
+        health = api.request("GET", "/healthz")
         assert health.status == 503 and "paused (manual)" in health.json()["reason"]
-        assert b'p2ptrain_pause_reason{p2ptrain_pause_reason="manual"} 1.0' in call(f"{url}/metrics").body
+        assert b'p2ptrain_pause_reason{p2ptrain_pause_reason="manual"} 1.0' in api.request("GET", "/metrics").body
         frozen = a.status().samples_processed_total
         # A stays in the swarm: its signed record, read back from the DHT, now says paused, and B
         # still lists A.  (B's view catches up only between B's steps, which may take a while.)
@@ -111,18 +114,18 @@ def test_api_of_a_live_node(make_node):
             sock.close()
 
     # -- resume
-    assert call(f"{url}/api/v1/control/resume", "POST", token=token).status == 202
+    assert admin.request("POST", "/api/v1/control/resume").status == 202
     a.wait_for(lambda s: s.state == "training" and s.samples_processed_total > frozen, 30, "training after resume")
 
     # -- checkpoint now
     before = a.status().checkpoint_writes_ok_total
-    assert call(f"{url}/api/v1/control/checkpoint", "POST", token=token).status == 202
+    assert admin.request("POST", "/api/v1/control/checkpoint").status == 202
     written = a.wait_for(lambda s: s.checkpoint_writes_ok_total == before + 1, 30, "one more checkpoint")
     assert written.last_checkpoint_time is not None
     assert list((a.state_dir / "checkpoints").glob("*.pt"))
 
     # -- leave: a clean exit
-    assert call(f"{url}/api/v1/control/leave", "POST", token=token).status == 202
+    assert admin.request("POST", "/api/v1/control/leave").status == 202
     assert a.wait(60) == 0, a.log_tail()
     assert "leave requested by api" in a.log_path.read_text()
     assert b.running, "B went down with A"

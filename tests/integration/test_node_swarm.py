@@ -11,8 +11,10 @@ import torch
 
 from p2ptrain.checkpoint import CheckpointStore
 from p2ptrain.config import EX_CONFIG, NodeConfig
+from p2ptrain.status import SwarmView
 from p2ptrain.tasks.loader import build_task
-from tests.procs import descendants
+from p2ptrain.waiting import wait_until
+from tests.support.processes import descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -72,15 +74,15 @@ def test_nodes_report_successful_rounds(make_node):
     assert status.peers_online == 2
     # Peer records are published every few seconds: A's swarm view must come to list B, and then
     # to show the swarm's rate (the first records may go out before a node has measured its own).
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def lists_b_with_a_rate() -> SwarmView | None:
         view = a.peers()
         if view is not None and status.peer_id in {p.peer_id for p in view.peers} \
                 and view.swarm_samples_per_second > 0:
-            break
-        time.sleep(1)
-    else:
-        pytest.fail(f"A's swarm view never listed B with a training rate: {a.peers()}")
+            return view
+        return None
+
+    view = wait_until(lists_b_with_a_rate, 60, "B with a training rate in A's swarm view", interval=1.0,
+                      detail=lambda: str(a.peers()))
     assert view.peers_online == 2
 
 
@@ -179,9 +181,8 @@ def test_sigterm_while_still_joining_is_a_clean_stop(make_node):
         dead = f"/ip4/127.0.0.1/tcp/{probe.getsockname()[1]}/p2p/QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
     a = make_node("a", swarm={"bootstrap_timeout": 120.0})
     a.start(join=[dead])
-    deadline = time.monotonic() + 60
-    while "no initial peer answered" not in a.log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_until(lambda: "no initial peer answered" in a.log_path.read_text(), 60, "bootstrap retry log line",
+               interval=0.5)
     a.signal(signal.SIGTERM)
     assert a.wait(30) == 0, a.log_tail()
     log = a.log_path.read_text()

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from p2ptrain.waiting import WaitTimeout, wait_until
 from tests.integration.conftest import TINY_TASK
-from tests.livenode import wait_until
+from tests.support.nodeapi import node_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -69,13 +70,11 @@ def query(base: str, promql: str) -> list:
 
 
 def query_until(base: str, promql: str, timeout: float) -> list:
-    """Bounded retries: the newest scrape may still be landing."""
-    deadline = time.monotonic() + timeout
-    result = query(base, promql)
-    while not result and time.monotonic() < deadline:
-        time.sleep(0.5)
-        result = query(base, promql)
-    return result
+    """Bounded retries: the newest scrape may still be landing (an empty result after the timeout)."""
+    try:
+        return wait_until(lambda: query(base, promql), timeout, promql, interval=0.5)
+    except WaitTimeout:
+        return []
 
 
 def dashboard_expressions() -> list[tuple[str, str]]:
@@ -132,22 +131,20 @@ def test_prometheus_scrapes_real_nodes_and_every_dashboard_expression_has_data(m
     for node in nodes:
         node.wait_for(lambda s: s.state == "training" and s.last_checkpoint_time is not None, 90,
                       "training and a checkpoint")
-    with urllib.request.urlopen(f"{a.api_url()}/metrics", timeout=10) as response:
-        text = response.read()
+    text = node_client(a).request("GET", "/metrics").body
     assert b"p2ptrain_loss " in text and b"p2ptrain_last_checkpoint_timestamp_seconds " in text
     promtool_check_metrics(text)
     base = prometheus([node.api_url().removeprefix("http://") for node in nodes])
 
-    deadline = time.monotonic() + 45
-    up: list[dict] = []
-    while time.monotonic() < deadline and len(up) < len(nodes):
+    def targets_up() -> list[dict]:
         try:
             active = get_json(f"{base}/api/v1/targets")["data"]["activeTargets"]
-            up = [t for t in active if t["health"] == "up"]
         except OSError:
-            up = []
-        time.sleep(0.5)
-    assert len(up) == len(nodes), f"targets not up: {up}"
+            return []
+        up = [t for t in active if t["health"] == "up"]
+        return up if len(up) == len(nodes) else []
+
+    wait_until(targets_up, 45, "every target up in Prometheus", interval=0.5)
     time.sleep(3)  # a few more scrapes, so every rate() window holds two samples
 
     empty = [f"{title}: {substitute(expr)}" for title, expr in exprs

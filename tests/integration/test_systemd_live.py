@@ -18,8 +18,10 @@ import time
 import pytest
 
 from p2ptrain.daemon import faults
+from p2ptrain.waiting import wait_until
 from tests.integration.conftest import TINY_TASK
-from tests.livenode import NotifySocket, call, wait_until
+from tests.support.nodeapi import node_client
+from tests.support.notify import NotifySocket
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
 
@@ -124,7 +126,7 @@ def test_sighup_reload_and_volunteer_pauses(make_node, notify_socket):
     paused = a.wait_for(lambda s: s.state == "paused", 90, "a memory pause")
     assert paused.pause_reason == "memory"
     assert _log_has(a, "is over volunteer.max_memory_mb=1: pausing training")
-    metrics = call(f"{a.api_url()}/metrics").body
+    metrics = node_client(a).request("GET", "/metrics").body
     assert b'p2ptrain_pause_reason{p2ptrain_pause_reason="memory"} 1.0' in metrics
 
     # Deliberately paused is not stuck: the loop keeps feeding the watchdog.

@@ -10,7 +10,7 @@ import pytest
 
 from p2ptrain.tui.widgets.format import short_id
 from tests.integration.conftest import TINY_TASK
-from tests.tmuxterm import TMUX, Terminal, private_socket
+from tests.support.tmuxterm import TMUX, Terminal, private_socket
 
 if TMUX is None and os.environ.get("CI"):
     raise RuntimeError("tmux is required in CI (apt-get install -y tmux)")

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fakenode import NOW, TOKEN, FakeNode
 
+from p2ptrain.nodeclient import NodeClient
 from p2ptrain.tui.app import TopApp
-from p2ptrain.tui.client import NodeClient
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from p2ptrain.status import PeerRecord, StatusSnapshot, SwarmView
+from p2ptrain.waiting import wait_until
 
 NOW = 1_760_000_000.0  # the fixed "wall clock" of the tests
 TOKEN = "s3cret-token-for-tests"
@@ -105,15 +105,18 @@ class FakeNode:
         return f"http://127.0.0.1:{self._port}"
 
     def start(self) -> FakeNode:
-        deadline = time.monotonic() + 10
-        while True:  # re-binding the same port right after a stop can need a moment
+        errors: list[OSError] = []
+
+        def bound() -> ThreadingHTTPServer | None:
             try:
-                self._server = ThreadingHTTPServer(("127.0.0.1", self._port), self._handler())
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+                return ThreadingHTTPServer(("127.0.0.1", self._port), self._handler())
+            except OSError as error:
+                errors.append(error)
+                return None
+
+        # Re-binding the same port right after a stop can need a moment.
+        self._server = wait_until(bound, 10, f"bind to port {self._port}", interval=0.1,
+                                  detail=lambda: str(errors[-1]))
         self._server.daemon_threads = True
         self._port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},

@@ -10,14 +10,14 @@ from threading import Thread
 import pytest
 from fakenode import PEER_IDS, SELF_ID, TOKEN, FakeNode
 
-from p2ptrain.status import SCHEMA_VERSION
-from p2ptrain.tui.client import (
+from p2ptrain.nodeclient import (
     NodeAuthError,
     NodeClient,
     NodeProtocolError,
     NodeUnreachable,
     UnsupportedSchema,
 )
+from p2ptrain.status import SCHEMA_VERSION
 
 
 def test_status_peers_logs_parse(fake_node: FakeNode) -> None:

@@ -17,9 +17,9 @@ from textual.pilot import Pilot
 from p2ptrain.daemon.api import ApiServer
 from p2ptrain.daemon.control import Command, ControlQueue
 from p2ptrain.daemon.logbuffer import LogRing
+from p2ptrain.nodeclient import NodeAuthError, NodeClient
 from p2ptrain.status import LatestSnapshot
 from p2ptrain.tui.app import TopApp
-from p2ptrain.tui.client import NodeAuthError, NodeClient
 from p2ptrain.tui.widgets.logs import LogPane
 
 

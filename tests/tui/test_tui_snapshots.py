@@ -15,8 +15,8 @@ import pytest
 from fakenode import NOW, SCRIPT_LENGTH, FakeNode
 from textual.pilot import Pilot
 
+from p2ptrain.nodeclient import NodeClient
 from p2ptrain.tui.app import TopApp
-from p2ptrain.tui.client import NodeClient
 
 SNAPSHOT_PORT = 47913
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,8 @@ import pytest
 from fakenode import TOKEN, FakeNode
 
 from p2ptrain.tui.widgets.format import short_id
-from tests.tmuxterm import TMUX, Terminal, private_socket
+from p2ptrain.waiting import wait_until
+from tests.support.tmuxterm import TMUX, Terminal, private_socket
 
 if TMUX is None and os.environ.get("CI"):
     raise RuntimeError("tmux is required in CI (apt-get install -y tmux)")
@@ -38,12 +38,7 @@ def test_top_in_a_real_terminal(terminal: Terminal, fake_node: FakeNode) -> None
         assert short_id(peer.peer_id) in screen
     assert "p Pause/Resume" in screen and "q Quit" in screen
     terminal.keys("c")
-    deadline = time.monotonic() + 10
-    while not fake_node.controls and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: fake_node.controls, 10, "the checkpoint request", interval=0.1)
     assert fake_node.controls == [("checkpoint", f"Bearer {TOKEN}", {})]
     terminal.keys("q")
-    deadline = time.monotonic() + 10
-    while terminal.alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not terminal.alive(), "p2ptrain top did not exit on q"
+    wait_until(lambda: not terminal.alive(), 10, "exit of p2ptrain top on q", interval=0.1)

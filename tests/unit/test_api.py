@@ -9,18 +9,18 @@ import os
 import socket
 import stat
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from monitoring_fixtures import populated_status, populated_swarm
 
-from p2ptrain.daemon.api import ApiServer, is_loopback
+from p2ptrain.daemon.api import ApiServer, host_header_is_loopback, is_loopback
 from p2ptrain.daemon.auth import load_or_create_token, token_matches
 from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.metrics import build_registry
+from p2ptrain.nodeclient import NodeClient
 from p2ptrain.status import SCHEMA_VERSION, LatestSnapshot
+from p2ptrain.waiting import wait_until
 
 TOKEN = "t" * 43
 
@@ -28,27 +28,21 @@ TOKEN = "t" * 43
 class Node:
     """An API server with its inputs, as the node wires them."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **kwargs) -> None:
         self.now = time.time()
         self.latest = LatestSnapshot()
         self.latest.publish(populated_status(self.now), populated_swarm())
         self.logs = LogRing(capacity=50)
         self.control = ControlQueue(maxsize=2)
-        self.server = ApiServer(host="127.0.0.1", port=0, latest=self.latest, logs=self.logs,
+        self.server = ApiServer(host=host, port=port, latest=self.latest, logs=self.logs,
                                 control=self.control, registry=build_registry(self.latest), token=TOKEN,
                                 clock=lambda: self.now, **kwargs)
         self.server.start()
 
     def request(self, method: str, path: str, body: bytes | None = None, token: str | None = None,
                 headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        req = urllib.request.Request(self.server.url + path, data=body, method=method, headers=headers or {})
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                return resp.status, dict(resp.headers), resp.read()
-        except urllib.error.HTTPError as err:
-            return err.code, dict(err.headers), err.read()
+        answer = NodeClient(self.server.url, token, timeout=5).request(method, path, body, headers=headers)
+        return answer.status, answer.headers, answer.body
 
     def json(self, method: str, path: str, **kw) -> tuple[int, dict]:
         status, headers, body = self.request(method, path, **kw)
@@ -210,10 +204,7 @@ def test_connection_cap_refuses_then_recovers(node):
     finally:
         for sock in hogs:
             sock.close()
-    deadline = time.monotonic() + 5
-    while node.request("GET", "/healthz")[0] != 200 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert node.request("GET", "/healthz")[0] == 200
+    wait_until(lambda: node.request("GET", "/healthz")[0] == 200, 5, "/healthz answering again", interval=0.1)
 
 
 def test_off_loopback_reads_need_token_but_metrics_and_healthz_do_not(node):
@@ -233,6 +224,66 @@ def test_without_token_control_is_refused():
         assert n.json("POST", "/api/v1/control/pause", token="anything")[0] == 403
     finally:
         n.server.stop()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/control/anything/at/all/checkpoint", "/api/v1/control/x/pause",
+                                  "/api/v1/control//checkpoint", "/api/v1/controlcheckpoint",
+                                  "/api/v1/control/checkpoint/extra", "/api/v1/control/CHECKPOINT",
+                                  "/prefix/api/v1/control/checkpoint", "/api/v1/control/checkpoint%2F"])
+def test_control_commands_live_at_exactly_one_path(node, path):
+    status, body = node.json("POST", path, token=TOKEN)
+    assert status == 404 and body["error"].startswith("no such endpoint")
+    assert node.control.drain() == []
+
+
+def test_host_header_must_name_loopback_on_a_loopback_bind(node):
+    for host in ("evil.example", "evil.example:41480", "10.0.0.1", "127.0.0.1.evil.example", "[::2]",
+                 "localhost.evil.example", "0.0.0.0"):
+        status, body = node.json("GET", "/api/v1/status", headers={"Host": host})
+        assert status == 421 and "not a loopback name" in body["error"] and "DNS rebinding" in body["error"]
+        assert "peer_id" not in body
+        assert node.json("GET", "/metrics", headers={"Host": host})[0] == 421
+        assert node.json("POST", "/api/v1/control/pause", token=TOKEN, headers={"Host": host})[0] == 421
+    assert node.control.drain() == []
+    for host in ("localhost", f"localhost:{node.server.port}", "127.0.0.1", "127.1.2.3:80", "[::1]",
+                 f"[::1]:{node.server.port}", "LOCALHOST"):
+        assert node.request("GET", "/api/v1/status", headers={"Host": host})[0] == 200, host
+
+
+def test_host_header_absent_or_off_loopback(node):
+    # HTTP/1.0 may name no host (browsers, the DNS-rebinding vehicle, always do); HTTP/1.1 must.
+    assert raw(node, b"GET /healthz HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200")
+    answer = raw(node, b"GET /healthz HTTP/1.1\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.0 400") and b"without a Host header" in answer
+    node.server.loopback = False  # bound beyond loopback: any name may reach it, the token guards reads
+    assert node.request("GET", "/api/v1/status", token=TOKEN, headers={"Host": "node.example"})[0] == 200
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("localhost", True), ("localhost:1", True), ("127.0.0.1", True), ("127.255.0.9:65535", True),
+    ("[::1]", True), ("[::1]:80", True), ("LocalHost.", True),
+    ("evil.example", False), ("127.0.0.1:x", False), ("[::1", False), ("[::1]x", False), ("::1", False),
+    ("[127.0.0.1]", False), ("", False), ("localhost:80:80", False), ("127.0.0.1.nip.io", False),
+])
+def test_host_header_is_loopback(value, expected):
+    assert host_header_is_loopback(value) is expected
+
+
+def test_head_gets_headers_only(node):
+    answer = raw(node, b"HEAD /healthz HTTP/1.0\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"Content-Length: " in head and body == b""
+
+
+def test_a_bad_bind_names_the_config_fields():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"^api.host/api.port: cannot listen on 127.0.0.1:{port}: "):
+            Node(port=port)
+    with pytest.raises(OSError, match=r"^api.host/api.port: cannot listen on 192.0.2.1:0: "):
+        Node(host="192.0.2.1")  # a documentation address no machine has
 
 
 def test_is_loopback():

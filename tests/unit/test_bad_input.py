@@ -69,6 +69,108 @@ def test_env_overrides_give_a_config_or_one_line(environ):
         _one_line(error)
 
 
+def _numeric_fields() -> list[tuple[str, str, type, float, float, bool]]:
+    """(section, key, int or float, low, high, low is inclusive) of every numeric config field."""
+    found = []
+    for section, section_field in NodeConfig.model_fields.items():
+        for key, field in section_field.annotation.model_fields.items():
+            if field.annotation not in (int, float):
+                continue
+            bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in field.metadata}
+            low = bounds.get("Ge", bounds.get("Gt"))
+            high = bounds.get("Le", bounds.get("Lt"))
+            found.append((section, key, field.annotation, low, high, "Ge" in bounds))
+    return found
+
+
+NUMERIC_FIELDS = _numeric_fields()
+
+
+def test_every_numeric_field_is_bounded_on_both_sides():
+    assert len(NUMERIC_FIELDS) > 30
+    unbounded = [f"{s}.{k}" for s, k, _, low, high, _ in NUMERIC_FIELDS if low is None or high is None]
+    assert unbounded == []
+
+
+def _toml_literal(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+@st.composite
+def bad_numbers(draw):
+    """A numeric field and a value it must refuse, with the words the refusal must contain."""
+    section, key, kind, low, high, _ = draw(st.sampled_from(NUMERIC_FIELDS))
+    choice = draw(st.sampled_from(["above", "below", "non-finite", "bool", "text", "float-for-int"]))
+    if choice == "above":
+        value = draw(st.integers(int(high) + 1, 2**80)) if kind is int else draw(
+            st.floats(min_value=high, exclude_min=True, allow_infinity=False, allow_nan=False))
+        words = "less than"
+    elif choice == "below":
+        value = draw(st.integers(-(2**80), math.ceil(low) - 1)) if kind is int else draw(
+            st.floats(max_value=low, exclude_max=True, allow_infinity=False, allow_nan=False))
+        words = "greater than"
+    elif choice == "non-finite":
+        value = draw(st.sampled_from([math.inf, -math.inf, math.nan]))
+        words = "finite number" if kind is float else "valid integer"
+    elif choice == "bool":
+        value, words = draw(st.booleans()), "valid"
+    elif choice == "text":
+        value, words = str(draw(st.integers(0, 10))), "valid"
+    else:
+        value = draw(st.floats(min_value=1.0, max_value=8.0)) if kind is int else draw(st.sampled_from([True]))
+        words = "valid"
+    return section, key, value, words
+
+
+@settings(max_examples=EXAMPLES * 2, deadline=None)
+@given(bad_numbers(), st.booleans())
+def test_numbers_out_of_bounds_or_of_the_wrong_type_name_the_field(case, from_env):
+    section, key, value, words = case
+    if from_env:
+        data, environ = {}, {f"P2PTRAIN_{section.upper()}__{key.upper()}": _toml_literal(value)}
+    else:
+        data, environ = {section: {key: value}}, {}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, "f.toml", environ=environ)
+    message = str(caught.value)
+    _one_line(caught.value)
+    assert message.startswith(f"f.toml: {section}.{key}: "), message
+    assert words in message, message
+
+
+@st.composite
+def good_numbers(draw):
+    section, key, kind, low, high, low_inclusive = draw(st.sampled_from(NUMERIC_FIELDS))
+    if kind is int:
+        value = draw(st.integers(int(low) if low_inclusive else int(low) + 1, int(high)))
+    else:
+        value = draw(st.floats(min_value=low, max_value=high, exclude_min=not low_inclusive,
+                               exclude_max=(section, key) in {("task", "validation_fraction"),
+                                                              ("training", "outer_momentum")}))
+    extra = {}
+    if (section, key) == ("task", "d_model"):
+        extra = {"n_heads": 1}
+    elif (section, key) == ("task", "n_heads"):
+        extra = {"d_model": value}
+    elif (section, key) == ("training", "inner_batch_size"):
+        extra = {"batch_size": 1}  # any inner batch is whole micro-batches of one sequence
+    elif (section, key) == ("training", "batch_size"):
+        extra = {"inner_batch_size": 0}
+    return section, key, value, extra
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(good_numbers())
+def test_numbers_in_bounds_are_accepted(case):
+    section, key, value, extra = case
+    config = parse_config({section: {key: value, **extra}}, "f.toml", environ={})
+    assert getattr(getattr(config, section), key) == value
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
 def test_config_files_give_a_config_or_one_line(tmp_path: Path, raw):
@@ -86,7 +188,8 @@ def api():
     latest.publish(StatusSnapshot(state="training", taken_at=time.time()))
     control = ControlQueue(maxsize=4)
     server = ApiServer(host="127.0.0.1", port=0, latest=latest, logs=LogRing(capacity=20), control=control,
-                       registry=build_registry(latest), token=TOKEN, request_timeout=2.0)
+                       registry=build_registry(latest), token=TOKEN, request_timeout=2.0,
+                       client_rate=1e6, client_burst=10**6)  # pacing has its own tests; fuzz at full speed
     server.start()
     yield server, control
     server.stop()
@@ -109,7 +212,7 @@ def _status_code(response: bytes) -> int:
 
 
 def _still_serving(server: ApiServer) -> None:
-    response = _raw(server, b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    response = _raw(server, b"GET /api/v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     assert _status_code(response) == 200, response[:200]
 
 
@@ -119,14 +222,21 @@ paths = st.sampled_from(["/api/v1/status", "/api/v1/peers", "/api/v1/logs?limit=
     alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=60).map(lambda t: "/" + t)
 
 
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "127.0.0.1:41480", "localhost:1", "[::1]", "[::1]:41480", "127.9.8.7"]
+hosts = st.sampled_from(LOOPBACK_HOSTS) | st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126),
+                                                  max_size=30)
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(methods, paths, st.binary(max_size=2000) | st.text(max_size=200).map(str.encode), st.booleans())
-def test_api_answers_garbage_with_4xx_and_keeps_serving(api, method, path, body, with_token):
+@given(methods, paths, st.binary(max_size=2000) | st.text(max_size=200).map(str.encode), st.booleans(), hosts)
+def test_api_answers_garbage_with_4xx_and_keeps_serving(api, method, path, body, with_token, host):
     server, control = api
     auth = f"Authorization: Bearer {TOKEN}\r\n" if with_token else ""
-    request = (f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}"
+    request = (f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{auth}"
                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     code = _status_code(_raw(server, request))
+    if host not in LOOPBACK_HOSTS and not host.lower().startswith(("localhost", "127.", "[::1]")):
+        assert code in (400, 421), (host, code)  # never an answer to a request addressed elsewhere
     while control.drain():  # a valid pause request may be accepted; keep the queue from filling
         pass
     # 501 is the right answer to a method HTTP does not define; anything else must be a 4xx at worst.
@@ -138,12 +248,13 @@ def test_api_answers_garbage_with_4xx_and_keeps_serving(api, method, path, body,
 
 def test_api_huge_bodies_slow_clients_and_bad_json(api):
     server, _ = api
-    huge = _raw(server, (f"POST /api/v1/control/pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+    huge = _raw(server, (f"POST /api/v1/control/pause HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TOKEN}\r\n"
                          f"Content-Length: {50 * 2**20}\r\n\r\n").encode() + b"x" * 4096)
     assert _status_code(huge) == 413
     for bad in (b"{", b"[1,2]", b'{"duration": "soon"}', b'{"duration": -1}', b'{"duration": 1e999}', b"\xff\xfe"):
-        response = _raw(server, (f"POST /api/v1/control/pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-                                 f"Content-Length: {len(bad)}\r\nConnection: close\r\n\r\n").encode() + bad)
+        response = _raw(server, (f"POST /api/v1/control/pause HTTP/1.1\r\nHost: localhost\r\n"
+                                 f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(bad)}\r\n"
+                                 "Connection: close\r\n\r\n").encode() + bad)
         assert 400 <= _status_code(response) < 500, (bad, response[:200])
         assert json.loads(response.split(b"\r\n\r\n", 1)[1])["error"]
     # Slow clients (a few bytes, then silence) hold a connection each until the request timeout,

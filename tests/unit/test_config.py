@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,40 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("[task]\nentrypoint = \"not a path\"\n", "task.entrypoint: must look like 'package.module:function'"),
         ("[api]\nport = 70000\n", "api.port: Input should be less than or equal to 65535"),
         ("[swarm]\nclient_mode = \"maybe\"\n", "swarm.client_mode: Input should be a valid boolean"),
+        # Non-finite floats, silent coercions, absurd sizes.
+        ("[training]\nlr = inf\n", "training.lr: Input should be a finite number (got inf)"),
+        ("[training]\naveraging_timeout = inf\n", "training.averaging_timeout: Input should be a finite number"),
+        ("[training]\nmatchmaking_time = nan\n", "training.matchmaking_time: Input should be a finite number"),
+        ("[checkpoint]\ninterval = -inf\n", "checkpoint.interval: Input should be a finite number"),
+        ("[training]\nbatch_size = true\n", "training.batch_size: Input should be a valid integer (got True)"),
+        ("[training]\nbatch_size = \"8\"\n", "training.batch_size: Input should be a valid integer (got '8')"),
+        ("[training]\nbatch_size = 8.0\n", "training.batch_size: Input should be a valid integer (got 8.0)"),
+        ("[training]\nlr = \"0.1\"\n", "training.lr: Input should be a valid number (got '0.1')"),
+        ("[training]\nlr = true\n", "training.lr: Input should be a valid number (got True)"),
+        ("[swarm]\nclient_mode = 1\n", "swarm.client_mode: Input should be a valid boolean (got 1)"),
+        ("[swarm]\nrun_id = 7\n", "swarm.run_id: Input should be a valid string (got 7)"),
+        ("[task]\nd_model = 1e8\n", "task.d_model: Input should be a valid integer (got 100000000.0)"),
+        ("[task]\nd_model = 100_000_000\n", "task.d_model: Input should be less than or equal to 16384"),
+        ("[task]\nseq_len = 1_000_000_000\n", "task.seq_len: Input should be less than or equal to 65536"),
+        ("[training]\nthreads = 100_000_000\n", "training.threads: Input should be less than or equal to 4096"),
+        ("[training]\nlr = 1e6\n", "training.lr: Input should be less than or equal to 10"),
+        ("[training]\naveraging_timeout = 1e9\n", "training.averaging_timeout: Input should be less than or equal"),
+        ("[training]\nseed = 18446744073709551616\n", "training.seed: Input should be less than or equal to"),
+        ("[volunteer]\nmax_memory_mb = 99999999999\n", "volunteer.max_memory_mb: Input should be less than or equal"),
+        # Host syntax.
+        ("[api]\nhost = \"not a host!!\"\n", "api.host: not an IP address or host name"),
+        ("[api]\nhost = \"\"\n", "api.host: not an IP address or host name (e.g. 127.0.0.1, 0.0.0.0, ::1, localhost) "
+                                  "(got '')"),
+        ("[api]\nhost = \"300.1.1.1\"\n", "api.host: not a valid IPv4 address (got '300.1.1.1')"),
+        ("[api]\nhost = \"[::1]\"\n", "api.host: write an IPv6 address without brackets (got '[::1]')"),
+        ("[api]\nhost = \"-bad-.example\"\n", "api.host: not an IP address or host name"),
+        # Paths that cannot work on this machine.
+        ("[task]\ndata_path = \"/nonexistent/corpus\"\n", "task.data_path: /nonexistent/corpus does not exist"),
+        ("[task]\ndata_path = \"/dev/null\"\n", "task.data_path: /dev/null is neither a file nor a directory"),
+        ("[checkpoint]\ndir = \"/etc/passwd\"\n", "checkpoint.dir: /etc/passwd is not a directory"),
+        ("[node]\nstate_dir = \"/etc/passwd/state\"\n",
+         "node.state_dir: /etc/passwd/state is not a directory (its parent /etc/passwd is not a directory)"),
+        ("[node]\nstate_dir = \"/tmp/a\\u0000b\"\n", "node.state_dir: a path cannot contain a NUL character"),
     ],
 )
 def test_bad_values_name_file_and_field(tmp_path: Path, toml: str, expected: str) -> None:
@@ -55,6 +90,29 @@ def test_bad_values_name_file_and_field(tmp_path: Path, toml: str, expected: str
     assert message.startswith(f"{path}: ")
     assert expected in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1", "fe80::1%eth0", "localhost",
+                                  "node-1.example.org", "node.example.org."])
+def test_good_hosts_pass(host: str) -> None:
+    assert parse_config({"api": {"host": host}}, "f.toml", {}).api.host == host
+
+
+def test_paths_that_can_work_pass(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello")
+    for data_path in (corpus, tmp_path, "https://example.org/corpus-*.txt", str(tmp_path / "*.txt")):
+        config = parse_config({"task": {"data_path": str(data_path)}}, "f.toml", {})
+        assert config.task.data_path is not None
+    # Directories that do not exist yet are created by the node; an existing one is fine too.
+    config = parse_config({"node": {"state_dir": str(tmp_path / "new" / "state")},
+                           "checkpoint": {"dir": str(tmp_path)}}, "f.toml", {})
+    assert config.node.state_dir == tmp_path / "new" / "state" and config.checkpoint.dir == tmp_path
+
+
+def test_whole_numbers_are_fine_where_seconds_are_asked() -> None:
+    config = parse_config({"training": {"averaging_timeout": 45, "lr": 1}}, "f.toml", {})
+    assert config.training.averaging_timeout == 45.0 and isinstance(config.training.averaging_timeout, float)
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -106,6 +164,36 @@ def test_env_overrides_parse_toml_literals() -> None:
     assert config.swarm.nat_port_map is False
     assert config.swarm.initial_peers == [PEER]
     assert config.swarm.run_id == "plain-string"
+
+
+def test_env_overrides_keep_strict_types() -> None:
+    config = parse_config({}, "env", {"P2PTRAIN_TRAINING__BATCH_SIZE": "8", "P2PTRAIN_TRAINING__LR": "0.5",
+                                      "P2PTRAIN_TRAINING__AVERAGING_TIMEOUT": "20",
+                                      "P2PTRAIN_SWARM__RUN_ID": "2024", "P2PTRAIN_API__HOST": "::1",
+                                      "P2PTRAIN_NODE__STATE_DIR": "/tmp/p2ptrain-env-state"})
+    assert config.training.batch_size == 8 and config.training.lr == 0.5
+    assert config.training.averaging_timeout == 20.0
+    assert config.swarm.run_id == "2024"  # a text field keeps the text, though it reads as a number
+    assert config.api.host == "::1" and config.node.state_dir == Path("/tmp/p2ptrain-env-state")
+    numeric_names = parse_config({}, "env", {"P2PTRAIN_NODE__STATE_DIR": "2024"})
+    assert numeric_names.node.state_dir == Path("2024")
+    assert "task.entrypoint: must look like" in _config_error({"P2PTRAIN_TASK__ENTRYPOINT": "true"})
+    for name, raw, expected in (
+        ("P2PTRAIN_TRAINING__BATCH_SIZE", "true", "training.batch_size: Input should be a valid integer (got True)"),
+        ("P2PTRAIN_TRAINING__BATCH_SIZE", '"8"', "training.batch_size: Input should be a valid integer (got '8')"),
+        ("P2PTRAIN_TRAINING__LR", "inf", "training.lr: Input should be a finite number"),
+        ("P2PTRAIN_TRAINING__THREADS", "1e8", "training.threads: Input should be a valid integer"),
+        ("P2PTRAIN_API__HOST", "not a host!!", "api.host: not an IP address or host name"),
+        ("P2PTRAIN_CHECKPOINT__DIR", "/etc/passwd", "checkpoint.dir: /etc/passwd is not a directory"),
+    ):
+        with pytest.raises(ConfigError, match=f"^env: {re.escape(expected)}"):
+            parse_config({}, "env", {name: raw})
+
+
+def _config_error(environ: dict[str, str]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({}, "env", environ)
+    return str(caught.value)
 
 
 def test_bad_env_override_names_the_field() -> None:
@@ -161,6 +249,21 @@ def test_cli_run_with_bad_config_exits_78_before_starting_anything(tmp_path: Pat
     result = _cli("run", "--config", str(path), cwd=tmp_path)
     assert result.returncode == EX_CONFIG
     assert result.stderr.strip().count("\n") == 0 and "swarm.initial_peers" in result.stderr
+
+
+@pytest.mark.parametrize(("toml", "field"), [
+    ("[api]\nhost = \"not a host!!\"\n", "api.host"),
+    ("[task]\ndata_path = \"/nonexistent/corpus\"\n", "task.data_path"),
+    ("[checkpoint]\ndir = \"/etc/passwd\"\n", "checkpoint.dir"),
+    ("[training]\nlr = inf\n", "training.lr"),
+])
+def test_cli_check_and_run_refuse_with_78_naming_the_field(tmp_path: Path, toml: str, field: str) -> None:
+    path = _write(tmp_path, toml)
+    for args in (("config", "check", str(path)), ("run", "--config", str(path))):
+        result = _cli(*args, cwd=tmp_path)
+        assert result.returncode == EX_CONFIG, (args, result.stderr)
+        assert result.stderr.strip().count("\n") == 0 and f"{path}: {field}: " in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
 
 
 def test_cli_run_rejects_a_bad_join_address(tmp_path: Path) -> None:

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
-from p2ptrain.proc import zombie_children
-from tests.procs import reap_orphans
+from p2ptrain.waiting import wait_until
+from tests.support.processes import reap_orphans, zombie_children
 
 
 def _wait_for_zombie(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while pid not in zombie_children():
-        assert time.monotonic() < deadline, f"pid {pid} never became our zombie"
-        time.sleep(0.05)
+    wait_until(lambda: pid in zombie_children(), timeout, f"zombie of pid {pid}", interval=0.05)
 
 
 def test_orphan_zombie_is_reaped_but_popen_child_keeps_its_exit_code():

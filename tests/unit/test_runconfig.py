@@ -19,14 +19,16 @@ def manifest():
     return new_manifest(OwnerKey.generate(), "merge-run", owner.task, owner.training)
 
 
-def test_empty_volunteer_config_takes_the_run_settings_and_keeps_local_ones(manifest):
+def test_empty_volunteer_config_takes_the_run_settings_and_keeps_local_ones(manifest, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n" * 100)
     local = parse_config({"training": {"threads": 2, "max_epochs": 7}, "node": {"state_dir": "/tmp/x"},
-                          "task": {"data_path": "/data/corpus"}}, "node.toml")
+                          "task": {"data_path": str(corpus)}}, "node.toml")
     merged = merge_manifest(local, manifest)
     assert merged.task.d_model == 64 and merged.task.n_heads == 2
     assert merged.training.lr == 3e-4 and merged.training.mode == "diloco" and merged.training.inner_steps == 50
     assert merged.training.threads == 2 and merged.training.max_epochs == 7
-    assert merged.node.state_dir == Path("/tmp/x") and str(merged.task.data_path) == "/data/corpus"
+    assert merged.node.state_dir == Path("/tmp/x") and str(merged.task.data_path) == str(corpus)
     assert merged.swarm.run_id == manifest.ref.run_id and merged.swarm.run == str(manifest.ref)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +23,7 @@ from p2ptrain.swarm import (
     dht_kwargs,
     start_dht,
 )
+from p2ptrain.waiting import wait_until
 
 PEER = "/ip4/127.0.0.1/tcp/41400/p2p/QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
 
@@ -168,10 +168,8 @@ def test_stale_daemons_of_this_identity_are_stopped_and_no_others(tmp_path: Path
     foreign = subprocess.Popen([sys.executable, "-c", sleeper, "p2pd", f"-id={other}"])
     try:
         for proc, path in ((stale, ours), (foreign, other)):  # until exec() has replaced the command line
-            deadline = time.monotonic() + 10
-            while f"-id={path}" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace"):
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            wait_until(lambda proc=proc, path=path: f"-id={path}" in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+                       .decode(errors="replace"), 10, "the command line after exec()", interval=0.02)
         assert stop_stale_daemons(ours, grace=5.0) == 1
         assert stale.wait(5) is not None
         assert foreign.poll() is None

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from p2ptrain.waiting import wait_until
+
 TMUX = shutil.which("tmux")
 
 
@@ -35,13 +37,12 @@ class Terminal:
         self.tmux("send-keys", "-t", "top", *keys)
 
     def wait_for(self, condition: Callable[[str], bool], timeout: float = 15.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def matching() -> tuple[str] | None:  # a tuple: an empty screen (the session ended) may match
             text = self.screen()
-            if condition(text):
-                return text
-            time.sleep(0.1)
-        raise AssertionError(f"screen never matched; last screen:\n{self.screen()}")
+            return (text,) if condition(text) else None
+
+        return wait_until(matching, timeout, "matching screen", interval=0.1,
+                          detail=lambda: f"last screen:\n{self.screen()}")[0]
 
     def alive(self) -> bool:
         return subprocess.run([*self.base, "has-session", "-t", "top"], capture_output=True,

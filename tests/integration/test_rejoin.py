@@ -9,6 +9,8 @@ import pytest
 
 from p2ptrain.rejoin import Rejoiner
 
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
 LOOPBACK = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False, auto_nat=False)
 
 

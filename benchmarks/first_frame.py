@@ -1,7 +1,8 @@
 """Measure how long ``p2ptrain top`` takes to show its first frame in a real terminal (tmux).
 
-Not a test (timings on shared machines are noise, not pass/fail); run it by hand:
-``.venv/bin/python tests/tui/first_frame.py [runs]``.  It starts the fake node on loopback,
+Not a test (timings on shared machines are noise, not pass/fail); run it by hand from the
+repository root: ``.venv/bin/python -m benchmarks.first_frame [runs]``.  It starts the TUI tests'
+fake node on loopback,
 launches ``python -m p2ptrain.cli top`` in a private tmux server, and polls the screen.
 """
 
@@ -16,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fakenode import FakeNode  # noqa: E402
+from p2ptrain.waiting import WaitTimeout, wait_until
+from tests.tui.fakenode import FakeNode
 
 
 def one_run(url: str, socket: Path) -> tuple[float, float]:
@@ -26,17 +27,21 @@ def one_run(url: str, socket: Path) -> tuple[float, float]:
     start = time.perf_counter()
     subprocess.run([*tmux, "new-session", "-d", "-s", "m", "-x", "120", "-y", "40",
                     f"env TERM=xterm-256color {command}"], check=True)
-    first = data = 0.0
-    deadline = start + 20
-    while time.perf_counter() < deadline and not data:
+    first = 0.0
+
+    def data_on_screen() -> float:
+        nonlocal first
         screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "m"], capture_output=True,
                                 text=True).stdout
         now = time.perf_counter() - start
         if not first and "Node" in screen and "Swarm" in screen:
             first = now
-        if "TRAINING" in screen:
-            data = now
-        time.sleep(0.005)
+        return now if "TRAINING" in screen else 0.0
+
+    try:
+        data = wait_until(data_on_screen, 20, "data frame", interval=0.005, clock=time.perf_counter)
+    except WaitTimeout:
+        data = float("nan")
     subprocess.run([*tmux, "kill-server"], capture_output=True)
     return first, data
 

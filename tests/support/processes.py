@@ -15,15 +15,22 @@ import os
 import signal
 import subprocess
 
-from p2ptrain.proc import descendants, signal_all, zombie_children
+from p2ptrain.proc import descendants, signal_all, state_and_parent
 
-__all__ = ["become_subreaper", "descendants", "kill_all", "reap_orphans"]
+__all__ = ["become_subreaper", "descendants", "kill_all", "reap_orphans", "zombie_children"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
 
 def become_subreaper() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def zombie_children(parent: int | None = None) -> list[int]:
+    """Children of ``parent`` (default: this process) that have exited and wait to be reaped."""
+    parent = os.getpid() if parent is None else parent
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and state_and_parent(int(entry)) == ("Z", parent)]
 
 
 def kill_all(pids: dict[int, str]) -> None:

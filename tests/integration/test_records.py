@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import contextlib
 import time
 
 import hivemind
@@ -16,12 +16,14 @@ from p2ptrain.records import (
     RecordBook,
     peers_key,
     record_validators,
-    summarize,
     to_wire,
 )
 from p2ptrain.status import PeerRecord
+from p2ptrain.waiting import WaitTimeout, wait_until
 
 RUN = "records-test"
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
 LOOPBACK = {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "nat_port_map": False, "auto_nat": False}
 
 
@@ -59,12 +61,16 @@ def swarm():
 
 
 def _wait_for_peers(book: RecordBook, count: int, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    view = book.read()
-    while view.peers_online < count and time.monotonic() < deadline:
-        time.sleep(0.2)
-        view = book.read()
-    return view
+    """The view once it lists ``count`` peers (the last view read, if it never does)."""
+    views = [book.read()]
+
+    def enough() -> bool:
+        views.append(book.read())
+        return views[-1].peers_online >= count
+
+    with contextlib.suppress(WaitTimeout):
+        wait_until(enough, timeout, f"{count} peers", interval=0.2)
+    return views[-1]
 
 
 def test_honest_records_seen_forged_malformed_oversized_stale_dropped_and_counted(swarm):
@@ -105,11 +111,8 @@ def test_honest_records_seen_forged_malformed_oversized_stale_dropped_and_counte
     assert book_a.read().rejected_records_total == 4
     # poll() never waits: the first call only starts a lookup, a later one returns its result.
     assert book_b.poll().peers_online == 0
-    deadline = time.monotonic() + 10
-    polled = book_b.poll()
-    while polled.peers_online < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-        polled = book_b.poll()
+    polled = wait_until(lambda: (view := book_b.poll()).peers_online >= 2 and view, 10, "two peers polled",
+                        interval=0.1)
     assert [p.peer_id for p in polled.peers] == ["peer-a", "peer-b"]
 
 
@@ -122,19 +125,3 @@ def test_publish_refuses_oversized_own_record_and_stamps_time(swarm):
     assert PeerRecordModel.parse_obj(wire).dict() == wire
     with pytest.raises(ValueError, match="record_validators"):
         RecordBook(a, RUN, [RSASignatureValidator(RSAPrivateKey())])
-
-
-def test_to_wire_makes_strict_finite_types():
-    wire = to_wire(PeerRecord(peer_id="p", epoch=2, samples_per_second=float("nan"), loss=float("inf"),
-                              val_loss=1, uptime_seconds=3, published_at=5))
-    assert wire["samples_per_second"] == 0.0 and wire["loss"] is None
-    assert isinstance(wire["uptime_seconds"], float) and isinstance(wire["val_loss"], float)
-    assert all(not isinstance(v, float) or math.isfinite(v) for v in wire.values())
-
-
-def test_summarize_empty_and_non_training_peers():
-    assert summarize(()).peers_online == 0
-    paused = PeerRecord(peer_id="x", state="paused", samples_per_second=0.0, epoch=4)
-    view = summarize((paused, _record("y", 2.0, 3)), rejected_total=7)
-    assert (view.global_epoch, view.slowest_peer, view.fastest_peer) == (4, "y", "y")
-    assert view.rejected_records_total == 7

@@ -1,23 +1,26 @@
 """Find the local node's API URL and token file: flags first, then the config's state dir, then defaults.
 
-Reads the config TOML directly (``node.state_dir``, ``api.host``/``api.port`` and their
-``P2PTRAIN_*`` env overrides) instead of importing :mod:`p2ptrain.config`, so ``p2ptrain top``
-starts without pydantic.  The state-dir rules are the node's own (``p2ptrain.paths``).
+Used by ``p2ptrain top`` and ``p2ptrain pause/resume/leave``.  Standard library only: it reads the
+config file and its ``P2PTRAIN_*`` overrides through :mod:`p2ptrain.tomlfile` (as the node does,
+without pydantic) and resolves the state directory by the node's own rules (:mod:`p2ptrain.paths`).
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.errors import ConfigError
 from p2ptrain.paths import resolve_state_dir
+from p2ptrain.tomlfile import env_overrides, read_toml, with_overrides
 
 DEFAULT_URL = "http://127.0.0.1:41480"
 URL_FILE = "api.url"
 TOKEN_FILE = "api.token"
+#: The settings discovery reads that hold text (an override keeps its text even if it reads as a number).
+_TEXT_SETTINGS = frozenset({("node", "state_dir"), ("api", "host")})
 
 
 class DiscoveryError(Exception):
@@ -28,24 +31,16 @@ class TokenUnavailable(Exception):
     """The control token cannot be read; the message says which file and why."""
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _settings(config: Path | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The config file (or nothing) with the node's env overrides on top, as the node reads them."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DiscoveryError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise DiscoveryError(f"{path}: is a directory, expected a TOML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DiscoveryError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise DiscoveryError(f"{path}: not valid TOML: {exc}") from None
+        data = read_toml(config) if config is not None else {}
+        return with_overrides(data, env_overrides(environ, lambda s, k: (s, k) in _TEXT_SETTINGS))
+    except ConfigError as error:
+        raise DiscoveryError(str(error)) from None
 
 
-def _setting(data: dict[str, Any], section: str, key: str, environ: Mapping[str, str]) -> Any:
-    """``[section] key`` with the node's env override (``P2PTRAIN_SECTION__KEY``) on top."""
-    env = environ.get(f"P2PTRAIN_{section.upper()}__{key.upper()}")
-    if env:
-        return env
+def _setting(data: dict[str, Any], section: str, key: str) -> Any:
     values = data.get(section)
     return values.get(key) if isinstance(values, dict) else None
 
@@ -58,8 +53,8 @@ def state_dir(configured: Any, environ: Mapping[str, str]) -> Path | None:
         return None
 
 
-def _url_from_config(data: dict[str, Any], environ: Mapping[str, str]) -> str | None:
-    host, port = _setting(data, "api", "host", environ), _setting(data, "api", "port", environ)
+def _url_from_config(data: dict[str, Any]) -> str | None:
+    host, port = _setting(data, "api", "host"), _setting(data, "api", "port")
     if port is None:
         return None
     try:
@@ -69,8 +64,8 @@ def _url_from_config(data: dict[str, Any], environ: Mapping[str, str]) -> str | 
     if port == 0:  # "pick a free one": only api.url knows which
         return None
     host = host if isinstance(host, str) and host else "127.0.0.1"
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
+    # A wildcard bind is reached over loopback, as the node itself writes into api.url.
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
@@ -79,8 +74,8 @@ def discover_node(url: str | None, token_file: Path | None, config: Path | None,
     """``(api_url, token_path)``.  The token path may not exist yet (a node that is still starting);
     it is None only when no state directory can be resolved and no ``token_file`` was given."""
     environ = os.environ if environ is None else environ
-    data = _read_config(config) if config is not None else {}
-    directory = state_dir(_setting(data, "node", "state_dir", environ), environ)
+    data = _settings(config, environ)
+    directory = state_dir(_setting(data, "node", "state_dir"), environ)
     if token_file is None and directory is not None:
         token_file = directory / TOKEN_FILE
     if url:
@@ -92,7 +87,7 @@ def discover_node(url: str | None, token_file: Path | None, config: Path | None,
             written = ""
         if written.startswith(("http://", "https://")):
             return written.rstrip("/"), token_file
-    return _url_from_config(data, environ) or DEFAULT_URL, token_file
+    return _url_from_config(data) or DEFAULT_URL, token_file
 
 
 def read_token(path: Path | None) -> str:

@@ -1,25 +1,29 @@
-"""The TUI's only network code: a small, strict HTTP client for one node's local ``/api/v1`` API.
+"""The one HTTP client for a node's local API, used by ``p2ptrain top``, ``p2ptrain pause/resume/leave``,
+:class:`~p2ptrain.localswarm.LocalNode` and the tests.
 
-Standard library only (``urllib``) with short timeouts, so ``p2ptrain top`` and the control
-commands start fast and never hang on a dead node.  Every failure becomes a :class:`NodeError`
-subclass with a message fit to show a human; nothing the node sends can raise anything else.
+Standard library only (``http.client``), with short timeouts, so the monitor and the control
+commands start fast and never hang on a dead node.  It talks to the node directly: no proxy from
+the environment, no redirects.  :meth:`NodeClient.request` is one raw exchange (any status is
+returned); the typed methods on top turn every failure into a :class:`NodeError` subclass with a
+message fit to show a human, and nothing the node sends can raise anything else.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
-import urllib.error
-import urllib.request
+from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from p2ptrain.status import SCHEMA_VERSION, PeerRecord, StatusSnapshot, SwarmView
 
 #: Oldest snapshot schema this client understands; older nodes are reported, not guessed at.
 MIN_SCHEMA_VERSION = 1
 CONTROL_COMMANDS = ("pause", "resume", "checkpoint", "leave")
-#: A node's answer is a few kB; anything far larger is not a node.
-_MAX_BODY = 8 * 1024 * 1024
+#: A node's answer is at most a few hundred kB (/metrics); anything far larger is not a node.
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
 
 
 class NodeError(Exception):
@@ -50,6 +54,31 @@ class NodeAuthError(NodeError):
 class NodeRequestError(NodeError):
     """The node answered a request with an HTTP error other than an auth failure."""
 
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One raw HTTP answer: status, headers (as sent), body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def error_detail(self) -> str:
+        """``": <message>"`` from the node's ``{"error": ...}`` body, or "" when there is none."""
+        try:
+            data = self.json()
+        except (ValueError, UnicodeDecodeError):
+            return ""
+        message = data.get("error") if isinstance(data, dict) else None
+        return f": {message}" if isinstance(message, str) and message else ""
+
 
 _D = TypeVar("_D")
 
@@ -79,45 +108,67 @@ def _sanitize(obj: _D) -> _D:
 
 class NodeClient:
     """One node's API.  Thread-safe: it holds no connection between calls.  The token, when given,
-    goes with every request; control commands fail early without one."""
+    goes with every request (a node bound beyond loopback wants it on reads too); control
+    commands fail early without one."""
 
     def __init__(self, url: str, token: str | None, timeout: float = 3.0) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
 
-    def _request(self, path: str, body: dict[str, Any] | None = None, auth: bool = False) -> Any:
-        headers = {"Accept": "application/json"}
-        data = None
-        if body is not None or auth:
-            data = json.dumps(body or {}).encode()
-            headers["Content-Type"] = "application/json"
-        if auth and not self.token:
-            raise NodeAuthError("no control token (is the token file readable?)")
-        if self.token:  # a node bound beyond loopback wants it on reads too
-            headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(self.url + path, data=data, headers=headers,
-                                         method="POST" if data is not None else "GET")
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise NodeUnreachable(f"{self.url}: not an http:// URL")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                raw = response.read(_MAX_BODY + 1)
-        except urllib.error.HTTPError as error:
-            detail = _error_detail(error)
-            if error.code in (401, 403):
-                raise NodeAuthError(f"node refused the token (HTTP {error.code}{detail})") from None
-            raise NodeRequestError(f"{path}: HTTP {error.code}{detail}") from None
-        except (urllib.error.URLError, OSError, ValueError) as error:
-            reason = getattr(error, "reason", error)
-            raise NodeUnreachable(f"{self.url}: {reason}") from None
-        if len(raw) > _MAX_BODY:
-            raise NodeProtocolError(f"{path}: answer larger than {_MAX_BODY} bytes")
+            port = parts.port
+        except ValueError:
+            raise NodeUnreachable(f"{self.url}: bad port") from None
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        return kind(parts.hostname, port, timeout=timeout)
+
+    def request(self, method: str, path: str, body: bytes | None = None, *,
+                headers: dict[str, str] | None = None, timeout: float | None = None) -> Answer:
+        """One HTTP exchange with the node.  Every status comes back as an :class:`Answer`;
+        only a node that does not answer (or answers too much) raises."""
+        sent = {"Accept": "application/json", "Connection": "close"}
+        if self.token:
+            sent["Authorization"] = f"Bearer {self.token}"
+        if body is not None:
+            sent["Content-Type"] = "application/json"
+        sent.update(headers or {})
+        connection = self._connection(self.timeout if timeout is None else timeout)
         try:
-            return json.loads(raw)
+            connection.request(method, path, body=body, headers=sent)
+            response = connection.getresponse()
+            raw = response.read(MAX_ANSWER_BYTES + 1)
+            answer = Answer(response.status, dict(response.getheaders()), raw)
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            raise NodeUnreachable(f"{self.url}: {error or error.__class__.__name__}") from None
+        finally:
+            connection.close()
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise NodeProtocolError(f"{path}: answer larger than {MAX_ANSWER_BYTES} bytes")
+        return answer
+
+    def get_json(self, path: str) -> Any:
+        """GET ``path`` and return the parsed JSON answer (NodeError subclasses for everything else)."""
+        return self._json("GET", path)
+
+    def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        answer = self.request(method, path, data)
+        if answer.status in (401, 403):
+            raise NodeAuthError(f"node refused the token (HTTP {answer.status}{answer.error_detail()})")
+        if answer.status >= 400:
+            raise NodeRequestError(f"{path}: HTTP {answer.status}{answer.error_detail()}", answer.status)
+        try:
+            return answer.json()
         except (ValueError, UnicodeDecodeError):
             raise NodeProtocolError(f"{path}: answer is not JSON (is {self.url} a p2ptrain node?)") from None
 
     def _object(self, path: str) -> dict[str, Any]:
-        data = self._request(path)
+        data = self.get_json(path)
         if not isinstance(data, dict):
             raise NodeProtocolError(f"{path}: expected a JSON object, got {type(data).__name__}")
         return data
@@ -171,17 +222,9 @@ class NodeClient:
         body: dict[str, Any] = {}
         if duration_seconds is not None:
             body["duration_seconds"] = duration_seconds
-        answer = self._request(f"/api/v1/control/{command}", body=body, auth=True)
+        if not self.token:
+            raise NodeAuthError("no control token (is the token file readable?)")
+        answer = self._json("POST", f"/api/v1/control/{command}", body)
         if not isinstance(answer, dict):
             raise NodeProtocolError(f"/api/v1/control/{command}: expected a JSON object")
         return answer
-
-
-def _error_detail(error: urllib.error.HTTPError) -> str:
-    """The node's ``{"error": ...}`` text, if it sent one."""
-    try:
-        data = json.loads(error.read(64 * 1024) or b"{}")
-    except (ValueError, OSError):
-        return ""
-    message = data.get("error") if isinstance(data, dict) else None
-    return f": {message}" if isinstance(message, str) and message else ""

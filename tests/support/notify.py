@@ -1,61 +1,15 @@
-"""Helpers for tests against live nodes: raw HTTP calls, the node's token, bounded polling,
-and a test-owned sd_notify socket that records what the node tells systemd."""
+"""A test-owned sd_notify socket that records what a live node tells systemd."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from p2ptrain.localswarm import LocalNode
-
-
-@dataclass
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def call(url: str, method: str = "GET", *, token: str | None = None, body: bytes | None = None,
-         timeout: float = 10.0) -> Answer:
-    """One HTTP request; 4xx/5xx answers are returned, not raised."""
-    request = urllib.request.Request(url, data=body, method=method)
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    if body is not None:
-        request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return Answer(response.status, dict(response.headers), response.read())
-    except urllib.error.HTTPError as error:
-        return Answer(error.code, dict(error.headers), error.read())
-
-
-def node_token(node: LocalNode) -> str:
-    return (node.state_dir / "api.token").read_text(encoding="utf-8").strip()
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
-    """Poll ``predicate`` until it returns something truthy; AssertionError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"no {what} within {timeout:.0f} s")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,244 @@
+"""The API under hostile load, in-process on 127.0.0.1: slow clients, floods, greedy readers.
+
+The contract: ``/healthz`` keeps answering within a second while 32 clients trickle their
+requests byte by byte and 200 others arrive at once; a request that does not arrive within the
+total deadline is cut off however slowly it trickles; answers are rendered at most about once a
+second however often they are read; a client far over its rate gets ``429`` with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from monitoring_fixtures import populated_status, populated_swarm
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+
+from p2ptrain.daemon.api import ApiServer
+from p2ptrain.daemon.control import ControlQueue
+from p2ptrain.daemon.logbuffer import LogRing
+from p2ptrain.metrics import build_registry
+from p2ptrain.status import LatestSnapshot
+
+pytestmark = [pytest.mark.timeout(120)]
+
+TOKEN = "t" * 43
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+STATUS = b"GET /api/v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+
+def make_server(registry: CollectorRegistry | None = None, **kwargs) -> ApiServer:
+    latest = LatestSnapshot()
+    latest.publish(populated_status(time.time()), populated_swarm())
+    server = ApiServer(host="127.0.0.1", port=0, latest=latest, logs=LogRing(capacity=10), control=ControlQueue(),
+                       registry=registry or build_registry(latest), token=TOKEN, **kwargs)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def server() -> Iterator[ApiServer]:
+    api = make_server(request_timeout=2.0)
+    yield api
+    api.stop()
+
+
+def exchange(port: int, payload: bytes, timeout: float = 5.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+
+
+def timed_healthz(port: int) -> tuple[int, float]:
+    started = time.monotonic()
+    try:
+        code = status_of(exchange(port, HEALTHZ, timeout=3.0))
+    except OSError:
+        code = 0
+    return code, time.monotonic() - started
+
+
+class Tricklers:
+    """``count`` clients that send their request one byte at a time, every ``every`` seconds."""
+
+    def __init__(self, port: int, count: int, every: float) -> None:
+        self.socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(count)]
+        self.every = every
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        payload = STATUS
+        for position in range(len(payload)):
+            for sock in self.socks:
+                with contextlib.suppress(OSError):  # cut off by the server: what the test expects, eventually
+                    sock.sendall(payload[position:position + 1])
+            if self.stop.wait(self.every):
+                return
+
+    def answers(self) -> list[bytes]:
+        """What each trickler got back once the server closed it (b"" if it is still open)."""
+        found = []
+        for sock in self.socks:
+            sock.settimeout(0.1)
+            try:
+                found.append(sock.recv(4096))
+            except (TimeoutError, OSError):
+                found.append(b"")
+        return found
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        for sock in self.socks:
+            sock.close()
+
+
+async def _flood(port: int, count: int) -> list[int]:
+    """``count`` requests opened at the same moment; the status of each answer (0: none)."""
+
+    async def one() -> int:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
+            writer.write(STATUS)
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            return status_of(answer)
+        except (OSError, TimeoutError):
+            return 0
+
+    return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+def test_healthz_answers_within_a_second_under_slow_and_many_clients(server: ApiServer) -> None:
+    tricklers = Tricklers(server.port, 32, every=0.25)
+    try:
+        time.sleep(0.3)  # all 32 are connected and trickling
+        flood: list[int] = []
+        flooder = threading.Thread(target=lambda: flood.extend(asyncio.run(_flood(server.port, 200))))
+        flooder.start()
+        probes = []
+        while flooder.is_alive() or len(probes) < 5:
+            probes.append(timed_healthz(server.port))
+            time.sleep(0.05)
+        flooder.join(30)
+        assert [code for code, _ in probes] == [200] * len(probes), probes
+        slowest = max(seconds for _, seconds in probes)
+        assert slowest < 1.0, f"/healthz took {slowest:.2f} s under load ({len(probes)} probes)"
+        # Every one of the 200 got an answer: served, paced (429) or refused at once (503), none timed out.
+        assert len(flood) == 200 and set(flood) <= {200, 429, 503}, sorted(set(flood))
+        assert flood.count(200) >= 20
+    finally:
+        tricklers.close()
+
+
+def test_trickling_clients_are_cut_off_at_the_total_deadline(server: ApiServer) -> None:
+    # One byte every 0.25 s never trips a per-read timeout; the 2 s total deadline cuts it off.
+    tricklers = Tricklers(server.port, 8, every=0.25)
+    try:
+        time.sleep(3.5)
+        answers = tricklers.answers()
+    finally:
+        tricklers.close()
+    assert all(answer.startswith(b"HTTP/1.0 408") for answer in answers), answers
+
+
+def test_a_burst_of_connections_waits_in_the_backlog_not_dropped() -> None:
+    api = make_server(max_connections=1024, max_client_connections=1024, client_rate=1e6, client_burst=10**6)
+    try:
+        codes = asyncio.run(_flood(api.port, 300))
+    finally:
+        api.stop()
+    assert codes.count(200) == 300, sorted(set(codes))
+
+
+def test_over_the_per_client_cap_only_healthz_is_served() -> None:
+    api = make_server(max_client_connections=4)
+    hogs = [socket.create_connection(("127.0.0.1", api.port)) for _ in range(4)]
+    try:
+        time.sleep(0.2)
+        refused = exchange(api.port, STATUS)
+        assert status_of(refused) == 503 and b"too many open connections from 127.0.0.1" in refused
+        assert b"Retry-After: 1" in refused
+        assert timed_healthz(api.port)[0] == 200
+    finally:
+        for sock in hogs:
+            sock.close()
+        api.stop()
+
+
+def test_a_greedy_client_is_paced_then_refused_with_retry_after() -> None:
+    api = make_server(client_rate=2.0, client_burst=2, max_queue_wait=0.5)
+    try:
+        started = time.monotonic()
+        answers = [b""] * 8
+
+        def ask(i: int) -> None:
+            answers[i] = exchange(api.port, STATUS)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        elapsed = time.monotonic() - started
+        codes = sorted(status_of(a) for a in answers)
+        assert codes.count(200) in (2, 3) and codes.count(429) == 8 - codes.count(200), codes
+        refused = next(a for a in answers if status_of(a) == 429)
+        assert b"Retry-After: " in refused and b"too many requests from 127.0.0.1" in refused
+        assert elapsed >= 0.4  # refusals come after the queue wait, so a greedy loop cannot spin
+        assert timed_healthz(api.port)[0] == 200  # health checks have their own budget
+    finally:
+        api.stop()
+
+
+class CountingCollector:
+    def __init__(self) -> None:
+        self.collects = 0
+
+    def collect(self):
+        self.collects += 1
+        yield GaugeMetricFamily("p2ptrain_test_collects", "collect() calls", value=self.collects)
+
+
+class FakeMonotonic:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_answers_are_rendered_at_most_once_per_snapshot_and_second() -> None:
+    registry, counter, clock = CollectorRegistry(), CountingCollector(), FakeMonotonic()
+    registry.register(counter)
+    api = make_server(registry=registry, monotonic=clock, client_rate=1e6, client_burst=10**6)
+    try:
+        for _ in range(25):
+            assert status_of(exchange(api.port, b"GET /metrics HTTP/1.0\r\n\r\n")) == 200
+            assert status_of(exchange(api.port, STATUS)) == 200
+            assert status_of(exchange(api.port, b"GET /api/v1/peers HTTP/1.0\r\n\r\n")) == 200
+        assert counter.collects == 1 and api.cache.renders == 3
+        clock.now += 1.5  # older than a second: rendered again
+        exchange(api.port, b"GET /metrics HTTP/1.0\r\n\r\n")
+        assert counter.collects == 2
+        # A newer snapshot is never hidden behind the cache.
+        api.latest.publish(populated_status(time.time() + 1), populated_swarm())
+        exchange(api.port, b"GET /metrics HTTP/1.0\r\n\r\n")
+        assert counter.collects == 3
+    finally:
+        api.stop()

@@ -1,0 +1,25 @@
+"""pyproject.toml declares only what exists, and a torch whose weights_only loading is safe."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_package_data_patterns_match_files() -> None:
+    package_dirs = PROJECT["tool"]["setuptools"]["package-dir"]
+    for package, patterns in PROJECT["tool"]["setuptools"]["package-data"].items():
+        folder = REPO / package_dirs[package]
+        for pattern in patterns:
+            assert list(folder.glob(pattern)), f"package-data {package}: {pattern} matches nothing in {folder}"
+
+
+def test_torch_floor_has_the_weights_only_fixes() -> None:
+    [spec] = [d for d in PROJECT["project"]["dependencies"] if re.match(r"torch\b", d)]
+    floor = re.search(r">=\s*(\d+)\.(\d+)", spec)
+    assert floor is not None and (int(floor[1]), int(floor[2])) >= (2, 10), spec
+    assert "<3" in spec
