@@ -55,6 +55,7 @@ def summarize(mode: str, results: list[dict[str, Any]], bytes_sent: int) -> dict
         "stall_per_epoch_s": (sum(r.get("stall_seconds", 0.0) for r in results) / len(results)
                               / rank0["epoch"] if rank0["epoch"] else math.nan),
         "rounds_ok": sum(r["rounds_ok"] for r in results), "rounds_failed": sum(r["rounds_failed"] for r in results),
+        "rounds_partial": sum(r.get("rounds_partial", 0) for r in results),
         "short": any(r["sequences"] < r.get("target_sequences", r["sequences"]) for r in results),
     }
 
@@ -77,7 +78,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 def markdown_table(rows: list[dict[str, Any]], title: str) -> str:
     lines = [f"### {title}", "",
-             "| mode | seq/s | vs DDP | vs ideal | bytes/seq | val loss | time to target (s) | rounds ok/failed "
+             "| mode | seq/s | vs DDP | vs ideal | bytes/seq | val loss | time to target (s) | rounds full/partial/failed "
              "| stall/epoch (s) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
@@ -90,5 +91,5 @@ def markdown_table(rows: list[dict[str, Any]], title: str) -> str:
             f"| {label} | {_fmt(row['seq_per_s'], '.1f')} | {_fmt(row['vs_ddp'], '.2f')} | "
             f"{_fmt(row['vs_ideal'], '.2f')} | {_fmt(row['bytes_per_seq'], ',.0f')} | "
             f"{_fmt(row['final_val_loss'], '.3f')} | {_fmt(row['time_to_target_s'], '.1f')} | "
-            f"{row['rounds_ok']}/{row['rounds_failed']} | {_fmt(row.get('stall_per_epoch_s'), '.2f')} |")
+            f"{row['rounds_ok']}/{row.get('rounds_partial', 0)}/{row['rounds_failed']} | {_fmt(row.get('stall_per_epoch_s'), '.2f')} |")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None) -> list[dict[str, Any]]:
-    """Start the mode's peers, wait (bounded), return their results; every process reaped."""
-    world = 1 if mode == "compute" else args.peers
+def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None, *, world: int | None = None,
+             rank_options: Callable[[int], list[str]] | None = None) -> list[dict[str, Any]]:
+    """Start the mode's peers, wait (bounded), return their results; every process reaped.
+
+    ``world`` overrides the number of peers; ``rank_options(rank)`` adds worker options per peer.
+    """
+    world = world if world is not None else 1 if mode == "compute" else args.peers
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-", dir=args.out))
     master_port = 29512 if net else free_port()
     procs: list[subprocess.Popen[bytes]] = []
@@ -55,6 +60,8 @@ def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None) -> list
                    "--compression", args.diloco_compression if mode == "diloco" else args.grad_compression]
             for opt in WORKER_OPTS:
                 cmd += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
+            if rank_options is not None:
+                cmd += rank_options(rank)
             env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=net.interfaces[rank] if net else "lo",
                        PYTHONPATH=str(Path(__file__).resolve().parent.parent))
             if net:

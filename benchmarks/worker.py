@@ -17,7 +17,9 @@ from typing import Any
 import torch
 
 from p2ptrain.config import TaskSection, TrainingSection
-from p2ptrain.optim import ClippedAdamW, SwarmStats, build_optimizer
+from p2ptrain.cpushare import CpuShare, default_cpu_source
+from p2ptrain.optim import ClippedAdamW, build_optimizer
+from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks.loader import build_task
 
 MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco")
@@ -41,7 +43,8 @@ def training_section(args: argparse.Namespace) -> TrainingSection:
     return TrainingSection(
         batch_size=args.micro_batch, target_batch_size=args.global_batch, lr=args.lr, warmup_epochs=0,
         total_epochs=100_000, mode="diloco" if args.mode == "diloco" else "gradient",
-        grad_compression=args.compression, inner_steps=args.inner_steps, matchmaking_time=args.matchmaking_time,
+        grad_compression=args.compression, inner_steps=args.inner_steps, inner_batch_size=args.inner_batch,
+        matchmaking_time=args.matchmaking_time,
         averaging_timeout=args.averaging_timeout, load_state_timeout=30.0, threads=1, seed=0,
     )
 
@@ -171,8 +174,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         curve.append((0.0, 0, validation_loss(task)))
         # A mode slower than the cap stops early (and reports fewer sequences): every run stays bounded.
         step_seconds: list[float] = []
+        # --cpu-percent: a slow peer, held to a share of one core the way a volunteer's node holds
+        # itself to volunteer.max_cpu_percent (its idling counts as its training time).
+        share = CpuShare(args.cpu_percent, cpu_seconds=default_cpu_source(), cores=1,
+                         wait=lambda seconds: bool(time.sleep(seconds)))
         while seqs < args.sequences and train_time < args.max_train_seconds:
             started = time.perf_counter()
+            while not share.wait_for_budget():
+                pass
             runner.micro_step(task.train_batches.next())
             step_seconds.append(time.perf_counter() - started)
             train_time += step_seconds[-1]
@@ -186,13 +195,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if seqs % args.eval_every == 0 or done:
                 curve.append((train_time, seqs, validation_loss(task)))
         final = curve[-1][2]
-        stats = runner.stats.view()
+        stats, rounds = runner.stats.view(), runner.stats.rounds.figures()
         result = {"mode": args.mode, "rank": args.rank, "world": args.world, "sequences": seqs,
                   "target_sequences": args.sequences, "train_seconds": train_time, "final_val_loss": final,
                   "curve": curve,
                   "timeline": timeline[:: max(1, len(timeline) // 400)] + timeline[-1:],
-                  "epoch": runner.epoch(), "rounds_ok": stats.rounds_ok,
-                  "rounds_failed": stats.rounds_failed, "swarm_bytes_sent": stats.bytes_sent,
+                  "epoch": runner.epoch(), "rounds_ok": rounds.rounds_ok, "rounds_partial": rounds.rounds_partial,
+                  "rounds_failed": rounds.rounds_failed, "swarm_bytes_sent": stats.bytes_sent,
+                  "cpu_percent": args.cpu_percent,
                   "params": sum(p.numel() for p in task.model.parameters()),
                   "stall_seconds": stall_seconds(step_seconds)}
         Path(args.out).write_text(json.dumps(result))
@@ -225,6 +235,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--val-batches", type=int, default=4)
     p.add_argument("--inner-steps", type=int, default=100)
+    p.add_argument("--inner-batch", type=int, default=0, help="DiLoCo: sequences per inner step (0: --micro-batch)")
+    p.add_argument("--cpu-percent", type=float, default=0.0, help="hold this peer to this share of one core (0: none)")
     p.add_argument("--compression", default="fp16")
     p.add_argument("--matchmaking-time", type=float, default=0.5)
     p.add_argument("--averaging-timeout", type=float, default=30.0)

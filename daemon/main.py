@@ -12,6 +12,7 @@ import logging
 import os
 import resource
 import signal
+import threading
 from types import FrameType
 
 from p2ptrain.config import ConfigError, load_config, parse_multiaddr
@@ -24,6 +25,9 @@ from p2ptrain.daemon.service import ServiceHooks
 from p2ptrain.daemon.systemd import SystemdNotifier
 
 logger = logging.getLogger("p2ptrain.daemon")
+
+#: Seconds the process may take to exit once the node has stopped.
+EXIT_DEADLINE = 15.0
 
 
 def _install_signal_handlers(node: Node) -> None:
@@ -79,4 +83,22 @@ def run_node(args: argparse.Namespace) -> int:
     hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ(os.environ))
     node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks)
     _install_signal_handlers(node)
-    return node.run()
+    code = node.run()
+    _guard_process_exit(code)
+    return code
+
+
+def _guard_process_exit(code: int, deadline: float = EXIT_DEADLINE) -> None:
+    """The node is done; make sure the process ends too.  Interpreter shutdown runs atexit hooks of
+    libraries (multiprocessing joins its children) that can wait on a helper that never exits; a
+    daemon timer ends the process with the node's own exit code if that takes longer than
+    ``deadline`` (it dies unnoticed with a process that exits in time)."""
+
+    def force() -> None:
+        logger.warning("the process did not exit %.0fs after the node stopped: exiting now", deadline)
+        logging.shutdown()
+        os._exit(code)
+
+    timer = threading.Timer(deadline, force)
+    timer.daemon = True
+    timer.start()
