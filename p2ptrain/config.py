@@ -422,8 +422,9 @@ class VolunteerSection(_Section):
     max_cpu_percent: Annotated[float, Field(ge=0, le=100)] = 0.0
     """Use at most this percentage of the machine's CPU time (all its cores: 25 on a 4-core machine is
     one core's worth), like BOINC's "use at most N% of CPU time". The node idles between training
-    steps so its whole process tree (helpers and p2p daemon included) stays within it. 0 or 100: no
-    limit. For a hard limit use systemd's CPUQuota= (per core: CPUQuota=100% is one core)."""
+    steps so its own process (the training) stays within it; the swarm's helper processes (DHT,
+    averaging, p2p daemon: ~1-25% of a core) come on top. 0 or 100: no limit. For a hard limit on
+    everything use systemd's CPUQuota= (per core: CPUQuota=100% is one core)."""
 
     max_memory_mb: Annotated[int, Field(ge=0, le=2**30)] = 0
     """Resident memory (MiB) above which the node pauses training and logs a warning. 0: unlimited.

@@ -6,10 +6,13 @@ a 4-core machine is one core's worth, 50 on a 2-core machine is one core, 100 (o
 That is what a desktop's system monitor shows as the node's "% CPU", and it matches
 ``volunteer.busy_cpu_percent``.  To hold a node to a quarter of ONE core, write ``25 / cores``.
 
-The node's CPU use is that of its whole process tree: the node process (all its threads), the
-helper processes hivemind forks (DHT, averagers) and the p2p daemon.  Only training steps can be
-held back; the swarm's background work is counted but never slowed.  Every CPU second the tree
-uses is a debt that idling pays back at the share's rate, and unused time earns no credit; so
+What is held to the share is the node's own process (all its threads): the training.  Like BOINC,
+which throttles the science application and not its own client, the swarm's helper processes
+(hivemind's DHT and averager processes, the p2p daemon) are not counted: a duty cycle can only hold
+back training steps, and counting work it cannot slow would starve training whenever the swarm is
+busy (measured: a peer's DHT process and p2p daemon at 26% of a core while its partner looks for a
+group, 1% when quiet).  For a hard cap on everything use systemd's ``CPUQuota=``.  Every CPU second
+the process uses is a debt that idling pays back at the share's rate, and unused time earns no credit; so
 before each step the node asks :meth:`CpuShare.wait_for_budget`, which idles (through the node's
 stop-aware wait, a bounded slice at a time) until the debt is paid.  The use over any window is
 then at most the share plus one step, and exactly the share in the long run while training is
@@ -26,11 +29,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-#: Cumulative CPU seconds of the node's process tree (never decreasing).
+#: Cumulative CPU seconds of what the share holds back (never decreasing).
 CpuSource = Callable[[], float]
 #: Sleeps up to the given seconds; True when a stop was requested meanwhile (``Stopper.wait``).
 WaitFunction = Callable[[float], bool]
@@ -55,86 +57,15 @@ def machine_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def os_times_cpu() -> float:
-    """Fallback source where /proc is missing: this process plus the children it has reaped."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-class ProcessTreeCpu:
-    """CPU seconds of a process and every descendant, read from ``/proc``; never decreasing.
-
-    The tree's members are found again every ``rescan_every`` seconds (a full ``/proc`` scan);
-    in between only the members' own ``stat`` files are read, which is cheap enough for every
-    training step.  A member that exits keeps the time it was last seen with (children's
-    ``cutime`` is not used, so nothing is counted twice when a helper reaps its own child).
-    """
-
-    def __init__(self, root: int | None = None, *, proc: Path = Path("/proc"), rescan_every: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._root = os.getpid() if root is None else root
-        self._proc = proc
-        self._rescan_every = rescan_every
-        self._clock = clock
-        self._ticks = float(os.sysconf("SC_CLK_TCK"))
-        self._members: set[int] = set()
-        self._next_scan = -math.inf
-        #: (pid, start time) -> the highest utime + stime seen, in ticks.
-        self._live: dict[tuple[int, int], int] = {}
-        self._departed = 0
-
-    def _stat(self, pid: int) -> tuple[int, int, int] | None:
-        """(parent pid, utime + stime, start time) of ``pid``; None if it is gone."""
-        try:
-            text = (self._proc / str(pid) / "stat").read_text()
-        except OSError:
-            return None
-        fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and ')'
-        return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
-
-    def _scan(self) -> set[int]:
-        children: dict[int, list[int]] = collections.defaultdict(list)
-        for entry in os.listdir(self._proc):
-            if entry.isdigit():
-                found = self._stat(int(entry))
-                if found is not None:
-                    children[found[0]].append(int(entry))
-        members, frontier = {self._root}, [self._root]
-        while frontier:
-            pid = frontier.pop()
-            for child in children.get(pid, ()):
-                if child not in members:
-                    members.add(child)
-                    frontier.append(child)
-        return members
-
-    def __call__(self) -> float:
-        now = self._clock()
-        if now >= self._next_scan:
-            self._members = self._scan()
-            self._next_scan = now + self._rescan_every
-        seen: set[tuple[int, int]] = set()
-        for pid in list(self._members):
-            found = self._stat(pid)
-            if found is None:
-                self._members.discard(pid)
-                continue
-            key = (pid, found[2])
-            seen.add(key)
-            self._live[key] = max(self._live.get(key, 0), found[1])
-        for key in [k for k in self._live if k not in seen]:
-            self._departed += self._live.pop(key)
-        return (self._departed + sum(self._live.values())) / self._ticks
+def process_cpu() -> float:
+    """CPU seconds of this process, every thread included: the training step and its threads."""
+    return time.process_time()
 
 
 def default_cpu_source() -> CpuSource:
-    """The process tree from ``/proc`` where it can be read, else :func:`os_times_cpu`."""
-    source = ProcessTreeCpu()
-    try:
-        source()
-    except (OSError, ValueError, IndexError):
-        return os_times_cpu
-    return source
+    """What the share holds back: the node's own process (see the module docstring for why the
+    swarm's helper processes are not counted)."""
+    return process_cpu
 
 
 def check_limit(limit_percent: float) -> float:
@@ -150,14 +81,14 @@ class CpuShareFigures:
 
     #: The limit in percent of the machine; 0 when there is none (0 and 100 both mean none).
     limit_percent: float
-    #: The process tree's CPU use over the window, percent of the machine; None before two samples.
+    #: The node process's CPU use over the window, percent of the machine; None before two samples.
     used_percent: float | None
     #: Seconds spent idling to hold the share, since the node started.
     idle_seconds_total: float
 
 
 class CpuShare:
-    """Decides before each step how long to idle so the tree stays at or under its share.
+    """Decides before each step how long to idle so the node process stays at or under its share.
 
     ``cores`` is what 100% stands for (default: :func:`machine_cores`); a test that wants "25% of
     one core" on any machine passes ``cores=1``.  Not thread-safe: the node's loop owns it (a
@@ -177,7 +108,7 @@ class CpuShare:
             raise ValueError(f"cores must be at least 1, got {self.cores}")
         self.window = window
         self.max_wait = max_wait
-        #: (monotonic time, tree CPU seconds, seconds idled so far), oldest first: the shown use.
+        #: (monotonic time, process CPU seconds, seconds idled so far), oldest first: the shown use.
         self._samples: collections.deque[tuple[float, float, float]] = collections.deque()
         #: CPU seconds owed (<= 0), and how deep the debt may go (the last step's, or one window).
         self._balance = 0.0
@@ -205,7 +136,7 @@ class CpuShare:
         self.limit_percent = limit
 
     def _sample(self, after_step: bool) -> tuple[float, float]:
-        """Read the clock and the tree's CPU, charge what was used since the last reading."""
+        """Read the clock and the process's CPU, charge what was used since the last reading."""
         now, cpu = self._clock(), self._cpu_seconds()
         if self._samples and cpu < self._samples[-1][1]:
             self._samples.clear()  # the source went backwards (it was replaced): measure afresh
@@ -259,7 +190,7 @@ class CpuShare:
 
     def _note_starved(self, starved: bool) -> None:
         if starved and not self._starved:
-            logger.warning("the node's swarm work alone (DHT, averaging) uses %.0f%% of the machine, above "
+            logger.warning("the node's work between training steps alone uses %.0f%% of the machine, above "
                            "volunteer.max_cpu_percent=%g: training steps are held back; raise the limit",
                            self._used_percent(*self._samples[-1][:2]) or 0.0, self.limit_percent)
         elif self._starved and not starved:
