@@ -78,8 +78,8 @@ def _fmt(value: Any, spec: str) -> str:
 
 def markdown_table(rows: list[dict[str, Any]], title: str) -> str:
     lines = [f"### {title}", "",
-             "| mode | seq/s | vs DDP | vs ideal | bytes/seq | val loss | time to target (s) | rounds full/partial/failed "
-             "| stall/epoch (s) |",
+             "| mode | seq/s | vs DDP | vs ideal | bytes/seq | val loss | time to target (s) "
+             "| rounds full/partial/failed | stall/epoch (s) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         label = LABELS.get(row["mode"], row["mode"])
@@ -91,5 +91,6 @@ def markdown_table(rows: list[dict[str, Any]], title: str) -> str:
             f"| {label} | {_fmt(row['seq_per_s'], '.1f')} | {_fmt(row['vs_ddp'], '.2f')} | "
             f"{_fmt(row['vs_ideal'], '.2f')} | {_fmt(row['bytes_per_seq'], ',.0f')} | "
             f"{_fmt(row['final_val_loss'], '.3f')} | {_fmt(row['time_to_target_s'], '.1f')} | "
-            f"{row['rounds_ok']}/{row.get('rounds_partial', 0)}/{row['rounds_failed']} | {_fmt(row.get('stall_per_epoch_s'), '.2f')} |")
+            f"{row['rounds_ok']}/{row.get('rounds_partial', 0)}/{row['rounds_failed']} | "
+            f"{_fmt(row.get('stall_per_epoch_s'), '.2f')} |")
     return "\n".join(lines)
