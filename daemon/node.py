@@ -164,6 +164,7 @@ class Node:
 
         self.board.set_state(NodeState.STOPPING)
         logger.info("stopping (%s): writing a final checkpoint", self.stopper.reason)
+        self._land_round_in_flight(parts)
         if self.loop.checkpoint():
             self._forced_exit_code = 0
         return 0
@@ -193,6 +194,15 @@ class Node:
             logger.info("now at epoch %d", optimizer.local_epoch)
         else:
             logger.info("in sync with the swarm at epoch %d", optimizer.local_epoch)
+
+    def _land_round_in_flight(self, parts: TrainingParts) -> None:
+        """An overlapped round still in flight is this node's share of the swarm's last update: let
+        it land (bounded by the averaging timeout) so the final checkpoint holds it."""
+        self.hooks.long_operation(self.config.training.averaging_timeout + self.config.training.matchmaking_time)
+        try:
+            parts.optimizer.flush()
+        except Exception as exc:  # the swarm's trouble must not cost the final checkpoint
+            logger.warning("the last averaging round did not land (%r); checkpointing local progress", exc)
 
     def _shutdown(self) -> None:
         deadline = threading.Timer(SHUTDOWN_DEADLINE, self._force_exit)

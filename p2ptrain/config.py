@@ -316,7 +316,7 @@ class TrainingSection(_Section):
     traffic, the mode for home-internet volunteers. All peers of a run must use the same mode."""
 
     grad_compression: Literal["none", "fp16", "8bit"] = "fp16"
-    """Wire format of what is averaged each round (gradients, or DiLoCo pseudo-gradients): none (fp32),
+    """Wire format of what is averaged each round (gradients, or in DiLoCo mode parameters): none (fp32),
     fp16 (half the bytes, no measurable loss change), 8bit (a quarter; uniform 8-bit quantisation of
     large tensors, fp16 for small ones; slightly noisier updates)."""
 

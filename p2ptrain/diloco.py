@@ -4,9 +4,13 @@ Each outer round starts from the shared "outer" parameters.  A peer trains alone
 steps of ``inner_batch_size`` sequences (accumulated over micro-batches) until the swarm's round
 clock (``p2ptrain.roundclock``) says the round is over: when the swarm has processed
 ``inner_steps`` inner batches per peer on average, at the same moment for fast and slow peers.
-It then averages its pseudo-gradient (outer params - current params) with whoever is in the
-round, weighted by samples, and applies Nesterov-momentum SGD to the outer params, which become
-the model's parameters for the next round.  Matchmaking for a round is started
+It then averages its parameters with whoever is in the round, weighted by samples, takes
+``outer params - that average`` as the pseudo-gradient and applies Nesterov-momentum SGD to the
+outer params, which become the model's parameters for the next round.  While the peers' outer
+params agree this is exactly DiLoCo's average of pseudo-gradients; when they drift apart (a round
+that failed or reached only part of the swarm, a round a peer missed) averaging the parameters
+pulls them back together every round (with the default outer_lr 0.7 and Nesterov momentum 0.9
+the gap about halves each round), where averaging pseudo-gradients would keep it forever.  Matchmaking for a round is started
 ``matchmaking_time`` seconds before the round clock's estimated end.  With ``overlap`` (the default) the all-reduce
 itself runs while the next round's inner steps compute: when it lands, the outer step is applied
 and the local progress made in the meantime is kept on top of the new outer params (a one-round
@@ -91,7 +95,8 @@ class _RoundInFlight:
 
 
 class _DiLoCoAverager(hivemind.DecentralizedAverager):
-    """Averages pseudo-gradients; serves (outer params, outer momentum, round position) to newcomers."""
+    """Averages the peers' parameters each round; serves (outer params, outer momentum, round
+    position) to newcomers."""
 
     def __init__(self, *args: Any, owner: DiLoCoOptimizer, **kwargs: Any) -> None:
         self._owner = owner
@@ -192,6 +197,11 @@ class DiLoCoOptimizer:
             return
         self._inner_step()
         self._settle_round(block=False)
+        if self._tracker.global_epoch > self.local_epoch + 1:
+            # Rounds behind: ours could average with nobody. Catch up first (a download, retried
+            # now and then); until it works the inner steps go on, and no round is ended alone.
+            self._catch_up()
+            return
         self._maybe_schedule_round()
         if self._tracker.ready_to_update_epoch:
             self._settle_round(block=True)  # one round at a time: the previous one lands first
@@ -230,7 +240,7 @@ class DiLoCoOptimizer:
     def _outer_round(self) -> None:
         started = time.perf_counter()
         pseudo = self.outer.pseudo_gradients(self.params)
-        control = self._begin_average(pseudo)
+        control = self._begin_average([p.detach().float() for p in self.params])
         if control is _ALONE or control is None or not self.cfg.overlap:
             group = control if control is _ALONE or control is None else self._await(control)
             self._finish_round(group, pseudo, None, started)
@@ -242,8 +252,8 @@ class DiLoCoOptimizer:
         if self._in_flight is None:
             self._catch_up()
 
-    def _begin_average(self, pseudo: list[torch.Tensor]) -> Any:
-        """Hand the pseudo-gradients to the averager and let the round's all-reduce start.
+    def _begin_average(self, params: list[torch.Tensor]) -> Any:
+        """Hand this peer's parameters to the averager and let the round's all-reduce start.
 
         Returns the round's control, ``_ALONE`` when nobody else is in the swarm, None if the round
         could not even start.
@@ -252,8 +262,8 @@ class DiLoCoOptimizer:
         if control is None and self._tracker.global_progress.num_peers < 2:
             return _ALONE
         with self.averager.get_tensors() as buffers:
-            for buffer, grad in zip(buffers, pseudo, strict=True):
-                buffer.copy_(grad)
+            for buffer, value in zip(buffers, params, strict=True):
+                buffer.copy_(value)
         try:
             if control is None:
                 control = self.averager.step(weight=float(max(self.samples_this_round, 1)), gather=self.local_epoch,
@@ -312,10 +322,11 @@ class DiLoCoOptimizer:
 
     def _finish_round(self, group: Any, pseudo: list[torch.Tensor], carry: list[torch.Tensor] | None,
                       started: float) -> None:
-        """The outer step with the average (or our own pseudo-gradients if the round failed)."""
+        """The outer step with the swarm's pseudo-gradient, ``outer - average of the peers' parameters``
+        (or our own pseudo-gradient if the round failed)."""
         if group:
             with self.averager.get_tensors() as buffers:
-                pseudo = [buffer.clone() for buffer in buffers]
+                pseudo = [outer - average for outer, average in zip(self.outer.params, buffers, strict=True)]
         self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
             report = RoundReport(ok=group is not None, duration=time.perf_counter() - started,
@@ -346,6 +357,9 @@ class DiLoCoOptimizer:
                 self._adopt(*loaded)
                 self.stats.download_finished(True, time.perf_counter() - started)
                 return True
+            if attempt < self.cfg.load_state_attempts:
+                # A node that has just joined may not see the donors' DHT entries yet.
+                time.sleep(2.0 * attempt)
         self.stats.download_finished(False, 0.0)
         self._last_failed_sync = time.monotonic()
         logger.warning("could not download state from any peer; continuing with local state")

@@ -83,7 +83,7 @@ def from_checkpoint(config: NodeConfig, checkpoint: Path | None, say: Say) -> Lo
     weights = state.get("model")
     if not isinstance(weights, dict):
         raise ModelError(f"{loaded.path} has no model weights")
-    _load_weights(model, weights, loaded.path)
+    _load_weights(model, consensus_weights(model, state), loaded.path)
     card = CardInfo.from_state(state, config.swarm.run_id, loaded.path.name)
     training = {"batch_size": config.training.batch_size, "seed": config.training.seed}
     return LoadedModel(model, config.task, training, fingerprint, shape, card, str(loaded.path),
@@ -137,6 +137,21 @@ def resolve(model_arg: Path, config_path: Path | None, say: Say) -> LoadedModel:
     if model_arg.suffix == ".toml":
         return from_checkpoint(load_config(model_arg), None, say)
     return from_checkpoint(load_config(config_path), model_arg, say)
+
+
+def consensus_weights(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """The swarm's model in a node's checkpoint: in DiLoCo mode the outer parameters, the model the
+    swarm agreed on at its last round (the checkpoint's ``model`` adds this node's own progress in
+    the round under way); in gradient mode the model itself, which the swarm averages every epoch."""
+    weights = dict(state.get("model") or {})
+    optimizer = state.get("optimizer")
+    outer = optimizer.get("outer_params") if isinstance(optimizer, dict) else None
+    names = [name for name, param in model.named_parameters() if param.requires_grad]
+    if isinstance(outer, list) and len(outer) == len(names) and all(
+            torch.is_tensor(value) and torch.is_tensor(weights.get(name)) and value.shape == weights[name].shape
+            for name, value in zip(names, outer, strict=True)):
+        weights.update((name, value.to(weights[name].dtype)) for name, value in zip(names, outer, strict=True))
+    return weights
 
 
 def _load_weights(model: torch.nn.Module, weights: dict[str, Any], where: Path) -> None:

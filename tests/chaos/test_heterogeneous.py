@@ -1,0 +1,84 @@
+"""Scenario 10 - a slow volunteer in DiLoCo: one node held to a quarter of a core next to a full one.
+
+The shared round clock ends every round at the same moment for both, so the slow node takes part
+in the rounds (its fewer samples weighted as such) instead of falling behind, and the two models
+stay together.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from p2ptrain.checkpoint import CheckpointStore
+from p2ptrain.config import parse_config
+from p2ptrain.models import consensus_weights
+from p2ptrain.tasks.loader import build_task
+from tests.chaos.conftest import TINY_TASK
+from tests.chaos.helpers import training
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
+
+ROUNDS = 5
+#: Rounds of a few seconds: longer than the slow node's inner step and the matchmaking window.
+DILOCO = {"mode": "diloco", "inner_steps": 150, "inner_batch_size": 16, "averaging_timeout": 10.0,
+          "validate_every": 600.0}
+#: The benchmark (benchmarks/hetero.py) holds the issue's 2% on a real model; the tiny model of
+#: the chaos suite ends its last round at a point where a few inner steps weigh more.
+MAX_SPREAD = 0.05
+#: A quarter of one core, as a share of this machine.
+QUARTER_CORE_PERCENT = 25.0 / (os.cpu_count() or 1)
+
+
+def _validation_loss(state: dict) -> float:
+    """Of the swarm's model the node holds (DiLoCo: the outer parameters of the last round)."""
+    config = parse_config({"task": TINY_TASK}, "test")
+    task = build_task(config.task, config.training, peer_seed=0)
+    task.model.load_state_dict(consensus_weights(task.model, state))
+    task.model.eval()
+    with torch.no_grad():
+        losses = [float(task.loss_fn(task.model, batch)) for batch in task.validation_batches()]
+    return sum(losses) / len(losses)
+
+
+def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, chaos_report):
+    fast = make_node("fast", training=DILOCO)
+    slow = make_node("slow", training=DILOCO, volunteer={"max_cpu_percent": QUARTER_CORE_PERCENT})
+    fast.start()
+    slow.start(join=fast.join_addrs()[:1])
+    for node in (fast, slow):
+        training(node, 120)
+    slow.wait_for(lambda s: s.averaging_rounds_ok_total + s.averaging_rounds_partial_total >= 1, 90,
+                  "the slow node's first averaged round")
+    # From here on, ROUNDS more rounds; both stop on their own at the same one (training.max_epochs,
+    # raised at run time by a SIGHUP reload).
+    start = max(fast.status().local_epoch, slow.status().local_epoch)
+    stop_epoch = start + ROUNDS
+    for node in (fast, slow):
+        node.overrides = {**node.overrides, "training": {**node.overrides["training"], "max_epochs": stop_epoch}}
+        node.write_config()
+        node.signal(signal.SIGHUP)
+    codes = {node.name: node.wait(180) for node in (fast, slow)}
+    for node in (fast, slow):
+        if codes[node.name] is None:
+            node.signal(signal.SIGTERM)
+    assert codes == {"fast": 0, "slow": 0}, (fast.log_tail(), slow.log_tail())
+    states = {n.name: CheckpointStore(n.state_dir / "checkpoints", keep=100).load_latest().state for n in (fast, slow)}
+    losses = {name: _validation_loss(state) for name, state in states.items()}
+    spread = abs(losses["fast"] - losses["slow"]) / min(losses.values())
+    logs = {n.name: n.log_path.read_text() for n in (fast, slow)}
+    # Rounds that failed after the slow node was in (the last one may find its partner gone).
+    failed = {name: sum(1 for line in log.split("reload from SIGHUP", 1)[-1].splitlines()
+                        if "DiLoCo round" in line and ("failed" in line or "never ended" in line))
+              for name, log in logs.items()}
+    samples = {name: int(state["samples_processed"]) for name, state in states.items()}
+    chaos_report.record("10_heterogeneous_diloco", rounds=ROUNDS, slow_cpu_percent=round(QUARTER_CORE_PERCENT, 2),
+                        samples=samples, failed_rounds=failed, val_loss=losses, val_loss_spread=round(spread, 4))
+    assert states["fast"]["epoch"] == states["slow"]["epoch"] == stop_epoch
+    # The slow node trains at a fraction of the fast one's rate, yet averages in (almost) every round.
+    assert samples["slow"] < samples["fast"], samples
+    assert failed["fast"] <= 1 and failed["slow"] <= 1, failed
+    assert spread <= MAX_SPREAD, losses
