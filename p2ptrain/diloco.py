@@ -1,4 +1,4 @@
-"""DiLoCo: local AdamW steps, then one swarm all-reduce of the parameter change and an outer SGD step.
+"""DiLoCo: local AdamW steps, then one swarm all-reduce of the parameters and an outer SGD step.
 
 Each outer round starts from the shared "outer" parameters.  A peer trains alone with inner AdamW
 steps of ``inner_batch_size`` sequences (accumulated over micro-batches) until the swarm's round
@@ -10,11 +10,12 @@ outer params, which become the model's parameters for the next round.  While the
 params agree this is exactly DiLoCo's average of pseudo-gradients; when they drift apart (a round
 that failed or reached only part of the swarm, a round a peer missed) averaging the parameters
 pulls them back together every round (with the default outer_lr 0.7 and Nesterov momentum 0.9
-the gap about halves each round), where averaging pseudo-gradients would keep it forever.  Matchmaking for a round is started
-``matchmaking_time`` seconds before the round clock's estimated end.  With ``overlap`` (the default) the all-reduce
-itself runs while the next round's inner steps compute: when it lands, the outer step is applied
-and the local progress made in the meantime is kept on top of the new outer params (a one-round
-delayed outer update), so neither the all-reduce nor waiting for a slower peer stalls training.
+the gap about halves each round), where averaging pseudo-gradients would keep it forever.
+Matchmaking for a round is started ``matchmaking_time`` seconds before the round clock's estimated
+end.  With ``overlap`` (the default) the all-reduce itself runs while the next round's inner steps
+compute: when it lands, the outer step is applied and the local progress made in the meantime is
+kept on top of the new outer params (a one-round delayed outer update), so neither the all-reduce
+nor waiting for a slower peer stalls training.
 
 Elasticity: the round is bounded by ``averaging_timeout`` (a dead peer costs the others at most
 that, and then they apply their own pseudo-gradient); a newcomer downloads the outer params,

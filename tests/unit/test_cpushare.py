@@ -167,7 +167,7 @@ def test_background_alone_over_the_share_is_said_once(caplog: pytest.LogCaptureF
         assert steps <= 2
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1
-        assert "swarm work alone" in warnings[0].getMessage()
+        assert "work between training steps alone" in warnings[0].getMessage()
         assert "volunteer.max_cpu_percent=20" in warnings[0].getMessage()
         machine.background = 0.05
         # Swarm work put at most a window's worth of idling on the debt: training resumes soon.
