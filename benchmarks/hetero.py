@@ -35,7 +35,7 @@ def run_swarm(args: argparse.Namespace, mode: str, swarm: str) -> list[dict[str,
 
     def options(rank: int) -> list[str]:
         slow = swarm == "slow" and rank == 1
-        return ["--cpu-percent", str(args.slow_percent if slow else 0.0), "--inner-batch", str(args.inner_batch)]
+        return ["--cpu-percent", str(args.slow_percent if slow else 0.0)]
 
     return run_mode(args, mode, None, world=world, rank_options=options)
 

@@ -30,7 +30,8 @@ from p2ptrain.compression import wire_bytes
 ALL_MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco")
 SHAPED_MODES = ("ddp", "diloco")  # add p2p_grad with --shaped-modes (about +150 s)
 WORKER_OPTS = ("sequences", "eval_every", "max_train_seconds", "micro_batch", "global_batch", "lr", "d_model",
-               "n_layers", "n_heads", "val_batches", "inner_steps", "matchmaking_time", "averaging_timeout")
+               "n_layers", "n_heads", "val_batches", "inner_steps", "inner_batch", "matchmaking_time",
+               "averaging_timeout")
 
 
 def free_port() -> int:
@@ -131,7 +132,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--val-batches", type=int, default=4)
-    p.add_argument("--inner-steps", type=int, default=100, help="DiLoCo H")
+    p.add_argument("--inner-steps", type=int, default=25, help="DiLoCo H: inner steps per round")
+    p.add_argument("--inner-batch", type=int, default=32,
+                   help="DiLoCo: sequences per inner step (micro-batches accumulated; 0: --micro-batch)")
     p.add_argument("--grad-compression", default="fp16", choices=("none", "fp16", "8bit"))
     p.add_argument("--diloco-compression", default="8bit", choices=("none", "fp16", "8bit"))
     p.add_argument("--matchmaking-time", type=float, default=0.5,

@@ -159,6 +159,24 @@ def validation_loss(task: Any) -> float:
     return sum(losses) / len(losses)
 
 
+@torch.no_grad()
+def swarm_model_loss(runner: Runner, task: Any) -> float:
+    """Validation loss of the model the swarm agreed on: in DiLoCo mode the outer parameters (the
+    parameters add this peer's own progress since the last round), else the model itself."""
+    outer = getattr(getattr(runner.opt, "outer", None), "params", None)
+    if outer is None:
+        return validation_loss(task)
+    params = [p for p in task.model.parameters() if p.requires_grad]
+    kept = [p.detach().clone() for p in params]
+    for param, value in zip(params, outer, strict=True):
+        param.copy_(value)
+    try:
+        return validation_loss(task)
+    finally:
+        for param, value in zip(params, kept, strict=True):
+            param.copy_(value)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     run_dir = Path(args.run_dir)
@@ -193,7 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 runner.opt.flush()
                 train_time += time.perf_counter() - started
             if seqs % args.eval_every == 0 or done:
-                curve.append((train_time, seqs, validation_loss(task)))
+                curve.append((train_time, seqs, swarm_model_loss(runner, task) if done else validation_loss(task)))
         final = curve[-1][2]
         stats, rounds = runner.stats.view(), runner.stats.rounds.figures()
         result = {"mode": args.mode, "rank": args.rank, "world": args.world, "sequences": seqs,
