@@ -7,7 +7,8 @@ an invite run, the DHT authorizer. Every problem is one :class:`ConfigError` lin
 
 :class:`RunKeeper` then runs beside the node's loop without ever blocking it: it fetches the
 manifest when the node joined with only a reference, re-publishes the manifest and this node's
-invite, polls for newer manifest versions, and keeps the gate's lists current.
+invite, polls the swarm (and the ``swarm.manifest`` file, where the owner runs ``p2ptrain run
+update``) for newer manifest versions, and keeps the gate's lists current.
 """
 
 from __future__ import annotations
@@ -129,12 +130,14 @@ class RunKeeper:
     """Keeps a running node's view of its owned run current; every method returns at once."""
 
     def __init__(self, plan: RunPlan, dht: Any, *, clock: Callable[[], float] = time.time,
-                 poll_every: float = 30.0, republish_every: float = 300.0, lookup_timeout: float = 10.0) -> None:
+                 poll_every: float = 15.0, republish_every: float = 300.0, lookup_timeout: float = 10.0) -> None:
         self.plan, self._dht, self._clock = plan, dht, clock
         self._poll_every, self._republish_every, self._timeout = poll_every, republish_every, lookup_timeout
         self.tracker = ManifestTracker(plan.ref, plan.manifest)
         self.invalid_manifests_total = 0
         self.invalid_members_total = 0
+        self._file = plan.config.swarm.manifest
+        self._file_seen = _file_stamp(self._file)
         self._admitted: frozenset[str] = frozenset({plan.authorizer.peer_id} if plan.authorizer else ())
         self._pending: dict[str, tuple[Any, float]] = {}
         self._next_poll = 0.0
@@ -190,13 +193,15 @@ class RunKeeper:
         )
 
         now = self._clock()
+        accepted: Offer | None = None
+        if now >= self._next_poll and self._file is not None:
+            accepted = self._reread_file()
         manifest = self.tracker.current
         if manifest is not None and now >= self._next_publish:
             self._next_publish = now + self._republish_every
             publish_manifest(self._dht, manifest)
             if self.plan.config.swarm.invite is not None:
                 publish_membership(self._dht, self.plan.ref, self.plan.config.swarm.invite)
-        accepted: Offer | None = None
         found = self._finished("manifest", now)
         if found is not None:
             result = newest_manifest(found, self.plan.ref)
@@ -207,6 +212,7 @@ class RunKeeper:
                     logger.info("run %s: %s", self.plan.ref, offer.reason)
                     accepted = offer
                     self._refresh_gate()
+                    self._next_publish = now  # every holder spreads a new version at once
         members = self._finished("members", now)
         if members is not None and self.gate_policy == "invite":
             admitted, invalid = admitted_members(members, self.plan.ref, now=now,
@@ -225,6 +231,33 @@ class RunKeeper:
                 self._pending["members"] = (self._dht.get(members_key(self.plan.ref), latest=True,
                                                           return_future=True), now)
         return accepted
+
+    def _reread_file(self) -> Offer | None:
+        """The owner's node: a newer version written to its ``swarm.manifest`` file (by ``p2ptrain
+        run update``) is taken up and published at once."""
+        assert self._file is not None
+        stamp = _file_stamp(self._file)
+        if stamp == self._file_seen:
+            return None
+        self._file_seen = stamp
+        try:
+            manifest = FileSource(self._file, self.plan.ref).fetch()
+        except ConfigError as error:
+            self.invalid_manifests_total += 1
+            logger.warning("run %s: keeping manifest version %d: %s", self.plan.ref,
+                           self.manifest.version if self.manifest else 0, error)
+            return None
+        offer = self.tracker.offer(manifest)
+        if not offer.accepted:
+            return None
+        logger.info("run %s: %s (from %s)", self.plan.ref, offer.reason, self._file)
+        self._refresh_gate()
+        self._next_publish = self._clock()
+        return offer
+
+    def is_excluded(self, peer_id: str) -> bool:
+        """Whether the current manifest bans ``peer_id`` or revokes its invite."""
+        return peer_id in self._excluded()
 
     @property
     def gate_policy(self) -> str:
@@ -275,4 +308,24 @@ class RunKeeper:
             "manifests_ignored_total": self.tracker.ignored_total + self.invalid_manifests_total,
             "invalid_members_total": self.invalid_members_total,
             "dht_requests_refused_total": self.plan.authorizer.refused_total if self.plan.authorizer else 0,
+            "run_entries_refused_total": sum(_counter_total(v, "counter") for v in self.plan.validators),
+            "fingerprint_entries_refused_total": sum(_counter_total(v, "fingerprint_counter")
+                                                     for v in self.plan.validators),
+            "averaging_refused_total": self.plan.gate.refused_total,
         }
+
+
+def _counter_total(validator: Any, name: str) -> int:
+    counter = getattr(validator, name, None)
+    return int(counter.total) if counter is not None else 0
+
+
+def _file_stamp(path: Path | None) -> tuple[int, int] | None:
+    """What tells a rewritten file from the one read before (``run update`` replaces it atomically)."""
+    if path is None:
+        return None
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_ino
