@@ -68,6 +68,22 @@ def apply_run_flags(config: NodeConfig, run_ref: str | None, manifest: Path | No
     return config.model_copy(update={"swarm": config.swarm.model_copy(update=update)})
 
 
+def keep_run_settings(local: NodeConfig, running: NodeConfig) -> NodeConfig:
+    """A re-read node config (SIGHUP) with the running owned run's settings in place of its own.
+
+    The manifest decides [task], the run-wide [training] fields and the run id; comparing them
+    with a node config that does not hold them would report every one of them as changed.
+    """
+    from p2ptrain.manifest import RUN_WIDE_TRAINING
+
+    training = local.training.model_copy(update={n: getattr(running.training, n) for n in RUN_WIDE_TRAINING})
+    task = running.task
+    if local.task.data_path is not None:  # the one [task] field that is the machine's own
+        task = task.model_copy(update={"data_path": local.task.data_path})
+    swarm = local.swarm.model_copy(update={"run_id": running.swarm.run_id, "run": running.swarm.run})
+    return local.model_copy(update={"task": task, "training": training, "swarm": swarm})
+
+
 def _check_policy(manifest: Manifest, invite: str | None) -> None:
     where = f"run {manifest.ref} (manifest version {manifest.version})"
     if manifest.policy == "invite" and invite is None:

@@ -227,3 +227,16 @@ def test_status_counts_every_kind_of_refusal(tmp_path, owner):
     assert status["run_entries_refused_total"] == 1 and status["fingerprint_entries_refused_total"] == 1
     assert status["averaging_refused_total"] == 1 and status["dht_requests_refused_total"] == 0
     assert status["run_ref"] == str(manifest.ref) and status["admission_policy"] == "open"
+
+
+def test_a_reload_compares_only_local_settings_in_an_owned_run(tmp_path, owner):
+    from p2ptrain.daemon.reload import reloadable_changes
+    from p2ptrain.ownedrun import keep_run_settings
+
+    _, manifest = owner
+    path = _write(tmp_path, manifest)
+    running = prepare_run(_config(tmp_path, manifest=path), tmp_path / "id.key").config
+    reread = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "swarm": {"manifest": str(path)},
+                           "training": {"threads": 3}, "task": {"data_path": "/data/corpus"}}, "node.toml")
+    applied, needs_restart = reloadable_changes(running, keep_run_settings(reread, running))
+    assert applied == ["training.threads"] and needs_restart == ["task.data_path"]
