@@ -104,7 +104,7 @@ def init_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show_lines(manifest: Manifest, origin: str) -> list[str]:
+def show_lines(manifest: Manifest, origin: str) -> list[str]:
     ref = manifest.ref
     lines = [
         f"run          {ref}  (from {origin})",
@@ -130,7 +130,7 @@ def show_command(args: argparse.Namespace) -> int:
     if args.toml:
         sys.stdout.write(manifest.to_toml())
     else:
-        print("\n".join(_show_lines(manifest, source.describe())))
+        print("\n".join(show_lines(manifest, source.describe())))
     return 0
 
 
