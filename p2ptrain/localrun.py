@@ -19,7 +19,7 @@ from p2ptrain.invite import issue_invite
 from p2ptrain.localswarm import LOOPBACK_TRAINING
 from p2ptrain.manifest import LOCAL_TRAINING, Manifest, new_manifest
 from p2ptrain.owner import OwnerKey
-from p2ptrain.run_cli import KEY_FILE, MANIFEST_FILE, write_atomic
+from p2ptrain.run_cli import KEY_FILE, MANIFEST_FILE, choose_fingerprint, write_atomic
 from p2ptrain.runconfig import LOCAL_TASK
 from p2ptrain.runref import RunRef
 
@@ -66,15 +66,20 @@ def local_only(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str
 
 
 def create_local_run(directory: Path, name: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *,
-                     policy: Literal["open", "invite"] = "open", fingerprint: str | None = None) -> LocalRun:
-    """A new run: loopback-tuned run-wide settings plus ``overrides`` (their local parts are ignored)."""
+                     policy: Literal["open", "invite"] = "open", fingerprint: str = "auto") -> LocalRun:
+    """A new run: loopback-tuned run-wide settings plus ``overrides`` (their local parts are ignored).
+
+    ``fingerprint``: ``auto`` records the model's fingerprint (builds the model once), ``none`` does not,
+    or 16 hex characters to record (``p2ptrain run init --fingerprint``).
+    """
     wide = run_wide(overrides or {})
     training = {k: v for k, v in LOOPBACK_TRAINING.items() if k not in LOCAL_TRAINING} | wide["training"]
     config = NodeConfig.model_validate({"task": wide["task"], "training": training})
+    recorded = choose_fingerprint(fingerprint, config)
     key = OwnerKey.generate()
     manifest = new_manifest(key, name, config.task, config.training, policy=policy)
-    if fingerprint is not None:
-        manifest = dataclasses.replace(manifest, fingerprint=fingerprint).signed(key)
+    if recorded is not None:
+        manifest = dataclasses.replace(manifest, fingerprint=recorded).signed(key)
     directory.mkdir(parents=True, exist_ok=True)
     key.save(directory / KEY_FILE)
     write_atomic(directory / MANIFEST_FILE, manifest.to_toml())

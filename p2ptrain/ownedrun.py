@@ -146,9 +146,13 @@ class RunKeeper:
     """Keeps a running node's view of its owned run current; every method returns at once."""
 
     def __init__(self, plan: RunPlan, dht: Any, *, clock: Callable[[], float] = time.time,
-                 poll_every: float = 15.0, republish_every: float = 300.0, lookup_timeout: float = 10.0) -> None:
+                 poll_every: float = 15.0, members_every: float = 5.0, republish_every: float = 300.0,
+                 lookup_timeout: float = 10.0) -> None:
         self.plan, self._dht, self._clock = plan, dht, clock
         self._poll_every, self._republish_every, self._timeout = poll_every, republish_every, lookup_timeout
+        # Invite runs: a newcomer is refused by the averagers until its invite is seen here, so the
+        # members are looked up more often than the manifest.
+        self._members_every = members_every
         self.tracker = ManifestTracker(plan.ref, plan.manifest)
         self.invalid_manifests_total = 0
         self.invalid_members_total = 0
@@ -157,6 +161,7 @@ class RunKeeper:
         self._admitted: frozenset[str] = frozenset({plan.authorizer.peer_id} if plan.authorizer else ())
         self._pending: dict[str, tuple[Any, float]] = {}
         self._next_poll = 0.0
+        self._next_members = 0.0
         self._next_publish = 0.0
 
     @property
@@ -185,8 +190,37 @@ class RunKeeper:
         _check_policy(manifest, self.plan.config.swarm.invite)
         self.plan = dataclasses.replace(self.plan, config=merge_manifest(self.plan.config, manifest),
                                         manifest=manifest)
+        if self.plan.config.swarm.invite is not None:
+            self._join_members()
         self._refresh_gate()
         return self.plan.config
+
+    def _join_members(self) -> None:
+        """An invite run: announce this node's invite now and learn who else is admitted before the
+        node first averages or downloads state (bounded; the polls keep the list current)."""
+        from p2ptrain.rundht import members_key, publish_membership
+
+        assert self.plan.config.swarm.invite is not None
+        publish_membership(self._dht, self.plan.ref, self.plan.config.swarm.invite)
+        future = self._dht.get(members_key(self.plan.ref), latest=True, return_future=True)
+        try:
+            found = future.result(timeout=self._timeout)
+        except Exception as exc:  # swarm weather: the polls try again
+            future.cancel()
+            logger.info("run %s: members lookup failed (%s)", self.plan.ref, type(exc).__name__)
+            return
+        self._take_members(found, self._clock())
+
+    def _take_members(self, found: Any, now: float) -> None:
+        from p2ptrain.rundht import admitted_members
+
+        admitted, invalid = admitted_members(found, self.plan.ref, now=now, excluded=self._excluded())
+        self.invalid_members_total += invalid
+        if self.plan.authorizer is not None:
+            admitted.add(self.plan.authorizer.peer_id)
+        if admitted != self._admitted:
+            self._admitted = frozenset(admitted)
+            self._refresh_gate()
 
     def check_fingerprint(self, fingerprint: str) -> None:
         """Raise one line naming both fingerprints when the manifest records another model."""
@@ -200,7 +234,6 @@ class RunKeeper:
         """Re-publish, look for a newer manifest and current members; returns the offer of a newly
         accepted manifest version (the node applies it at the next epoch boundary, or restarts)."""
         from p2ptrain.rundht import (
-            admitted_members,
             manifest_key,
             members_key,
             newest_manifest,
@@ -231,21 +264,15 @@ class RunKeeper:
                     self._next_publish = now  # every holder spreads a new version at once
         members = self._finished("members", now)
         if members is not None and self.gate_policy == "invite":
-            admitted, invalid = admitted_members(members, self.plan.ref, now=now,
-                                                 excluded=self._excluded())
-            self.invalid_members_total += invalid
-            if self.plan.authorizer is not None:
-                admitted.add(self.plan.authorizer.peer_id)
-            if admitted != self._admitted:
-                self._admitted = frozenset(admitted)
-                self._refresh_gate()
-        if now >= self._next_poll and not self._pending:
+            self._take_members(members, now)
+        if now >= self._next_poll and "manifest" not in self._pending:
             self._next_poll = now + self._poll_every
             self._pending["manifest"] = (self._dht.get(manifest_key(self.plan.ref), latest=True,
                                                        return_future=True), now)
-            if self.gate_policy == "invite":
-                self._pending["members"] = (self._dht.get(members_key(self.plan.ref), latest=True,
-                                                          return_future=True), now)
+        if self.gate_policy == "invite" and now >= self._next_members and "members" not in self._pending:
+            self._next_members = now + self._members_every
+            self._pending["members"] = (self._dht.get(members_key(self.plan.ref), latest=True,
+                                                      return_future=True), now)
         return accepted
 
     def _reread_file(self) -> Offer | None:

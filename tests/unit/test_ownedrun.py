@@ -240,3 +240,19 @@ def test_a_reload_compares_only_local_settings_in_an_owned_run(tmp_path, owner):
                            "training": {"threads": 3}, "task": {"data_path": "/data/corpus"}}, "node.toml")
     applied, needs_restart = reloadable_changes(running, keep_run_settings(reread, running))
     assert applied == ["training.threads"] and needs_restart == ["task.data_path"]
+
+
+def test_an_invited_newcomer_knows_the_members_before_it_first_averages(tmp_path, owner):
+    key, manifest = owner
+    private = dataclasses.replace(manifest, policy="invite").signed(key)
+    identity = tmp_path / "id.key"
+    ensure_identity(identity)
+    me = peer_id_of_identity(identity)
+    plan = prepare_run(_config(tmp_path, run=manifest.ref, invite=issue_invite(key, manifest.ref, me, 1)), identity)
+    dht = MemoryDHT()
+    publish_manifest(dht, private)
+    dht.store(members_key(manifest.ref), issue_invite(key, manifest.ref, OTHER, 1), NOW + 60, subkey=OTHER)
+    assert not plan.gate(OTHER)
+    RunKeeper(plan, dht).join(threading.Event(), timeout=5.0)
+    assert plan.gate(OTHER) and plan.gate(me)
+    assert me in dht.data[members_key(manifest.ref)]  # announced at once, for the others' gates
