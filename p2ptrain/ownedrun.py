@@ -146,7 +146,7 @@ class RunKeeper:
     """Keeps a running node's view of its owned run current; every method returns at once."""
 
     def __init__(self, plan: RunPlan, dht: Any, *, clock: Callable[[], float] = time.time,
-                 poll_every: float = 15.0, members_every: float = 5.0, republish_every: float = 300.0,
+                 poll_every: float = 15.0, members_every: float = 3.0, republish_every: float = 300.0,
                  lookup_timeout: float = 10.0) -> None:
         self.plan, self._dht, self._clock = plan, dht, clock
         self._poll_every, self._republish_every, self._timeout = poll_every, republish_every, lookup_timeout
