@@ -190,12 +190,14 @@ class Node:
                                                          long_operation=self.hooks.long_operation, run=self.keeper)
         self._watch(parts)
         follower = None
-        if self.keeper is not None:  # owned runs keep the fingerprint in the signed manifest
+        if self.keeper is not None:
             follower = RunFollower(self.keeper, parts.optimizer, parts.trainer, peer_id=swarm.peer_id,
                                    fingerprint=parts.fingerprint, request_exit=self.request_exit, clock=self.clock)
-            refresh_fingerprint: Callable[[], None] = lambda: None  # noqa: E731
-        else:
-            refresh_fingerprint = lambda: swarm.refresh_fingerprint(cfg.swarm.run_id, parts.fingerprint)  # noqa: E731
+
+        def refresh_fingerprint() -> None:
+            if self.keeper is None:  # owned runs keep the fingerprint in the signed manifest
+                swarm.refresh_fingerprint(cfg.swarm.run_id, parts.fingerprint)
+
         self.loop = TrainingLoop(cfg, parts, self.board, self.hooks, self.stopper, self.control, clock=self.clock,
                                  refresh_fingerprint=refresh_fingerprint, set_threads=self.set_threads,
                                  paused_wait=self.paused_wait, poll_run=follower.poll if follower else None)
