@@ -116,7 +116,10 @@ def print_summary(run: DemoRun, elapsed: float, out: TextIO) -> None:
     out.write(f"  validation loss    {_fmt(run.first_val_loss, '.3f')} at the start -> {_fmt(final, '.3f')} now\n")
     out.write(f"  samples processed  {samples:,} (all nodes)\n")
     out.write(f"  swarm epoch        {epoch}\n")
-    out.write(f"  churn survived     {run.leaves} leave(s), {run.joins} join(s)\n")
+    if run.stranger is None:
+        out.write(f"  churn survived     {run.leaves} leave(s), {run.joins} join(s)\n")
+    else:
+        out.write("  admission          invited nodes only\n")
     for event in run.events:
         out.write(f"    - {event}\n")
     out.write(f"  node logs          {run.workdir}\n")
