@@ -1,5 +1,6 @@
-"""Builds what a node runs on: the swarm presence (DHT, rejoiner) and the training parts (task,
-optimizer, trainer, rollback guard, checkpoints), and takes them down again.
+"""Builds what a node runs on: an owned run's plan, the swarm presence (DHT, rejoiner, the run's
+keeper) and the training parts (task, optimizer, trainer, rollback guard, checkpoints), and takes
+them down again.
 
 This is the only part of the daemon that creates hivemind objects; the node and its loop get
 the finished parts, so both can be tested with fakes that stand in for this builder.
@@ -22,9 +23,17 @@ from p2ptrain.daemon.faults import with_faults
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.fingerprint import model_fingerprint
 from p2ptrain.optim import bandwidth_hint, build_optimizer
+from p2ptrain.ownedrun import RunKeeper, RunPlan, prepare_run
 from p2ptrain.rejoin import Rejoiner
 from p2ptrain.rollback import NonFiniteRollback
-from p2ptrain.swarm import claim_fingerprint, identity_path, start_dht, stop_stale_daemons, visible_maddrs
+from p2ptrain.swarm import (
+    PeersRefused,
+    claim_fingerprint,
+    identity_path,
+    start_dht,
+    stop_stale_daemons,
+    visible_maddrs,
+)
 from p2ptrain.swarm_optimizer import SwarmOptimizer
 from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks.base import Task
@@ -91,34 +100,60 @@ class TrainingParts:
 
 
 class NodeBuilder:
-    """Creates the real parts.  Tests hand the node a fake with the same two methods."""
+    """Creates the real parts.  Tests hand the node a fake with the same methods."""
 
     def __init__(self, environ: dict[str, str] | None = None) -> None:
         self._environ = dict(os.environ if environ is None else environ)
 
+    def prepare(self, config: NodeConfig, state_dir: Path) -> RunPlan | None:
+        """An owned run's plan (None: a plain run); reads the manifest file and identity, writes nothing.
+
+        Its admission gate is created here, before hivemind forks the DHT and the averagers.
+        """
+        return prepare_run(config, identity_path(state_dir))
+
     def join(self, config: NodeConfig, state_dir: Path, initial_peers: Callable[[], Sequence[str]],
-             validators: list[Any], stopper: Stopper, wall_clock: Callable[[], float]) -> JoinedSwarm:
+             validators: list[Any], stopper: Stopper, wall_clock: Callable[[], float],
+             plan: RunPlan | None = None) -> JoinedSwarm:
         stale = stop_stale_daemons(identity_path(state_dir))
         if stale:
             logger.info("stopped %d p2p daemon(s) left running by a previous run of this node", stale)
-        dht = start_dht(config.swarm, state_dir, list(initial_peers()), validators, stopper)
+        options = plan.dht_kwargs() if plan is not None else {}
+        if plan is not None:
+            validators = [*validators, *plan.validators]
+        try:
+            dht = start_dht(config.swarm, state_dir, list(initial_peers()), validators, stopper, **options)
+        except PeersRefused as error:
+            if plan is None or config.swarm.invite is not None:
+                raise
+            raise PeersRefused(f"{error}; run {plan.ref} may be invite-only: ask its owner for an invite for this "
+                               "node's peer ID (p2ptrain run peer-id prints it) and set swarm.invite") from None
         swarm = JoinedSwarm(dht, str(dht.peer_id), visible_maddrs(dht), state_dir, first_seen=wall_clock())
         swarm.rejoiner = Rejoiner(dht, lambda: list(initial_peers()))
         swarm.rejoiner.start()
         return swarm
 
+    def follow_run(self, plan: RunPlan, swarm: JoinedSwarm) -> RunKeeper:
+        """What keeps an owned run's manifest, members and gate current once the DHT is up."""
+        return RunKeeper(plan, swarm.dht)
+
     def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *,
                        live_peers: Callable[[], Sequence[str]], wall_clock: Callable[[], float],
-                       long_operation: Callable[[float], None]) -> TrainingParts:
+                       long_operation: Callable[[float], None], run: RunKeeper | None = None) -> TrainingParts:
         """Task, optimizer (resumed from the local checkpoint if there is one), trainer and guards.
 
-        ``live_peers`` names the peers training now: the data is shared out among them.
+        ``live_peers`` names the peers training now: the data is shared out among them. In an owned
+        run (``run``) the model must match the manifest's fingerprint, and the averagers take part
+        only with the peers its admission gate admits.
         """
         task = build_task(config.task, config.training, peer_seed(swarm.peer_id), peer_id=swarm.peer_id,
                           live_peers=live_peers, cache_dir=config.task.cache_dir or swarm.state_dir / "data-cache")
         task = with_faults(task, self._environ)
         fingerprint = model_fingerprint(task.model, task.shape_config)
-        swarm.first_seen = claim_fingerprint(swarm.dht, config.swarm.run_id, fingerprint, swarm.first_seen)
+        if run is None:
+            swarm.first_seen = claim_fingerprint(swarm.dht, config.swarm.run_id, fingerprint, swarm.first_seen)
+        else:  # the signed manifest holds the run's model; unsigned entries are for plain runs
+            run.check_fingerprint(fingerprint)
         logger.info("model fingerprint %s (%d parameters)", fingerprint,
                     sum(p.numel() for p in task.model.parameters()))
 
@@ -131,10 +166,12 @@ class NodeBuilder:
         optimizer = build_optimizer(task.model, swarm.dht, f"{config.swarm.run_id}_{fingerprint}", config.training,
                                     client_mode=config.swarm.client_mode, stats=stats,
                                     bandwidth=bandwidth_hint(config.volunteer.upload_kbps,
-                                                             config.volunteer.download_kbps))
+                                                             config.volunteer.download_kbps),
+                                    admission=run.plan.gate if run is not None else None)
         trainer = Trainer(task, optimizer, config.training.batch_size)
         if restored is not None:
             optimizer.restore(restored)
+            optimizer.apply_training(config.training)  # the settings in force, not the checkpoint's
             trainer.samples_processed = int(restored.get("samples_processed", 0))
         return TrainingParts(task, optimizer, trainer, NonFiniteRollback(optimizer.guard_targets()), checkpointer,
                              fingerprint)

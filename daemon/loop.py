@@ -65,7 +65,8 @@ class TrainingLoop:
                  stopper: Stopper, control: ControlQueue, *, clock: Callable[[], float], cpu_share: CpuShare,
                  rounds: RoundStats,
                  refresh_fingerprint: Callable[[], None], set_threads: Callable[[int], None],
-                 paused_wait: float = PAUSED_WAIT) -> None:
+                 paused_wait: float = PAUSED_WAIT,
+                 poll_run: Callable[[NodeConfig], NodeConfig | None] | None = None) -> None:
         self.config = config
         self.parts = parts
         self.board = board
@@ -78,6 +79,8 @@ class TrainingLoop:
         self.cpu_share = cpu_share
         self.rounds = rounds
         self._paused_wait = paused_wait
+        #: An owned run's manifest updates (``daemon.runfollow``): returns the config to go on with.
+        self._poll_run = poll_run
         self._manual_pause_until: float | None = None
         self._next_step_aside = 0.0
 
@@ -90,6 +93,7 @@ class TrainingLoop:
         next_fingerprint = now + FINGERPRINT_EVERY
         while not self.stopper.is_set():
             self._handle_control()
+            self._follow_run()
             if self.stopper.is_set():
                 break
             self._update_pause()
@@ -166,6 +170,14 @@ class TrainingLoop:
                 self.stopper.request(f"leave requested by {request.source or 'control'}")
             elif request.command is Command.RELOAD:
                 self._reload()
+
+    def _follow_run(self) -> None:
+        if self._poll_run is None:
+            return
+        new = self._poll_run(self.config)
+        if new is not None:
+            self.config = new
+            self.board.target_batch_size = new.training.target_batch_size
 
     def _reload(self) -> None:
         new = self.hooks.reload(self.config)

@@ -1,8 +1,10 @@
 """``p2ptrain run``: the daemon's entry point. Logging, signals, limits; the node does the rest.
 
-Exit codes (see ``daemon.node``): 0 clean stop; 78 (EX_CONFIG) bad configuration or a model that
-does not match the run, so ``RestartPreventExitStatus=78`` ends a restart loop; 75 (EX_TEMPFAIL)
-another node holds the state directory; 1 the swarm could not be joined or the node failed.
+Exit codes (see ``daemon.node``): 0 clean stop; 78 (EX_CONFIG) bad configuration (a bad run
+manifest or invite included) or a model that does not match the run, so
+``RestartPreventExitStatus=78`` ends a restart loop; 75 (EX_TEMPFAIL) another node holds the state
+directory, or a new version of the run's manifest needs a restart (systemd restarts the node, which
+takes the new version up); 1 the swarm could not be joined or the node failed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import signal
 import threading
 from types import FrameType
 
-from p2ptrain.config import ConfigError, load_config, parse_multiaddr
+from p2ptrain.config import ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.children import tie_children_to_this_process
 from p2ptrain.daemon.control import Command, ControlRequest
 from p2ptrain.daemon.logbuffer import LogRing
@@ -23,6 +25,7 @@ from p2ptrain.daemon.logsetup import configure_logging
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.service import ServiceHooks
 from p2ptrain.daemon.systemd import SystemdNotifier
+from p2ptrain.ownedrun import apply_run_flags
 
 logger = logging.getLogger("p2ptrain.daemon")
 
@@ -68,7 +71,10 @@ def raise_open_files_limit() -> tuple[int, int]:
 
 
 def run_node(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    def run_flags(loaded: NodeConfig) -> NodeConfig:
+        return apply_run_flags(loaded, args.run_ref, args.manifest)
+
+    config = run_flags(load_config(args.config))
     for addr in args.join:
         try:
             parse_multiaddr(addr, need_peer_id=True)
@@ -80,7 +86,7 @@ def run_node(args: argparse.Namespace) -> int:
     if after != before:
         logger.debug("open files limit raised from %d to %d", before, after)
     tie_children_to_this_process()
-    hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ(os.environ))
+    hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ(os.environ), run_flags=run_flags)
     node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks)
     _install_signal_handlers(node)
     code = node.run()

@@ -2,10 +2,14 @@
 
 :class:`Node` joins the swarm and builds its parts through a builder (``daemon.builder``), syncs
 with the swarm, hands over to the training loop (``daemon.loop``), and on the way out writes a
-final checkpoint and takes everything down within a deadline.  It maps every way a node can
-end to an exit code: 0 clean stop; 78 (EX_CONFIG) bad configuration or a model that does not
-match the run; 75 (EX_TEMPFAIL) another node holds the state directory; 1 the swarm could not
-be joined or the node failed.  Swarm trouble is normal weather and never ends a node.
+final checkpoint and takes everything down within a deadline.  In an owned run it settles the
+run's plan before anything is written, takes the run's settings from its signed manifest once
+joined, and follows new manifest versions (``daemon.runfollow``).  It maps every way a node can
+end to an exit code: 0 clean stop; 78 (EX_CONFIG) bad configuration, a bad manifest or invite,
+a model that does not match the run, or this node banned from it; 75 (EX_TEMPFAIL) another node
+holds the state directory, or a new manifest version needs a restart; 1 the swarm (or the run's
+manifest in it) could not be reached, or the node failed.  Swarm trouble is normal weather and
+never ends a node.
 """
 
 from __future__ import annotations
@@ -27,10 +31,13 @@ from p2ptrain.daemon.control import ControlQueue
 from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.loop import PAUSED_WAIT, TrainingLoop
-from p2ptrain.daemon.snapshot import NodeIdentity, StatusBoard, TrainingFigures
+from p2ptrain.daemon.runfollow import RunFollower, describe_figures
+from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures
 from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.manifest_source import SourceUnavailable
+from p2ptrain.ownedrun import RunKeeper, RunPlan
 from p2ptrain.proc import descendants, signal_all
-from p2ptrain.status import LatestSnapshot, NodeState
+from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
 from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
 from p2ptrain.swarmstats import SwarmStats
 
@@ -75,13 +82,19 @@ class Node:
         self.board = StatusBoard(self.latest, config.training.target_batch_size, clock=clock, wall_clock=wall_clock)
         self.cpu_share = CpuShare(config.volunteer.max_cpu_percent, cpu_seconds=default_cpu_source(), clock=clock,
                                   wait=self.stopper.wait)
-        self.board.view = self.hooks.swarm_view
+        self.board.view = self._swarm_view
         self.board.stats = self.swarm_stats.view
         self.board.rounds = self.swarm_stats.rounds.figures
         self.board.cpu = self.cpu_share.figures
+        self.plan: RunPlan | None = None
+        self.keeper: RunKeeper | None = None
         self.swarm: JoinedSwarm | None = None
         self.parts: TrainingParts | None = None
         self.loop: TrainingLoop | None = None
+        #: How the node ends when nothing goes wrong: 0, or what a manifest update asked for.
+        self.exit_code = 0
+        self._exit_reason = ""
+        self._not_admitted = 0
         #: Exit code if shutdown has to be cut short: 0 only once the final checkpoint is safe.
         self._forced_exit_code = 1
 
@@ -100,25 +113,54 @@ class Node:
     def initial_peers(self) -> list[str]:
         return list(dict.fromkeys([*self.current_config().swarm.initial_peers, *self.extra_peers]))
 
+    def request_exit(self, reason: str, code: int) -> None:
+        """Stop (final checkpoint and all) and end with ``code``; from the training thread only."""
+        if self.exit_code == 0:
+            self.exit_code, self._exit_reason = code, reason
+            logger.warning("%s", reason)
+        self.stopper.request(reason)
+
+    def _swarm_view(self) -> SwarmView | None:
+        """The peer records, less those of peers the run does not admit (an owned run's gate)."""
+        view = self.hooks.swarm_view()
+        if view is None or self.plan is None:
+            return view
+        from p2ptrain.admission import filter_view
+
+        kept, self._not_admitted = filter_view(view, self.plan.gate.is_admitted)
+        return kept
+
+    def _run_figures(self) -> RunFigures:
+        if self.keeper is None:
+            return RunFigures()
+        return RunFigures(**self.keeper.status(), records_not_admitted=self._not_admitted)
+
     # ------------------------------------------------------------------ lifecycle
 
     def run(self) -> int:
         """Run the node to its end; the exit code says how it ended (one line on stderr if badly)."""
         try:
             state_dir = self.config.state_dir()
+            # An owned run's manifest file and invite are checked before anything is written.
+            self.plan = self.builder.prepare(self.config, state_dir)
+            if self.plan is not None:
+                self._use_config(self.plan.config)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             lock = IdentityLock(state_dir)
             lock.acquire()
             try:
-                return self._run(state_dir)
+                code = self._run(state_dir)
             finally:
                 self._shutdown()
                 lock.release()
+            if code:
+                print(f"p2ptrain: {self._exit_reason}", file=sys.stderr)
+            return code
         except (FingerprintMismatch, ConfigError) as error:
             return _fail(error, EX_CONFIG)
         except IdentityInUse as error:
             return _fail(error, EX_TEMPFAIL)
-        except SwarmError as error:
+        except (SwarmError, SourceUnavailable) as error:
             if self.stopper.is_set():  # asked to stop while still joining: a clean stop, not a failure
                 logger.info("stopped before joining the swarm (%s)", self.stopper.reason)
                 return 0
@@ -135,24 +177,36 @@ class Node:
         self.board.set_state(NodeState.JOINING)
         self.swarm = swarm = self.builder.join(cfg, state_dir, self.initial_peers,
                                                self.hooks.record_validators(cfg.swarm.run_id), self.stopper,
-                                               self.wall_clock)
+                                               self.wall_clock, plan=self.plan)
         self.board.identity = NodeIdentity(cfg.swarm.run_id, swarm.peer_id, tuple(swarm.maddrs),
                                            client_mode=cfg.swarm.client_mode)
+        how_to_join = " ".join(f"--join {addr}" for addr in swarm.maddrs)
+        if self.plan is not None:
+            how_to_join = f"p2ptrain run {how_to_join} --run {self.plan.ref}"
         if self.initial_peers():
             logger.info("joined swarm %r as %s", cfg.swarm.run_id, swarm.peer_id)
         else:
-            logger.info("started a new swarm %r; others can join with: %s", cfg.swarm.run_id,
-                        " ".join(f"--join {addr}" for addr in swarm.maddrs))
+            logger.info("started a new swarm %r; others can join with: %s", cfg.swarm.run_id, how_to_join)
+        if self.plan is not None:
+            cfg = self._follow_run(self.plan, swarm)
 
         self.parts = parts = self.builder.build_training(cfg, swarm, self.swarm_stats, live_peers=self.training_peers,
                                                          wall_clock=self.wall_clock,
-                                                         long_operation=self.hooks.long_operation)
+                                                         long_operation=self.hooks.long_operation, run=self.keeper)
         self._watch(parts)
+        follower = None
+        if self.keeper is not None:
+            follower = RunFollower(self.keeper, parts.optimizer, parts.trainer, peer_id=swarm.peer_id,
+                                   fingerprint=parts.fingerprint, request_exit=self.request_exit, clock=self.clock)
+
+        def refresh_fingerprint() -> None:
+            if self.keeper is None:  # owned runs keep the fingerprint in the signed manifest
+                swarm.refresh_fingerprint(cfg.swarm.run_id, parts.fingerprint)
+
         self.loop = TrainingLoop(cfg, parts, self.board, self.hooks, self.stopper, self.control, clock=self.clock,
                                  cpu_share=self.cpu_share, rounds=self.swarm_stats.rounds,
-                                 refresh_fingerprint=lambda: swarm.refresh_fingerprint(cfg.swarm.run_id,
-                                                                                        parts.fingerprint),
-                                 set_threads=self.set_threads, paused_wait=self.paused_wait)
+                                 refresh_fingerprint=refresh_fingerprint, set_threads=self.set_threads,
+                                 paused_wait=self.paused_wait, poll_run=follower.poll if follower else None)
 
         self.board.set_state(NodeState.SYNCING)
         self._sync_with_swarm(parts)
@@ -166,8 +220,21 @@ class Node:
         logger.info("stopping (%s): writing a final checkpoint", self.stopper.reason)
         self._land_round_in_flight(parts)
         if self.loop.checkpoint():
-            self._forced_exit_code = 0
-        return 0
+            self._forced_exit_code = self.exit_code
+        return self.exit_code
+
+    def _use_config(self, config: NodeConfig) -> None:
+        self.config = config
+        self.board.target_batch_size = config.training.target_batch_size
+
+    def _follow_run(self, plan: RunPlan, swarm: JoinedSwarm) -> NodeConfig:
+        """Joined an owned run: its manifest (fetched when the node has only the reference) decides
+        the run-wide settings from here on."""
+        self.keeper = keeper = self.builder.follow_run(plan, swarm)
+        self._use_config(keeper.join(self.stopper, self.config.swarm.bootstrap_timeout))
+        self.board.run = self._run_figures
+        logger.info("%s", describe_figures(keeper.status()))
+        return self.config
 
     def _watch(self, parts: TrainingParts) -> None:
         """Point the status board at the parts' figures."""

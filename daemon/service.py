@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from p2ptrain.daemon.record_publisher import RecordPublisher
 from p2ptrain.daemon.reload import merge_reloadable, reloadable_changes
 from p2ptrain.daemon.systemd import SystemdNotifier
 from p2ptrain.metrics import build_registry
+from p2ptrain.ownedrun import keep_run_settings
 from p2ptrain.records import RecordBook, record_validators
 from p2ptrain.status import LatestSnapshot, PauseReason, SwarmView
 from p2ptrain.volunteer import VolunteerPolicy, os_load_source, own_rss_bytes
@@ -33,8 +35,11 @@ MEMORY_CHECK_EVERY = 2.0
 class ServiceHooks(NodeHooks):
     """Hooks of a real node: API + metrics, signed records, sd_notify, volunteer controls, SIGHUP reload."""
 
-    def __init__(self, config: NodeConfig, config_path: Path | None, notifier: SystemdNotifier) -> None:
+    def __init__(self, config: NodeConfig, config_path: Path | None, notifier: SystemdNotifier,
+                 run_flags: Callable[[NodeConfig], NodeConfig] | None = None) -> None:
         self.config_path = config_path
+        #: ``p2ptrain run --run/--manifest``, applied again to a reloaded config.
+        self._run_flags = run_flags
         self.notifier = notifier
         self.watchdog = notifier.watchdog_pacer(time.monotonic)
         self.policy = VolunteerPolicy(config.volunteer, load=os_load_source())
@@ -117,9 +122,13 @@ class ServiceHooks(NodeHooks):
     def reload(self, current: NodeConfig) -> NodeConfig | None:
         try:
             new = load_config(self.config_path)
+            if self._run_flags is not None:
+                new = self._run_flags(new)
         except ConfigError as error:
             logger.error("reload refused, keeping the running config: %s", error)
             return None
+        if current.swarm.run is not None:  # an owned run: its manifest, not this file, holds the run's settings
+            new = keep_run_settings(new, current)
         applied, needs_restart = reloadable_changes(current, new)
         set_log_level(new.node.log_level)
         self.policy.update(new.volunteer)

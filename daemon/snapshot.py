@@ -9,6 +9,7 @@ the collaborators it reads figures from) and publishes the result to :class:`Lat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +63,23 @@ class TrainingFigures:
 
 
 @dataclass(frozen=True)
+class RunFigures:
+    """An owned run as this node follows it (all empty in a plain run); see ``RunKeeper.status``."""
+
+    run_ref: str = ""
+    manifest_version: int = 0
+    admission_policy: str = ""
+    manifest_fingerprint: str = ""
+    manifests_ignored_total: int = 0
+    invalid_members_total: int = 0
+    run_entries_refused_total: int = 0
+    fingerprint_entries_refused_total: int = 0
+    dht_requests_refused_total: int = 0
+    averaging_refused_total: int = 0
+    records_not_admitted: int = 0
+
+
+@dataclass(frozen=True)
 class LiveFigures:
     """What the loop measures as it goes."""
 
@@ -76,9 +94,10 @@ class LiveFigures:
 def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: NodeIdentity,
                   training: TrainingFigures, live: LiveFigures, progress: GlobalProgress, rounds: RoundFigures,
                   stats: SwarmStatsView, cpu: CpuShareFigures, checkpoints: CheckpointFigures, view: SwarmView,
-                  target_batch_size: int, taken_at: float) -> StatusSnapshot:
+                  target_batch_size: int, taken_at: float, run: RunFigures = RunFigures()) -> StatusSnapshot:
     """The node's status from plain figures; no I/O, no clock."""
     return StatusSnapshot(
+        **dataclasses.asdict(run),
         version=__version__, state=state.value, pause_reason=pause_reason.value,
         peer_id=identity.peer_id, visible_maddrs=identity.maddrs, reachability=identity.reachability().value,
         run_id=identity.run_id, model_fingerprint=identity.fingerprint,
@@ -129,6 +148,7 @@ class StatusBoard:
         self.cpu: Callable[[], CpuShareFigures] = lambda: CpuShareFigures(0.0, None, 0.0)
         self.checkpoints: Callable[[], CheckpointFigures] = CheckpointFigures
         self.view: Callable[[], SwarmView | None] = lambda: None
+        self.run: Callable[[], RunFigures] = RunFigures
         self._last_view = SwarmView()
         self._rate = WindowRate()
         self._loss = Ema(0.05)
@@ -162,7 +182,7 @@ class StatusBoard:
         return make_snapshot(state=self.state, pause_reason=self.pause_reason, identity=self.identity,
                              training=self.training(), live=live, progress=self.progress(), rounds=self.rounds(),
                              stats=self.stats(), cpu=self.cpu(), checkpoints=self.checkpoints(), view=self._last_view,
-                             target_batch_size=self.target_batch_size, taken_at=self.wall_clock())
+                             target_batch_size=self.target_batch_size, taken_at=self.wall_clock(), run=self.run())
 
     def publish(self) -> None:
         self.latest.publish(self.snapshot(), self._last_view)

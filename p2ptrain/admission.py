@@ -46,6 +46,8 @@ class AdmissionGate:
         self._local: tuple[int, bool, frozenset[bytes], frozenset[bytes]] = (-1, policy == "invite",
                                                                            frozenset(), frozenset())
         self._overflow_warned = False
+        # Refusals happen in the averagers' processes; the node reads the count.
+        self._refused = ctx.Value("q", 0)
         self.update(policy, (), ())
 
     def update(self, policy: Policy, admitted: Iterable[object], excluded: Iterable[object]) -> None:
@@ -107,6 +109,16 @@ class AdmissionGate:
         return digest in admitted if invite_only else True
 
     __call__ = is_admitted
+
+    def count_refusal(self) -> None:
+        """One request of a non-admitted peer refused (averaging, state download); any process."""
+        with self._refused.get_lock():
+            self._refused.value += 1
+
+    @property
+    def refused_total(self) -> int:
+        """Averaging and state-sharing requests refused so far, in every process of the node."""
+        return int(self._refused.value)
 
 
 def filter_view(view: SwarmView, is_admitted: Callable[[str], bool]) -> tuple[SwarmView, int]:

@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--peers", type=int, default=3, help="nodes to start (default 3)")
     demo.add_argument("--duration", type=_duration, default=90.0, help="seconds to run (default 90)")
     demo.add_argument("--workdir", type=Path, help="where the nodes keep state (default: a temp dir)")
+    demo.add_argument("--private", action="store_true",
+                      help="an invite-only run: invited nodes train, a node without an invite is refused")
     demo.set_defaults(handler=_lazy("p2ptrain.demo:run_demo"))
 
     export = sub.add_parser("export", help="write a checkpoint's model as model.safetensors, config.json and a card")

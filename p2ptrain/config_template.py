@@ -87,5 +87,20 @@ def init_command(args: argparse.Namespace) -> int:
 
 def check_command(args: argparse.Namespace) -> int:
     config = load_config(args.path)  # ConfigError -> one line + exit 78 in the CLI
-    print(f"{args.path}: ok (run_id={config.swarm.run_id}, state_dir={config.state_dir()})")
+    if config.swarm.run is None and config.swarm.manifest is None:
+        print(f"{args.path}: ok (run_id={config.swarm.run_id}, state_dir={config.state_dir()})")
+        return 0
+    # An owned run: check the manifest and invite as the node would, and show what it would use.
+    from p2ptrain.ownedrun import prepare_run  # hivemind: only for owned runs
+    from p2ptrain.run_cli import show_lines
+    from p2ptrain.swarm import identity_path
+
+    plan = prepare_run(config, identity_path(config.state_dir()))
+    assert plan is not None
+    print(f"{args.path}: ok (run {plan.ref}, run_id={plan.config.swarm.run_id}, state_dir={config.state_dir()})")
+    if plan.manifest is None:
+        print(f"the manifest of run {plan.ref} is fetched from the swarm when the node joins; to see it now: "
+              f"p2ptrain run show {plan.ref} --join ADDR")
+    else:
+        print("\n".join(show_lines(plan.manifest, f"file {config.swarm.manifest}")))
     return 0

@@ -1,10 +1,12 @@
 """``p2ptrain demo``: a first look at an elastic swarm, on this machine only.
 
-It starts N real nodes on 127.0.0.1 (separate processes, loopback only, no NAT traversal),
-makes one leave part way and a new one join, prints a live table, and ends with a summary of
-what the swarm learned and survived, then exports the model of the node that got furthest and
-prints a short sample of its text.  Every process it started is stopped on the way out,
-Ctrl-C included.
+It creates a run with a throwaway owner key (its signed manifest holds the run's settings),
+starts N real nodes on 127.0.0.1 (separate processes, loopback only, no NAT traversal) that join
+with one line, ``--join ADDR --run REF``, makes one leave part way and a new one join, prints a
+live table, and ends with a summary of what the swarm learned and survived, then exports the
+model of the node that got furthest and prints a short sample of its text.  ``--private`` makes
+it an invite run instead, and shows a node without an invite being refused.  Every process it
+started is stopped on the way out, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import argparse
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from p2ptrain.errors import ConfigError
+from p2ptrain.localrun import LocalRun, create_local_run, local_only
 from p2ptrain.localswarm import LocalNode
 from p2ptrain.status import StatusSnapshot
 
@@ -30,6 +32,8 @@ DEMO_OVERRIDES = {
 REFRESH_SECONDS = 3.0
 SAMPLE_TOKENS = 160
 LEAVE_AT, JOIN_AT = 0.35, 0.55
+#: --private: when the node without an invite tries to join, and how long it keeps trying.
+STRANGER_AT, STRANGER_BOOTSTRAP = 0.3, 10.0
 
 
 @dataclass
@@ -38,15 +42,28 @@ class DemoRun:
 
     workdir: Path
     nodes: list[LocalNode] = field(default_factory=list)
+    owned: LocalRun | None = None
+    """The demo's run (None only in tests of the summary and export)."""
     last: dict[str, StatusSnapshot] = field(default_factory=dict)
     first_val_loss: float | None = None
     events: list[str] = field(default_factory=list)
     joins: int = 0
     leaves: int = 0
+    stranger: LocalNode | None = None
 
-    def add_node(self, run_id: str, join: list[str]) -> LocalNode:
-        name = f"node{len(self.nodes) + 1}"
-        node = LocalNode(name, self.workdir / name, run_id, DEMO_OVERRIDES)
+    def add_node(self, join: list[str], *, invited: bool = True, name: str = "") -> LocalNode:
+        """A node of the run: the first one holds the manifest file, the others join with one line."""
+        assert self.owned is not None
+        name = name or f"node{len(self.nodes) + 1}"
+        args = ["--run", str(self.owned.ref)]
+        if not self.nodes:
+            args += ["--manifest", str(self.owned.manifest_path)]
+        overrides = local_only(DEMO_OVERRIDES)
+        node = LocalNode(name, self.workdir / name, None, overrides, args=tuple(args))
+        if self.owned.manifest.policy == "invite" and invited:
+            node.overrides = {**overrides, "swarm": {"invite": self.owned.invite(node.peer_id())}}
+        elif not invited:
+            node.overrides = {**overrides, "swarm": {"bootstrap_timeout": STRANGER_BOOTSTRAP}}
         node.start(join=join)
         self.nodes.append(node)
         return node
@@ -93,10 +110,16 @@ def print_summary(run: DemoRun, elapsed: float, out: TextIO) -> None:
     epoch = max((s.local_epoch for s in run.last.values()), default=0)
     out.write("\n=== p2ptrain demo summary ===\n")
     out.write(f"  ran for            {elapsed:.0f} s with {len(run.nodes)} nodes in all\n")
+    if run.owned is not None:
+        out.write(f"  run                {run.owned.ref} ({run.owned.manifest.policy} run, owner key "
+                  f"{run.owned.directory / 'owner.key'})\n")
     out.write(f"  validation loss    {_fmt(run.first_val_loss, '.3f')} at the start -> {_fmt(final, '.3f')} now\n")
     out.write(f"  samples processed  {samples:,} (all nodes)\n")
     out.write(f"  swarm epoch        {epoch}\n")
-    out.write(f"  churn survived     {run.leaves} leave(s), {run.joins} join(s)\n")
+    if run.stranger is None:
+        out.write(f"  churn survived     {run.leaves} leave(s), {run.joins} join(s)\n")
+    else:
+        out.write("  admission          invited nodes only\n")
     for event in run.events:
         out.write(f"    - {event}\n")
     out.write(f"  node logs          {run.workdir}\n")
@@ -111,13 +134,17 @@ def export_and_sample(run: DemoRun, out: TextIO) -> Path | None:
     from p2ptrain.config import load_config
     from p2ptrain.export import ExportError, write_export
     from p2ptrain.models import LoadedModel, ModelError, from_checkpoint
+    from p2ptrain.runconfig import merge_manifest
     from p2ptrain.tasks.base import SampleRequest
     from p2ptrain.tasks.generate import sample_bytes
 
     best: LoadedModel | None = None
     for node in run.nodes:
         try:
-            loaded = from_checkpoint(load_config(node.config_path), None, lambda _line: None)
+            config = load_config(node.config_path)
+            if run.owned is not None:  # the node's config holds local matters only
+                config = merge_manifest(config, run.owned.manifest)
+            loaded = from_checkpoint(config, None, lambda _line: None)
         except (ModelError, ConfigError):
             continue
         if best is None or (loaded.card.epoch or 0) > (best.card.epoch or 0):
@@ -143,7 +170,28 @@ def export_and_sample(run: DemoRun, out: TextIO) -> Path | None:
     return target
 
 
-def _churn(run: DemoRun, run_id: str, join: list[str], elapsed: float, duration: float, out: TextIO) -> None:
+def _stranger(run: DemoRun, join: list[str], elapsed: float, duration: float, out: TextIO) -> None:
+    """--private: a node that knows the run and an address, but has no invite, tries to join."""
+    if run.stranger is None and elapsed >= STRANGER_AT * duration:
+        run.stranger = run.add_node(join, invited=False, name="stranger")
+        out.write(f"\n>>> stranger tries the one-line join without an invite: p2ptrain run --join {join[0]} "
+                  f"--run {run.owned.ref if run.owned else ''}\n")
+        return
+    stranger = run.stranger
+    if stranger is None or stranger.running or any("stranger" in e for e in run.events):
+        return
+    code = stranger.process.returncode if stranger.process is not None else None
+    lines = [line for line in stranger.log_tail(200).splitlines() if line.startswith("p2ptrain: ")]
+    refused = max((s.dht_requests_refused_total for n, s in run.last.items() if n != stranger.name), default=0)
+    run.events.append(f"stranger (no invite) was refused by the invited nodes' DHT and exited {code}; "
+                      f"they refused {refused} of its requests")
+    out.write(f"\n>>> stranger was refused and exited with code {code}; it never joined a group or got any state\n")
+    if lines:
+        out.write(f"    its last line: {lines[-1]}\n")
+    out.write(f"    the invited nodes refused {refused} of its DHT requests (dht_requests_refused_total)\n")
+
+
+def _churn(run: DemoRun, join: list[str], elapsed: float, duration: float, out: TextIO) -> None:
     live = [node for node in run.nodes if node.running]
     if run.leaves == 0 and elapsed >= LEAVE_AT * duration and len(live) > 1:
         leaver = live[-1]
@@ -152,7 +200,7 @@ def _churn(run: DemoRun, run_id: str, join: list[str], elapsed: float, duration:
         run.events.append(f"{leaver.name} left gracefully at t={elapsed:.0f}s (SIGTERM)")
         out.write(f"\n>>> {leaver.name} leaves the swarm (SIGTERM: last step, checkpoint, goodbye)\n")
     if run.joins == 0 and elapsed >= JOIN_AT * duration:
-        newcomer = run.add_node(run_id, join)
+        newcomer = run.add_node(join)
         run.joins += 1
         run.events.append(f"{newcomer.name} joined late at t={elapsed:.0f}s and synced from its peers")
         out.write(f"\n>>> {newcomer.name} joins late: it will download the swarm's state and contribute\n")
@@ -163,23 +211,32 @@ def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if not 1 <= peers <= 8:
         print("p2ptrain demo: --peers must be between 1 and 8", file=sys.stderr)
         return 2
+    private = bool(getattr(args, "private", False))
     # The work directory is kept: its node logs and checkpoints are worth a look afterwards.
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="p2ptrain-demo-"))
-    run_id = f"demo-{uuid.uuid4().hex[:6]}"
-    run = DemoRun(workdir)
+    owned = create_local_run(workdir / "run", "demo", DEMO_OVERRIDES, policy="invite" if private else "open")
+    run = DemoRun(workdir, owned=owned)
     started = time.monotonic()
-    out.write(f"p2ptrain demo: {peers} nodes on 127.0.0.1 for {duration:.0f}s (run {run_id}, state in {workdir})\n")
+    out.write(f"p2ptrain demo: {peers} nodes on 127.0.0.1 for {duration:.0f}s (state in {workdir})\n")
+    out.write(f"created {'an invite-only' if private else 'an open'} run {owned.ref} with a throwaway owner key; "
+              f"its signed manifest ({owned.manifest_path}) holds the run's settings\n")
     try:
-        first = run.add_node(run_id, [])
+        first = run.add_node([])
         join = first.join_addrs(timeout=90)[:1]
-        out.write(f"first node is up; the others join with --join {join[0]}\n")
+        out.write(f"first node is up; the others join with one line: p2ptrain run --join {join[0]} "
+                  f"--run {owned.ref}\n")
+        if private:
+            out.write("  (each with an invite for its peer ID: p2ptrain run invite RUN PEER_ID, in swarm.invite)\n")
         for _ in range(peers - 1):
-            run.add_node(run_id, join)
+            run.add_node(join)
         out.write(f"watch any node live: p2ptrain top --url {first.api_url()}\n")
         while (elapsed := time.monotonic() - started) < duration:
             run.poll()
             print_table(run, elapsed, out)
-            _churn(run, run_id, join, elapsed, duration, out)
+            if private:
+                _stranger(run, join, elapsed, duration, out)
+            else:
+                _churn(run, join, elapsed, duration, out)
             time.sleep(REFRESH_SECONDS)
         run.poll()
         out.write("\nstopping all nodes (each writes a final checkpoint) ...\n")

@@ -37,8 +37,10 @@ import hivemind
 import torch
 from hivemind.utils import get_dht_time
 
+from p2ptrain.admission_averager import Admission, admitting
 from p2ptrain.compression import make_compression, wire_bytes
 from p2ptrain.config import TrainingSection
+from p2ptrain.livetraining import retune
 from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
 from p2ptrain.roundclock import SwarmRoundTracker, schedule_position, set_schedule_position
 from p2ptrain.roundstats import RoundReport
@@ -116,7 +118,8 @@ class DiLoCoOptimizer:
     """The DiLoCo outer loop behind the node's optimizer protocol."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], dht: hivemind.DHT, run_id: str, cfg: TrainingSection,
-                 *, client_mode: bool, stats: SwarmStats, bandwidth: float | None = None) -> None:
+                 *, client_mode: bool, stats: SwarmStats, bandwidth: float | None = None,
+                 admission: Admission | None = None) -> None:
         self.cfg, self.stats, self.dht = cfg, stats, dht
         self.params = [p for p in params if p.requires_grad]
         self.param_groups = [{"params": self.params}]
@@ -144,7 +147,9 @@ class DiLoCoOptimizer:
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
         self._tracker = SwarmRoundTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
                                           per_peer_samples=cfg.inner_steps * self._accumulate * cfg.batch_size)
-        self.averager = _DiLoCoAverager(
+        # With an owned run's gate, only admitted peers are averaged with and served state.
+        averager_class = _DiLoCoAverager if admission is None else admitting(_DiLoCoAverager, admission)
+        self.averager = averager_class(
             self._buffers, dht, owner=self, start=True, prefix=f"{run_id}_diloco_avg", client_mode=client_mode,
             min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
             allreduce_timeout=cfg.averaging_timeout, next_chunk_timeout=cfg.averaging_timeout / 3,
@@ -183,6 +188,12 @@ class DiLoCoOptimizer:
         """The model's parameters and the outer parameters, with the inner and outer optimizers'
         state: a non-finite average must not survive in either copy."""
         return GuardTargets(tensors=[*self.params, *self.outer.params], optimizers=[self.inner, self.outer.optimizer])
+
+    def apply_training(self, cfg: TrainingSection) -> None:
+        """Inner lr, schedule, weight decay and clipping now; round timeouts from the next round on."""
+        retune(self.inner, self.scheduler, cfg,
+               warmup_cosine(cfg.warmup_epochs * cfg.inner_steps, cfg.total_epochs * cfg.inner_steps))
+        self.cfg = cfg
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._micro_batches == 0:  # mid-way through an inner batch the gradients keep accumulating

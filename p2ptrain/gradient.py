@@ -17,8 +17,11 @@ from typing import Any
 import hivemind
 import torch
 
+from p2ptrain.admission_averager import Admission, AdmittingOptimizerMixin
 from p2ptrain.compression import wire_bytes
-from p2ptrain.optim import withdraw_progress
+from p2ptrain.config import TrainingSection
+from p2ptrain.livetraining import retune
+from p2ptrain.optim import warmup_cosine, withdraw_progress
 from p2ptrain.roundstats import RoundReport
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
@@ -26,11 +29,15 @@ from p2ptrain.swarmstats import SwarmStats
 logger = logging.getLogger(__name__)
 
 
-class GradientOptimizer(hivemind.Optimizer):
-    """hivemind.Optimizer with bounded state downloads, per-round accounting and the node's protocol."""
+class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
+    """hivemind.Optimizer with bounded state downloads, per-round accounting and the node's protocol.
+
+    With ``admission`` (an owned run's gate) its averagers take part only with admitted peers.
+    """
 
     def __init__(self, *args: Any, stats: SwarmStats, load_state_attempts: int, retry_sync_after: float,
-                 wire_format: str = "none", **kwargs: Any) -> None:
+                 wire_format: str = "none", admission: Admission | None = None, **kwargs: Any) -> None:
+        self._admission = admission
         self.stats = stats
         self._load_state_attempts = load_state_attempts
         self._retry_sync_after = retry_sync_after
@@ -90,6 +97,13 @@ class GradientOptimizer(hivemind.Optimizer):
 
     def flush(self) -> None:
         """Nothing to land: a delayed optimizer step is applied by hivemind at the next step."""
+
+    def apply_training(self, cfg: TrainingSection) -> None:
+        retune(self.state_averager.optimizer, self.state_averager.scheduler, cfg,
+               warmup_cosine(cfg.warmup_epochs, cfg.total_epochs))
+        self.target_batch_size = self.tracker.target_batch_size = cfg.target_batch_size
+        self.matchmaking_time, self.averaging_timeout = cfg.matchmaking_time, cfg.averaging_timeout
+        self.average_state_every = cfg.average_state_every
 
     # ------------------------------------------------------------------ hivemind overrides
 

@@ -25,19 +25,34 @@ from p2ptrain.status import StatusSnapshot, SwarmView
 from p2ptrain.waiting import wait_until
 
 LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
+#: [training] for a small machine on loopback; an owned run's manifest takes the run-wide part.
+LOOPBACK_TRAINING: dict[str, Any] = {
+    "threads": 1, "target_batch_size": 64, "matchmaking_time": 0.5, "averaging_timeout": 15.0,
+    "load_state_timeout": 20.0, "validate_every": 10.0, "warmup_epochs": 3,
+}
 
 
-def local_node_config(state_dir: Path, run_id: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> str:
-    """TOML for a loopback node tuned for a small machine; ``overrides`` patch sections/keys."""
+def local_node_config(state_dir: Path, run_id: str | None,
+                      overrides: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """TOML for a loopback node tuned for a small machine; ``overrides`` patch sections/keys.
+
+    ``run_id`` None: a node of an owned run (``--run REF``), whose config holds only local matters.
+    """
+    training = dict(LOOPBACK_TRAINING)
+    if run_id is None:
+        from p2ptrain.manifest import LOCAL_TRAINING
+
+        training = {k: v for k, v in training.items() if k in LOCAL_TRAINING}
     sections: dict[str, dict[str, Any]] = {
         "node": {"state_dir": str(state_dir)},
-        "swarm": {"run_id": run_id, "listen_addrs": [LOOPBACK_LISTEN], "nat_port_map": False, "auto_nat": False,
+        "swarm": {"listen_addrs": [LOOPBACK_LISTEN], "nat_port_map": False, "auto_nat": False,
                   "use_relay": False, "bootstrap_timeout": 30.0},
-        "training": {"threads": 1, "target_batch_size": 64, "matchmaking_time": 0.5, "averaging_timeout": 15.0,
-                     "load_state_timeout": 20.0, "validate_every": 10.0, "warmup_epochs": 3},
+        "training": training,
         "checkpoint": {"interval": 30.0, "keep": 3},
         "api": {"host": "127.0.0.1", "port": 0},
     }
+    if run_id is not None:
+        sections["swarm"] = {"run_id": run_id, **sections["swarm"]}
     for section, values in (overrides or {}).items():
         sections.setdefault(section, {}).update(values)
     lines: list[str] = []
@@ -54,12 +69,15 @@ class LocalNode:
 
     name: str
     workdir: Path
-    run_id: str
+    run_id: str | None
+    """None: a node of an owned run, started with ``args`` such as ``("--run", REF)``."""
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     #: A wrapper the node runs under (``["unshare", "-m", ...]``, ``["ip", "netns", "exec", ns]``).
     command_prefix: Sequence[str] = ()
+    args: tuple[str, ...] = ()
+    """More ``p2ptrain run`` flags (``--run REF``, ``--manifest FILE``)."""
 
     @property
     def state_dir(self) -> Path:
@@ -85,7 +103,7 @@ class LocalNode:
             self.write_config()
         (self.state_dir / "api.url").unlink(missing_ok=True)
         command = [*self.command_prefix, sys.executable, "-m", "p2ptrain.cli", "run", "--config",
-                   str(self.config_path)]
+                   str(self.config_path), *self.args]
         for addr in join:
             command += ["--join", addr]
         log = self.log_path.open("ab")
@@ -186,6 +204,15 @@ class LocalNode:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             signal_all(helpers, signal.SIGKILL)
+
+    def peer_id(self) -> str:
+        """This node's peer ID, creating its identity now if it has none (e.g. to invite it)."""
+        from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity  # hivemind
+        from p2ptrain.swarm import identity_path
+
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_identity(identity_path(self.state_dir))
+        return peer_id_of_identity(identity_path(self.state_dir))
 
     def log_tail(self, lines: int = 30) -> str:
         try:

@@ -18,9 +18,10 @@ from p2ptrain.errors import ConfigError
 from p2ptrain.manifest import Manifest
 from p2ptrain.runref import RunRef
 
-#: [training] fields a running node applies at an epoch boundary.
+#: [training] fields a running node applies at an epoch boundary (not ``batch_size``: the micro-batch
+#: shape is built into the node's data stream, so it needs a restart).
 LIVE_TRAINING = frozenset({
-    "batch_size", "target_batch_size", "lr", "weight_decay", "warmup_epochs", "total_epochs", "max_grad_norm",
+    "target_batch_size", "lr", "weight_decay", "warmup_epochs", "total_epochs", "max_grad_norm",
     "matchmaking_time", "averaging_timeout", "average_state_every",
     "seed",  # only shapes a model's initialisation: nothing to do for a node that is already training
 })

@@ -182,6 +182,32 @@ class P2PTrainCollector(Collector):
                        s.cpu_idle_seconds_total)
         yield _counter("rejected_peer_records", "Peer records dropped as forged, malformed or oversized.",
                        max(s.rejected_records_total, swarm.rejected_records_total))
+        yield from _run(s)
+
+
+def _run(s: StatusSnapshot) -> Iterator[Metric]:
+    """The run: an owned run's reference (empty for a plain run) and how it admits peers ("none": a
+    plain run, nobody to ask), its manifest version (0: none), and what its gates turned away."""
+    yield InfoMetricFamily(_P + "run", "The run this node takes part in.",
+                           value={"run_id": s.run_id, "run_ref": s.run_ref,
+                                  "admission": s.admission_policy if s.run_ref else "none"})
+    yield _g("manifest_version", "Version of the owned run's signed manifest this node holds (0: a plain run).",
+             s.manifest_version)
+    yield _counter("manifests_ignored", "Run manifests ignored: bad signature, another owner, or not newer.",
+                   s.manifests_ignored_total)
+    yield _counter("run_entries_refused", "Forged manifest or invite entries the DHT refused to store or return.",
+                   s.run_entries_refused_total)
+    yield _counter("fingerprint_entries_refused", "Unsigned model fingerprint entries refused (owned runs keep "
+                   "the fingerprint in the manifest).", s.fingerprint_entries_refused_total)
+    yield _counter("invalid_member_invites", "Member invites in the DHT that did not verify.",
+                   s.invalid_members_total)
+    refused = CounterMetricFamily(_P + "refused_requests", "Requests of peers the run does not admit, refused.",
+                                  labels=["layer"])
+    refused.add_metric(["dht"], max(0.0, float(s.dht_requests_refused_total)))
+    refused.add_metric(["averaging"], max(0.0, float(s.averaging_refused_total)))
+    yield refused
+    yield _g("peers_not_admitted", "Peer records in view from peers the run does not admit (left out of the "
+             "swarm view).", s.records_not_admitted)
 
 
 def build_registry(latest: LatestSnapshot, *, process: bool = True,

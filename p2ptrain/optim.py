@@ -81,16 +81,18 @@ def build_optimizer(
     client_mode: bool,
     stats: SwarmStats,
     bandwidth: float | None = None,
+    admission: Any = None,
 ) -> SwarmOptimizer:
     """The swarm optimizer for ``cfg.mode``: hivemind gradient averaging, or the DiLoCo outer loop.
 
-    ``bandwidth`` is this node's :func:`bandwidth_hint` (None: no hint).
+    ``bandwidth`` is this node's :func:`bandwidth_hint` (None: no hint); ``admission`` an owned
+    run's :class:`~p2ptrain.admission.AdmissionGate` (None: averagers take part with any peer).
     """
     if cfg.mode == "diloco":
         from p2ptrain.diloco import DiLoCoOptimizer  # the gradient path never needs it
 
         return DiLoCoOptimizer(model.parameters(), dht, averaging_run_id, cfg, client_mode=client_mode,
-                               stats=stats, bandwidth=bandwidth)
+                               stats=stats, bandwidth=bandwidth, admission=admission)
     # hivemind's matchmaking can deadlock when a request may outlive the matchmaking window (two
     # peers each waiting for the other to answer), so requests get half of it.  hivemind.Optimizer
     # passes averager_opts to its state averager only: the gradient averager gets them through
@@ -127,6 +129,7 @@ def build_optimizer(
         grad_averager_factory=functools.partial(GradientAverager, **averager_opts),
         verbose=False,
         stats=stats,
+        admission=admission,
         load_state_attempts=cfg.load_state_attempts,
         retry_sync_after=max(30.0, cfg.averaging_timeout),
         wire_format=cfg.grad_compression,

@@ -7,7 +7,8 @@ an invite run, the DHT authorizer. Every problem is one :class:`ConfigError` lin
 
 :class:`RunKeeper` then runs beside the node's loop without ever blocking it: it fetches the
 manifest when the node joined with only a reference, re-publishes the manifest and this node's
-invite, polls for newer manifest versions, and keeps the gate's lists current.
+invite, polls the swarm (and the ``swarm.manifest`` file, where the owner runs ``p2ptrain run
+update``) for newer manifest versions, and keeps the gate's lists current.
 """
 
 from __future__ import annotations
@@ -65,6 +66,22 @@ def apply_run_flags(config: NodeConfig, run_ref: str | None, manifest: Path | No
     if not update:
         return config
     return config.model_copy(update={"swarm": config.swarm.model_copy(update=update)})
+
+
+def keep_run_settings(local: NodeConfig, running: NodeConfig) -> NodeConfig:
+    """A re-read node config (SIGHUP) with the running owned run's settings in place of its own.
+
+    The manifest decides [task], the run-wide [training] fields and the run id; comparing them
+    with a node config that does not hold them would report every one of them as changed.
+    """
+    from p2ptrain.manifest import RUN_WIDE_TRAINING
+
+    training = local.training.model_copy(update={n: getattr(running.training, n) for n in RUN_WIDE_TRAINING})
+    task = running.task
+    if local.task.data_path is not None:  # the one [task] field that is the machine's own
+        task = task.model_copy(update={"data_path": local.task.data_path})
+    swarm = local.swarm.model_copy(update={"run_id": running.swarm.run_id, "run": running.swarm.run})
+    return local.model_copy(update={"task": task, "training": training, "swarm": swarm})
 
 
 def _check_policy(manifest: Manifest, invite: str | None) -> None:
@@ -129,15 +146,22 @@ class RunKeeper:
     """Keeps a running node's view of its owned run current; every method returns at once."""
 
     def __init__(self, plan: RunPlan, dht: Any, *, clock: Callable[[], float] = time.time,
-                 poll_every: float = 30.0, republish_every: float = 300.0, lookup_timeout: float = 10.0) -> None:
+                 poll_every: float = 15.0, members_every: float = 3.0, republish_every: float = 300.0,
+                 lookup_timeout: float = 10.0) -> None:
         self.plan, self._dht, self._clock = plan, dht, clock
         self._poll_every, self._republish_every, self._timeout = poll_every, republish_every, lookup_timeout
+        # Invite runs: a newcomer is refused by the averagers until its invite is seen here, so the
+        # members are looked up more often than the manifest.
+        self._members_every = members_every
         self.tracker = ManifestTracker(plan.ref, plan.manifest)
         self.invalid_manifests_total = 0
         self.invalid_members_total = 0
+        self._file = plan.config.swarm.manifest
+        self._file_seen = _file_stamp(self._file)
         self._admitted: frozenset[str] = frozenset({plan.authorizer.peer_id} if plan.authorizer else ())
         self._pending: dict[str, tuple[Any, float]] = {}
         self._next_poll = 0.0
+        self._next_members = 0.0
         self._next_publish = 0.0
 
     @property
@@ -166,8 +190,37 @@ class RunKeeper:
         _check_policy(manifest, self.plan.config.swarm.invite)
         self.plan = dataclasses.replace(self.plan, config=merge_manifest(self.plan.config, manifest),
                                         manifest=manifest)
+        if self.plan.config.swarm.invite is not None:
+            self._join_members()
         self._refresh_gate()
         return self.plan.config
+
+    def _join_members(self) -> None:
+        """An invite run: announce this node's invite now and learn who else is admitted before the
+        node first averages or downloads state (bounded; the polls keep the list current)."""
+        from p2ptrain.rundht import members_key, publish_membership
+
+        assert self.plan.config.swarm.invite is not None
+        publish_membership(self._dht, self.plan.ref, self.plan.config.swarm.invite)
+        future = self._dht.get(members_key(self.plan.ref), latest=True, return_future=True)
+        try:
+            found = future.result(timeout=self._timeout)
+        except Exception as exc:  # swarm weather: the polls try again
+            future.cancel()
+            logger.info("run %s: members lookup failed (%s)", self.plan.ref, type(exc).__name__)
+            return
+        self._take_members(found, self._clock())
+
+    def _take_members(self, found: Any, now: float) -> None:
+        from p2ptrain.rundht import admitted_members
+
+        admitted, invalid = admitted_members(found, self.plan.ref, now=now, excluded=self._excluded())
+        self.invalid_members_total += invalid
+        if self.plan.authorizer is not None:
+            admitted.add(self.plan.authorizer.peer_id)
+        if admitted != self._admitted:
+            self._admitted = frozenset(admitted)
+            self._refresh_gate()
 
     def check_fingerprint(self, fingerprint: str) -> None:
         """Raise one line naming both fingerprints when the manifest records another model."""
@@ -181,7 +234,6 @@ class RunKeeper:
         """Re-publish, look for a newer manifest and current members; returns the offer of a newly
         accepted manifest version (the node applies it at the next epoch boundary, or restarts)."""
         from p2ptrain.rundht import (
-            admitted_members,
             manifest_key,
             members_key,
             newest_manifest,
@@ -190,13 +242,15 @@ class RunKeeper:
         )
 
         now = self._clock()
+        accepted: Offer | None = None
+        if now >= self._next_poll and self._file is not None:
+            accepted = self._reread_file()
         manifest = self.tracker.current
         if manifest is not None and now >= self._next_publish:
             self._next_publish = now + self._republish_every
             publish_manifest(self._dht, manifest)
             if self.plan.config.swarm.invite is not None:
                 publish_membership(self._dht, self.plan.ref, self.plan.config.swarm.invite)
-        accepted: Offer | None = None
         found = self._finished("manifest", now)
         if found is not None:
             result = newest_manifest(found, self.plan.ref)
@@ -207,24 +261,46 @@ class RunKeeper:
                     logger.info("run %s: %s", self.plan.ref, offer.reason)
                     accepted = offer
                     self._refresh_gate()
+                    self._next_publish = now  # every holder spreads a new version at once
         members = self._finished("members", now)
         if members is not None and self.gate_policy == "invite":
-            admitted, invalid = admitted_members(members, self.plan.ref, now=now,
-                                                 excluded=self._excluded())
-            self.invalid_members_total += invalid
-            if self.plan.authorizer is not None:
-                admitted.add(self.plan.authorizer.peer_id)
-            if admitted != self._admitted:
-                self._admitted = frozenset(admitted)
-                self._refresh_gate()
-        if now >= self._next_poll and not self._pending:
+            self._take_members(members, now)
+        if now >= self._next_poll and "manifest" not in self._pending:
             self._next_poll = now + self._poll_every
             self._pending["manifest"] = (self._dht.get(manifest_key(self.plan.ref), latest=True,
                                                        return_future=True), now)
-            if self.gate_policy == "invite":
-                self._pending["members"] = (self._dht.get(members_key(self.plan.ref), latest=True,
-                                                          return_future=True), now)
+        if self.gate_policy == "invite" and now >= self._next_members and "members" not in self._pending:
+            self._next_members = now + self._members_every
+            self._pending["members"] = (self._dht.get(members_key(self.plan.ref), latest=True,
+                                                      return_future=True), now)
         return accepted
+
+    def _reread_file(self) -> Offer | None:
+        """The owner's node: a newer version written to its ``swarm.manifest`` file (by ``p2ptrain
+        run update``) is taken up and published at once."""
+        assert self._file is not None
+        stamp = _file_stamp(self._file)
+        if stamp == self._file_seen:
+            return None
+        self._file_seen = stamp
+        try:
+            manifest = FileSource(self._file, self.plan.ref).fetch()
+        except ConfigError as error:
+            self.invalid_manifests_total += 1
+            logger.warning("run %s: keeping manifest version %d: %s", self.plan.ref,
+                           self.manifest.version if self.manifest else 0, error)
+            return None
+        offer = self.tracker.offer(manifest)
+        if not offer.accepted:
+            return None
+        logger.info("run %s: %s (from %s)", self.plan.ref, offer.reason, self._file)
+        self._refresh_gate()
+        self._next_publish = self._clock()
+        return offer
+
+    def is_excluded(self, peer_id: str) -> bool:
+        """Whether the current manifest bans ``peer_id`` or revokes its invite."""
+        return peer_id in self._excluded()
 
     @property
     def gate_policy(self) -> str:
@@ -275,4 +351,24 @@ class RunKeeper:
             "manifests_ignored_total": self.tracker.ignored_total + self.invalid_manifests_total,
             "invalid_members_total": self.invalid_members_total,
             "dht_requests_refused_total": self.plan.authorizer.refused_total if self.plan.authorizer else 0,
+            "run_entries_refused_total": sum(_counter_total(v, "counter") for v in self.plan.validators),
+            "fingerprint_entries_refused_total": sum(_counter_total(v, "fingerprint_counter")
+                                                     for v in self.plan.validators),
+            "averaging_refused_total": self.plan.gate.refused_total,
         }
+
+
+def _counter_total(validator: Any, name: str) -> int:
+    counter = getattr(validator, name, None)
+    return int(counter.total) if counter is not None else 0
+
+
+def _file_stamp(path: Path | None) -> tuple[int, int] | None:
+    """What tells a rewritten file from the one read before (``run update`` replaces it atomically)."""
+    if path is None:
+        return None
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_ino

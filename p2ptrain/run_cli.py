@@ -40,7 +40,7 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def _fingerprint(choice: str, config: NodeConfig) -> str | None:
+def choose_fingerprint(choice: str, config: NodeConfig) -> str | None:
     if choice == "none":
         return None
     if choice != "auto":
@@ -81,7 +81,7 @@ def init_command(args: argparse.Namespace) -> int:
     for path in (key_path, manifest_path):
         if path.exists():
             raise ConfigError(f"{path}: already exists; a run is created once (change it with p2ptrain run update)")
-    fingerprint = _fingerprint(args.fingerprint, config)
+    fingerprint = choose_fingerprint(args.fingerprint, config)
     key = OwnerKey.generate()
     manifest = new_manifest(key, name, config.task, config.training, policy="invite" if args.private else "open")
     if fingerprint is not None:
@@ -104,7 +104,7 @@ def init_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show_lines(manifest: Manifest, origin: str) -> list[str]:
+def show_lines(manifest: Manifest, origin: str) -> list[str]:
     ref = manifest.ref
     lines = [
         f"run          {ref}  (from {origin})",
@@ -130,7 +130,7 @@ def show_command(args: argparse.Namespace) -> int:
     if args.toml:
         sys.stdout.write(manifest.to_toml())
     else:
-        print("\n".join(_show_lines(manifest, source.describe())))
+        print("\n".join(show_lines(manifest, source.describe())))
     return 0
 
 
@@ -166,7 +166,7 @@ def update_command(args: argparse.Namespace) -> int:
     if args.policy is not None:
         changes["policy"] = args.policy
     if args.fingerprint is not None:
-        changes["fingerprint"] = None if args.fingerprint == "none" else _fingerprint(
+        changes["fingerprint"] = None if args.fingerprint == "none" else choose_fingerprint(
             args.fingerprint, NodeConfig.model_validate({"task": updated.task, "training": updated.training}))
     updated = dataclasses.replace(updated, **changes)
     change = classify(old, updated)

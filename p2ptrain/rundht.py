@@ -6,6 +6,9 @@ verified manifest re-publishes it, so the run outlives its owner's machine. ``<r
 holds each admitted peer's invite token under its peer ID (invite runs), which is how every node
 learns who is admitted.
 
+An owned run keeps its model fingerprint in the manifest, so ``<run_id>_model_fingerprint``, where
+plain runs claim theirs unsigned, holds nothing honest: every entry there is refused and counted.
+
 Entries are checked twice: :func:`run_validators` make honest DHT nodes refuse to store or return
 anything that is not owner-signed for this run (only checks that do not depend on the time, so a
 stored entry never turns invalid while it is held), and readers verify again, with the time,
@@ -47,6 +50,11 @@ def manifest_key(ref: RunRef) -> str:
 
 def members_key(ref: RunRef) -> str:
     return ref.dht_key("members")
+
+
+def fingerprint_key(ref: RunRef) -> str:
+    """Where plain runs publish their (unsigned) model fingerprint; unused by owned runs."""
+    return ref.dht_key("model_fingerprint")
 
 
 def manifest_subkey(raw: bytes, version: int) -> str:
@@ -146,14 +154,21 @@ def admitted_members(found: Any, ref: RunRef, *, now: float | None = None,
 class RunEntryValidator(RecordValidatorBase):
     """Refuses, in the DHT itself, manifest and member entries that the run's owner did not sign."""
 
-    def __init__(self, ref: RunRef, counter: RejectCounter | None = None) -> None:
+    def __init__(self, ref: RunRef, counter: RejectCounter | None = None,
+                 fingerprint_counter: RejectCounter | None = None) -> None:
         self._ref = ref
         self._manifest_id = DHTID.generate(source=manifest_key(ref)).to_bytes()
         self._members_id = DHTID.generate(source=members_key(ref)).to_bytes()
+        self._fingerprint_id = DHTID.generate(source=fingerprint_key(ref)).to_bytes()
         self.counter = counter if counter is not None else RejectCounter()
+        #: Unsigned fingerprint entries refused (a stranger's claim of the run's model).
+        self.fingerprint_counter = fingerprint_counter if fingerprint_counter is not None else RejectCounter()
         self._verdicts: collections.OrderedDict[bytes, bool] = collections.OrderedDict()
 
     def validate(self, record: DHTRecord) -> bool:
+        if record.key == self._fingerprint_id:
+            self.fingerprint_counter.reject(record.subkey, record.value[:64])
+            return False
         if record.key not in (self._manifest_id, self._members_id):
             return True
         limit = MAX_MANIFEST_BYTES if record.key == self._manifest_id else MAX_TOKEN_CHARS

@@ -154,6 +154,12 @@ class StatusSnapshot:
     reachability: str = Reachability.UNKNOWN.value
     run_id: str = ""
     model_fingerprint: str = ""
+    #: An owned run's reference (NAME@hash), its manifest version and admission policy ("open",
+    #: "invite"), and the model fingerprint its manifest records; empty/0 in a plain run.
+    run_ref: str = ""
+    manifest_version: int = 0
+    admission_policy: str = ""
+    manifest_fingerprint: str = ""
     local_epoch: int = 0
     global_epoch: int = 0
     samples_accumulated: int = 0
@@ -207,6 +213,16 @@ class StatusSnapshot:
     cpu_used_percent: float | None = None
     #: Seconds the node idled between steps to stay within cpu_limit_percent.
     cpu_idle_seconds_total: float = 0.0
+    #: Owned runs: manifests ignored (bad signature, another owner, older), invalid member invites,
+    #: DHT entries refused (forged manifests; unsigned fingerprint entries counted apart), DHT and
+    #: averaging/state requests of non-admitted peers refused, records of non-admitted peers in view.
+    manifests_ignored_total: int = 0
+    invalid_members_total: int = 0
+    run_entries_refused_total: int = 0
+    fingerprint_entries_refused_total: int = 0
+    dht_requests_refused_total: int = 0
+    averaging_refused_total: int = 0
+    records_not_admitted: int = 0
     #: Monotonic-clock age of the last completed local step; None before the first step.
     seconds_since_progress: float | None = None
     uptime_seconds: float = 0.0

@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 FINGERPRINT_TTL = 600.0
 _MAX_BACKOFF = 15.0
+#: What hivemind's DHT raises when initial peers were reached but none answered a ping (e.g. the
+#: closed DHT of an invite run refusing a stranger).
+_BOOTSTRAP_FAILED = "bootstrap failed"
 
 
 class SwarmError(Exception):
@@ -37,6 +40,10 @@ class SwarmError(Exception):
 
 class IdentityInUse(SwarmError):
     """Another live process holds this state directory (and so this peer identity)."""
+
+
+class PeersRefused(SwarmError):
+    """Initial peers were reached but answered none of this node's DHT requests (a closed swarm)."""
 
 
 class FingerprintMismatch(SwarmError):
@@ -105,26 +112,37 @@ def start_dht(
     *,
     dht_factory: Callable[..., hivemind.DHT] = hivemind.DHT,
     clock: Callable[[], float] = time.monotonic,
+    **options: Any,
 ) -> hivemind.DHT:
-    """Start the DHT, retrying with backoff while no initial peer answers, bounded by bootstrap_timeout."""
-    kwargs = dht_kwargs(cfg, identity_path(state_dir), initial_peers)
+    """Start the DHT, retrying with backoff while no initial peer answers, bounded by bootstrap_timeout.
+
+    ``options`` go to ``hivemind.DHT`` as they are (an owned run's ``authorizer``).
+    """
+    kwargs = {**dht_kwargs(cfg, identity_path(state_dir), initial_peers), **options}
     deadline = clock() + cfg.bootstrap_timeout
     delay, attempt = 1.0, 0
     while True:
         attempt += 1
         try:
             return dht_factory(start=True, record_validators=list(record_validators), **kwargs)
-        except P2PDaemonError as exc:
+        except (P2PDaemonError, RuntimeError) as exc:
+            refused = not isinstance(exc, P2PDaemonError)
+            if refused and _BOOTSTRAP_FAILED not in str(exc):
+                raise
             if not initial_peers:
                 raise SwarmError(f"cannot start the p2p daemon on {list(cfg.listen_addrs)}: {exc}") from None
+            if refused:  # the failed DHT process may leave its p2pd behind, with our identity
+                stop_stale_daemons(identity_path(state_dir))
             remaining = deadline - clock()
             if remaining <= 0:
-                raise SwarmError(
-                    f"no initial peer answered after {attempt} attempts in {cfg.bootstrap_timeout:.0f}s "
+                how = "answered our DHT requests" if refused else "answered"
+                raise (PeersRefused if refused else SwarmError)(
+                    f"no initial peer {how} after {attempt} attempts in {cfg.bootstrap_timeout:.0f}s "
                     f"(swarm.bootstrap_timeout); tried {', '.join(initial_peers)}"
                 ) from None
             wait = min(delay, remaining)
-            logger.warning("no initial peer answered (attempt %d: %s); retrying in %.1fs", attempt,
+            logger.warning("no initial peer answered%s (attempt %d: %s); retrying in %.1fs",
+                           " our DHT requests" if refused else "", attempt,
                            str(exc).splitlines()[-1][:200], wait)
             if stop.wait(wait):
                 raise SwarmError("stopped while joining the swarm") from None

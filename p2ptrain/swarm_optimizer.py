@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from p2ptrain.config import TrainingSection
 from p2ptrain.swarmstats import SwarmStats
 
 
@@ -87,6 +88,12 @@ class SwarmOptimizer(Protocol):
 
     def flush(self) -> None:
         """Let any averaging still in flight land (bounded), e.g. before a final evaluation."""
+        ...
+
+    def apply_training(self, cfg: TrainingSection) -> None:
+        """Adopt the run-wide settings a running node may change (a new manifest version, at an
+        epoch boundary: lr and schedule, weight decay, max_grad_norm, target batch size, averaging
+        timeouts; see ``p2ptrain.manifest_updates.LIVE_TRAINING``).  Keeps the optimizer's state."""
         ...
 
     def shutdown(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import signal
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +23,21 @@ NodeFactory = Callable[..., LocalNode]
 
 @pytest.fixture
 def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
-    """``make_node(name, run_id=..., env=..., **section_overrides)``; every node is stopped at teardown."""
+    """``make_node(name, run_id=..., env=..., args=..., owned=..., **section_overrides)``; every node is
+    stopped at teardown. ``owned``: a node of an owned run (``args`` such as ``("--run", REF)``), whose
+    config holds only what the overrides give beyond the loopback defaults' local part."""
     nodes: list[LocalNode] = []
     default_run = f"it-{uuid.uuid4().hex[:8]}"
     counter = itertools.count()
 
     def factory(name: str | None = None, run_id: str | None = None, env: Mapping[str, str] | None = None,
-                **sections: Mapping[str, Any]) -> LocalNode:
-        overrides: dict[str, dict[str, Any]] = {"training": dict(FAST_TRAINING)}
+                args: Sequence[str] = (), owned: bool = False, **sections: Mapping[str, Any]) -> LocalNode:
+        overrides: dict[str, dict[str, Any]] = {} if owned else {"training": dict(FAST_TRAINING)}
         for section, values in sections.items():
             overrides.setdefault(section, {}).update(values)
         node_name = name or f"node{next(counter)}"
-        node = LocalNode(node_name, tmp_path / node_name, run_id or default_run, overrides, env or {})
+        node = LocalNode(node_name, tmp_path / node_name, None if owned else run_id or default_run, overrides,
+                         env or {}, args=tuple(args))
         nodes.append(node)
         return node
 

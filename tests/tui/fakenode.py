@@ -53,7 +53,9 @@ def status_script(now: float = NOW) -> list[StatusSnapshot]:
     base = StatusSnapshot(
         version="0.1.0", state="training", peer_id=SELF_ID,
         visible_maddrs=(f"/ip4/203.0.113.7/tcp/31337/p2p/{SELF_ID}", "/ip4/127.0.0.1/tcp/31337"),
-        reachability="direct", run_id="bytelm-demo", model_fingerprint="9f2c4e1ab37d55e0",
+        reachability="direct", run_id="bytelm-demo-mfvu2prtod62tp5pp2vgyrz7ty", model_fingerprint="9f2c4e1ab37d55e0",
+        run_ref="bytelm-demo@mfvu2prtod62tp5pp2vgyrz7ty", manifest_version=3, admission_policy="invite",
+        manifest_fingerprint="9f2c4e1ab37d55e0",
         local_epoch=42, global_epoch=42, target_batch_size=4096, peers_online=5,
         swarm_samples_per_second=459.9, averaging_rounds_ok_total=37, averaging_rounds_partial_total=3,
         averaging_rounds_failed_total=2, recent_round_durations=tuple(0.8 + (i % 7) * 0.15 for i in range(24)),

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakenode import SCRIPT_LENGTH, SELF_ID, TOKEN, FakeNode
+from fakenode import SCRIPT_LENGTH, SELF_ID, TOKEN, FakeNode, status_script
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, ProgressBar, Sparkline, Static
 
 from p2ptrain.tui.app import TopApp
 from p2ptrain.tui.widgets.dialogs import ConfirmScreen, HelpScreen
 from p2ptrain.tui.widgets.logs import LogPane
+from p2ptrain.tui.widgets.node import run_line
 from p2ptrain.tui.widgets.swarm import TOTAL_KEY
 
 MakeApp = Callable[..., TopApp]
@@ -54,7 +55,8 @@ def test_node_view_shows_the_snapshot(make_app: MakeApp) -> None:
         assert text(app, "#state-value") == "TRAINING"
         assert app.screen.query_one("#state-value").has_class("state-training")
         assert text(app, "#peer-value") == SELF_ID
-        assert "bytelm-demo" in text(app, "#run-value")
+        assert text(app, "#run-value") == ("bytelm-demo@mfvu2prtod62tp5pp2vgyrz7ty · manifest v3 · invite  "
+                                           "model 9f2c4e1ab37d")
         assert text(app, "#addrs-value").startswith("direct · /ip4/203.0.113.7/tcp/31337")
         assert text(app, "#epoch-value") == "42 (swarm 42) · 5 peers"
         bar = app.screen.query_one("#progress-bar", ProgressBar)
@@ -282,3 +284,10 @@ def test_reads_use_the_token_and_a_restart_resets_the_logs(make_app: MakeApp, fa
         assert "node restarted" in pane.lines[6].text and "after restart 1" in pane.lines[7].text
 
     drive(app, scenario)
+
+
+def test_a_plain_run_shows_its_run_id() -> None:
+    plain = dataclasses.replace(status_script()[0], run_ref="", manifest_version=0, admission_policy="",
+                                run_id="bytelm-demo")
+    assert run_line(plain) == "bytelm-demo  model 9f2c4e1ab37d"
+    assert run_line(dataclasses.replace(plain, model_fingerprint="", run_id="")) == "—"

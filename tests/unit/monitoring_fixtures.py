@@ -19,7 +19,8 @@ def populated_status(now: float | None = None) -> StatusSnapshot:
     now = time.time() if now is None else now
     return StatusSnapshot(
         version="0.1.0", state="training", peer_id="QmSelf", visible_maddrs=("/ip4/127.0.0.1/tcp/41400",),
-        reachability="direct", run_id="demo", model_fingerprint="abc123", local_epoch=7, global_epoch=8,
+        reachability="direct", run_id="demo", model_fingerprint="abc123", run_ref="demo@" + "a" * 26,
+        manifest_version=3, admission_policy="invite", manifest_fingerprint="abc123", local_epoch=7, global_epoch=8,
         samples_accumulated=96, target_batch_size=256, samples_processed_total=12_345,
         local_samples_per_second=41.5, swarm_samples_per_second=120.25, peers_online=3, loss=2.75,
         val_loss=2.9, averaging_rounds_ok_total=9, averaging_rounds_failed_total=2,
@@ -29,6 +30,9 @@ def populated_status(now: float | None = None) -> StatusSnapshot:
         state_downloads_total=2, state_downloads_failed_total=1, state_download_seconds_total=12.5,
         state_download_progress=0.25, checkpoint_writes_ok_total=4, checkpoint_writes_failed_total=1,
         last_checkpoint_time=now - 60, nonfinite_skips_total=1, rejected_records_total=2,
+        manifests_ignored_total=1, invalid_members_total=1, run_entries_refused_total=4,
+        fingerprint_entries_refused_total=1, dht_requests_refused_total=6, averaging_refused_total=2,
+        records_not_admitted=1,
         seconds_since_progress=0.5, uptime_seconds=600.0, started_at=now - 600, taken_at=now,
         averaging_rounds_partial_total=3, last_round_peers_online=4, last_round_received_fraction=2 / 3,
         received_fraction_bucket_counts=(0, 1, 2, 0, 0, 0, 9, 0), received_fraction_sum=10.8333,

@@ -65,6 +65,21 @@ def test_populated_snapshot_values_and_types():
     assert "peer_id" not in text and "QmSelf" not in text  # no peer-id labels, ever
 
 
+def test_owned_run_metrics_and_a_plain_run_s():
+    _, m = scrape(populated_status(now=NOW))
+    assert m[("p2ptrain_run_info", (("admission", "invite"), ("run_id", "demo"), ("run_ref", "demo@" + "a" * 26)))] == 1
+    assert m[("p2ptrain_manifest_version", ())] == 3
+    assert m[("p2ptrain_refused_requests_total", (("layer", "dht"),))] == 6
+    assert m[("p2ptrain_refused_requests_total", (("layer", "averaging"),))] == 2
+    assert m[("p2ptrain_run_entries_refused_total", ())] == 4
+    assert m[("p2ptrain_fingerprint_entries_refused_total", ())] == 1
+    assert m[("p2ptrain_manifests_ignored_total", ())] == 1 and m[("p2ptrain_peers_not_admitted", ())] == 1
+    plain = dataclasses.replace(populated_status(now=NOW), run_ref="", manifest_version=0, admission_policy="")
+    _, m = scrape(plain)
+    assert m[("p2ptrain_run_info", (("admission", "none"), ("run_id", "demo"), ("run_ref", "")))] == 1
+    assert m[("p2ptrain_manifest_version", ())] == 0
+
+
 def test_round_duration_histogram_is_cumulative():
     _, m = scrape(populated_status(now=NOW))
     bucket = {dict(labels)["le"]: v for (name, labels), v in m.items()

@@ -44,6 +44,7 @@ class FakeOptimizer:
         self.epoch = 0
         self.swarm_epoch = swarm_epoch
         self.downloads = self.step_asides = self.rejoins = 0
+        self.applied: list[Any] = []
 
     @property
     def local_epoch(self) -> int:
@@ -76,6 +77,9 @@ class FakeOptimizer:
 
     def flush(self) -> None: ...
     def shutdown(self) -> None: ...
+
+    def apply_training(self, cfg: Any) -> None:
+        self.applied.append(cfg)
 
 
 class FakeTrainer:
@@ -139,22 +143,39 @@ class FakeSwarm(JoinedSwarm):
 
 
 class FakeBuilder:
+    """The builder's methods with fakes; an owned run's plan and keeper are whatever a test sets."""
+
     def __init__(self, clock: FakeClock, *, swarm_epoch: int = 0, fail_join: Exception | None = None,
                  fail_build: Exception | None = None, on_step: Any = None) -> None:
         self.optimizer = FakeOptimizer(swarm_epoch)
         self.parts = FakeParts(FakeTrainer(self.optimizer, clock, on_step), self.optimizer)
         self.fail_join, self.fail_build = fail_join, fail_build
         self.swarm: FakeSwarm | None = None
+        self.plan: Any = None
+        self.keeper: Any = None
+        self.joined_with: dict[str, Any] = {}
+        self.built_with: dict[str, Any] = {}
+
+    def prepare(self, config: NodeConfig, state_dir: Path) -> Any:
+        if isinstance(self.plan, Exception):
+            raise self.plan
+        return self.plan
 
     def join(self, config: NodeConfig, state_dir: Path, initial_peers: Any, validators: Any, stopper: Any,
-             wall_clock: Any) -> JoinedSwarm:
+             wall_clock: Any, plan: Any = None) -> JoinedSwarm:
+        self.joined_with = {"config": config, "plan": plan}
         if self.fail_join is not None:
             raise self.fail_join
         self.swarm = FakeSwarm(dht=None, peer_id="12D3KooWFake", maddrs=["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWFake"],
                                state_dir=state_dir)
         return self.swarm
 
-    def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, **_: Any) -> Any:
+    def follow_run(self, plan: Any, swarm: JoinedSwarm) -> Any:
+        return self.keeper
+
+    def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *, live_peers: Any,
+                       wall_clock: Any, long_operation: Any, run: Any = None) -> Any:
+        self.built_with = {"config": config, "run": run}
         if self.fail_build is not None:
             raise self.fail_build
         return self.parts

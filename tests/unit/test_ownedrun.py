@@ -18,7 +18,7 @@ from p2ptrain.manifest import new_manifest
 from p2ptrain.manifest_source import SourceUnavailable
 from p2ptrain.ownedrun import RunKeeper, apply_run_flags, prepare_run
 from p2ptrain.owner import OwnerKey
-from p2ptrain.rundht import members_key, publish_manifest
+from p2ptrain.rundht import manifest_key, members_key, publish_manifest
 
 OTHER = "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3"
 NOW = 1_800_000_000.0
@@ -186,3 +186,75 @@ def test_command_line_flags_win_over_the_config(tmp_path, owner):
     assert apply_run_flags(config, None, None) is config
     with pytest.raises(ConfigError, match=r"^--run: not a run reference: 'nope'"):
         apply_run_flags(config, "nope", None)
+
+
+def test_the_owner_s_node_takes_up_an_updated_manifest_file_and_publishes_it(tmp_path, owner, caplog):
+    key, manifest = owner
+    path = _write(tmp_path, manifest)
+    plan = prepare_run(_config(tmp_path, manifest=path), tmp_path / "id.key")
+    dht, now = MemoryDHT(), [NOW]
+    keeper = RunKeeper(plan, dht, clock=lambda: now[0], poll_every=10.0)
+    keeper.join(threading.Event(), timeout=1.0)
+    assert keeper.poll() is None and keeper.status()["manifest_version"] == 1
+
+    path.with_name("bad.toml").write_text(manifest.to_toml().replace("lr = 0.0003", "lr = 0.3"))
+    path.with_name("bad.toml").replace(path)  # a hand-edited file: refused, the running version kept
+    now[0] += 11
+    assert keeper.poll() is None and keeper.status()["manifest_version"] == 1
+    assert keeper.status()["manifests_ignored_total"] == 1
+    assert "keeping manifest version 1: manifest" in caplog.text
+
+    v2 = dataclasses.replace(manifest, version=2, training={**manifest.training, "lr": 1e-4}, banned=(OTHER,))
+    path.with_name("v2.toml").write_text(v2.signed(key).to_toml())
+    path.with_name("v2.toml").replace(path)  # what p2ptrain run update does
+    now[0] += 11
+    offer = keeper.poll()
+    assert offer is not None and offer.change is not None and "training.lr" in offer.change.fields
+    assert keeper.is_excluded(OTHER) and not plan.gate(OTHER)
+    keeper.poll()  # published on the next pass, not after the usual re-publish period
+    entries = dht.data[manifest_key(manifest.ref)]
+    assert any(subkey.startswith("2:") for subkey in entries)
+
+
+def test_status_counts_every_kind_of_refusal(tmp_path, owner):
+    _, manifest = owner
+    plan = prepare_run(_config(tmp_path, manifest=_write(tmp_path, manifest)), tmp_path / "id.key")
+    validator = plan.validators[0]
+    validator.counter.reject(b"forged", b"manifest")
+    validator.fingerprint_counter.reject(b"ffff", b"1")
+    plan.gate.count_refusal()
+    status = RunKeeper(plan, MemoryDHT()).status()
+    assert status["run_entries_refused_total"] == 1 and status["fingerprint_entries_refused_total"] == 1
+    assert status["averaging_refused_total"] == 1 and status["dht_requests_refused_total"] == 0
+    assert status["run_ref"] == str(manifest.ref) and status["admission_policy"] == "open"
+
+
+def test_a_reload_compares_only_local_settings_in_an_owned_run(tmp_path, owner):
+    from p2ptrain.daemon.reload import reloadable_changes
+    from p2ptrain.ownedrun import keep_run_settings
+
+    _, manifest = owner
+    path = _write(tmp_path, manifest)
+    running = prepare_run(_config(tmp_path, manifest=path), tmp_path / "id.key").config
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("text\n" * 100)
+    reread = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "swarm": {"manifest": str(path)},
+                           "training": {"threads": 3}, "task": {"data_path": str(corpus)}}, "node.toml")
+    applied, needs_restart = reloadable_changes(running, keep_run_settings(reread, running))
+    assert applied == ["training.threads"] and needs_restart == ["task.data_path"]
+
+
+def test_an_invited_newcomer_knows_the_members_before_it_first_averages(tmp_path, owner):
+    key, manifest = owner
+    private = dataclasses.replace(manifest, policy="invite").signed(key)
+    identity = tmp_path / "id.key"
+    ensure_identity(identity)
+    me = peer_id_of_identity(identity)
+    plan = prepare_run(_config(tmp_path, run=manifest.ref, invite=issue_invite(key, manifest.ref, me, 1)), identity)
+    dht = MemoryDHT()
+    publish_manifest(dht, private)
+    dht.store(members_key(manifest.ref), issue_invite(key, manifest.ref, OTHER, 1), NOW + 60, subkey=OTHER)
+    assert not plan.gate(OTHER)
+    RunKeeper(plan, dht).join(threading.Event(), timeout=5.0)
+    assert plan.gate(OTHER) and plan.gate(me)
+    assert me in dht.data[members_key(manifest.ref)]  # announced at once, for the others' gates

@@ -168,3 +168,21 @@ def test_peer_id_creates_the_identity_once(tmp_path: Path, capsys):
     bad.write_text(f'[node]\nstate_dir = "{tmp_path / "state2"}"\n[swarm]\nrun = "nope"\n')
     _fails(["run", "peer-id", "--config", str(bad)], capsys, r"swarm\.run: not a run reference")
     assert not (tmp_path / "state2").exists()
+
+
+def test_config_check_shows_the_manifest_a_node_would_use(run_dir: Path, tmp_path: Path, capsys):
+    ref = _ref(run_dir)
+    node = tmp_path / "node.toml"
+    node.write_text(f'[node]\nstate_dir = "state"\n[swarm]\nrun = "{ref}"\nmanifest = "demo/manifest.toml"\n')
+    assert main(["config", "check", str(node)]) == 0
+    out = capsys.readouterr().out
+    assert f"node.toml: ok (run {ref}, run_id={ref.run_id}" in out
+    assert f"run          {ref}  (from file demo/manifest.toml)" in out and "version      1" in out
+    node.write_text(f'[swarm]\nrun = "{ref}"\n')
+    assert main(["config", "check", str(node)]) == 0
+    assert f"p2ptrain run show {ref} --join ADDR" in capsys.readouterr().out
+    node.write_text(f'[swarm]\nrun = "{ref}"\nmanifest = "demo/manifest.toml"\n[training]\nlr = 0.5\n')
+    _fails(["config", "check", str(node)], capsys,
+           r"^p2ptrain: config error: training\.lr: this node's config says 0\.5 "
+           rf"but run {re.escape(str(ref))} \(manifest version 1\) says 0\.001")
+    assert not (tmp_path / "state").exists()

@@ -19,6 +19,7 @@ from p2ptrain.rundht import (
     MAX_ENTRIES,
     RunEntryValidator,
     admitted_members,
+    fingerprint_key,
     manifest_key,
     manifest_subkey,
     members_key,
@@ -111,3 +112,5 @@ def test_validator_keeps_only_owner_signed_entries_of_the_run(owner):
     assert not validator.validate(_record(members, A, "p2ptrain-invite-v1.garbage"))
     assert validator.validate(_record("another_key", "anything", b"anything"))
     assert validator.counter.total == 6
+    assert not validator.validate(_record(fingerprint_key(ref), "ffffffffffffffff", 1.7e9))  # owned: never unsigned
+    assert validator.fingerprint_counter.total == 1 and validator.counter.total == 6

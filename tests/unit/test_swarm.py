@@ -18,6 +18,7 @@ from p2ptrain.swarm import (
     FingerprintMismatch,
     IdentityInUse,
     IdentityLock,
+    PeersRefused,
     SwarmError,
     claim_fingerprint,
     dht_kwargs,
@@ -114,6 +115,28 @@ def test_bootstrap_succeeds_after_transient_failures(tmp_path: Path) -> None:
 
     dht = start_dht(SwarmSection(), tmp_path, [PEER], [], _ClockStopper(clock), dht_factory=flaky_dht, clock=clock)
     assert dht.kind == "dht" and calls["n"] == 3
+
+
+def test_peers_that_refuse_every_request_are_retried_then_named(tmp_path: Path) -> None:
+    clock = _FakeClock()
+    seen: list[dict[str, Any]] = []
+
+    def refusing_dht(**kwargs: Any) -> Any:
+        seen.append(kwargs)
+        raise RuntimeError("DHTNode bootstrap failed: none of the initial_peers responded to a ping.")
+
+    with pytest.raises(PeersRefused, match=r"^no initial peer answered our DHT requests after \d+ attempts in 8s"):
+        start_dht(SwarmSection(bootstrap_timeout=8), tmp_path, [PEER], [], _ClockStopper(clock),
+                  dht_factory=refusing_dht, clock=clock, authorizer="the run's authorizer")
+    assert len(seen) > 1 and all(kwargs["authorizer"] == "the run's authorizer" for kwargs in seen)
+
+
+def test_other_runtime_errors_are_not_swarm_weather(tmp_path: Path) -> None:
+    def broken_dht(**kwargs: Any) -> Any:
+        raise RuntimeError("something else broke")
+
+    with pytest.raises(RuntimeError, match="something else broke"):
+        start_dht(SwarmSection(), tmp_path, [PEER], [], Stopper(), dht_factory=broken_dht)
 
 
 def test_bootstrap_stops_when_asked(tmp_path: Path) -> None:

@@ -53,6 +53,16 @@ class History:
     val_loss: list[float] = field(default_factory=list)
 
 
+def run_line(status: StatusSnapshot) -> str:
+    """The run: an owned run's reference, manifest version and admission policy, or a plain run's id;
+    then the model fingerprint."""
+    if status.run_ref:
+        run = f"{status.run_ref} · manifest v{status.manifest_version} · {status.admission_policy or 'open'}"
+    else:
+        run = status.run_id or DASH
+    return f"{run}  model {status.model_fingerprint[:12]}" if status.model_fingerprint else run
+
+
 class NodePanel(Grid):
     """Shows what it is given; fetches nothing."""
 
@@ -101,8 +111,7 @@ class NodePanel(Grid):
         reason = f" ({status.pause_reason})" if status.pause_reason else ""
         state.update(f"{status.state.upper()}{reason}")
         self._set("peer", status.peer_id or DASH)
-        run = status.run_id or DASH
-        self._set("run", f"{run}  model {status.model_fingerprint[:12]}" if status.model_fingerprint else run)
+        self._set("run", run_line(status))
         addrs = status.visible_maddrs
         more = f"  (+{len(addrs) - 1} more)" if len(addrs) > 1 else ""
         self._set("addrs", f"{status.reachability} · {addrs[0] if addrs else 'no addresses'}{more}")

@@ -1,0 +1,194 @@
+"""Owned runs end to end: real ``p2ptrain run`` nodes on 127.0.0.1 following an owner-signed manifest.
+
+A volunteer with an empty [task]/[training] joins with ``--join ADDR --run REF`` and trains with the
+owner's settings; forged manifests and fingerprint entries are refused and counted; a manifest
+update reaches running nodes; in an invite run a stranger with the right run id and model is
+refused by the DHT while an invited node joins, and a revoked peer is dropped; the averagers refuse
+a peer the gate does not admit; bad manifests and invites end the node with one line and exit 78
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hivemind
+import pytest
+import torch
+from hivemind.averaging.averager import DecentralizedAverager
+from hivemind.utils import get_dht_time
+from tests.livenode import wait_until
+
+from p2ptrain.admission import AdmissionGate
+from p2ptrain.admission_averager import admitting
+from p2ptrain.cli import main
+from p2ptrain.config import EX_CONFIG, TaskSection, TrainingSection
+from p2ptrain.localrun import create_local_run
+from p2ptrain.localswarm import LocalNode
+from p2ptrain.manifest import new_manifest
+from p2ptrain.owner import OwnerKey
+from p2ptrain.rundht import fingerprint_key, manifest_key
+from p2ptrain.status import SwarmView
+from tests.integration.conftest import FAST_TRAINING, TINY_TASK
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+RUN_SETTINGS = {"task": TINY_TASK, "training": {**FAST_TRAINING, "lr": 2e-3}}
+LOOPBACK_DHT = {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "nat_port_map": False, "auto_nat": False,
+                "check_if_identity_free": False}
+
+
+def _owner_node(make_node, run, **swarm) -> LocalNode:
+    """The owner's node: the manifest file, and (invite runs) its own invite."""
+    node = make_node("owner", owned=True, args=("--run", str(run.ref), "--manifest", str(run.manifest_path)),
+                     training={"validate_every": 5.0})
+    if run.manifest.policy == "invite":
+        node.overrides = {**node.overrides, "swarm": {"invite": run.invite(node.peer_id()), **swarm}}
+    return node
+
+
+def _figure(node: LocalNode, name: str) -> int:
+    status = node.status()
+    return getattr(status, name) if status is not None else 0
+
+
+def test_one_line_join_forgeries_refused_and_a_live_update(make_node, tmp_path, capsys):
+    run = create_local_run(tmp_path / "run", "openrun", RUN_SETTINGS)
+    owner = _owner_node(make_node, run)
+    owner.start()
+    join = owner.join_addrs()[:1]
+    volunteer = make_node("volunteer", owned=True, args=("--run", str(run.ref)))
+    volunteer.start(join=join)
+    assert "[task]" not in volunteer.config_path.read_text()  # only local matters in its config
+    status = volunteer.wait_for(lambda s: s.state == "training" and s.averaging_rounds_ok_total >= 1, 120,
+                                "a round with the owner")
+    assert (status.run_ref, status.manifest_version, status.admission_policy) == (str(run.ref), 1, "open")
+    assert status.manifest_fingerprint == status.model_fingerprint == run.manifest.fingerprint
+    assert status.run_id == run.ref.run_id and status.target_batch_size == FAST_TRAINING["target_batch_size"]
+
+    assert main(["run", "show", str(run.ref), "--join", join[0]]) == 0  # from the live swarm
+    assert "version      1" in capsys.readouterr().out
+
+    forger_key = OwnerKey.generate()
+    forged = dataclasses.replace(new_manifest(forger_key, "openrun", TaskSection(**TINY_TASK), TrainingSection(lr=9.0)),
+                                 version=99).signed(forger_key)
+    forger = hivemind.DHT(start=True, initial_peers=join, **LOOPBACK_DHT)
+    try:
+        forger.store(manifest_key(run.ref), forged.to_toml().encode(), get_dht_time() + 60, subkey="99:forged")
+        forger.store(fingerprint_key(run.ref), 1.0, get_dht_time() + 60, subkey="ffffffffffffffff")
+        nodes = (owner, volunteer)
+        wait_until(lambda: sum(_figure(n, "run_entries_refused_total") for n in nodes) >= 1
+                   and sum(_figure(n, "fingerprint_entries_refused_total") for n in nodes) >= 1, 30,
+                   "the forged entries refused and counted")
+    finally:
+        forger.shutdown()
+    assert all(n.status().manifest_version == 1 and n.status().state == "training" for n in nodes)
+
+    run.update(training={**run.manifest.training, "lr": 5e-4})  # what p2ptrain run update does
+    applied = f"run {run.ref}: applied manifest version 2 at epoch"
+    for node in nodes:
+        node.wait_for(lambda s: s.manifest_version == 2, 60, "manifest version 2")
+        wait_until(lambda node=node: applied in node.log_path.read_text(), 30, "version 2 applied")
+    assert "training.lr 0.002 -> 0.0005; applied at the next epoch boundary" in volunteer.log_path.read_text()
+    assert volunteer.status().state == "training"
+
+
+def test_invite_run_refuses_a_stranger_admits_the_invited_and_drops_the_revoked(make_node, tmp_path):
+    run = create_local_run(tmp_path / "run", "private", RUN_SETTINGS, policy="invite")
+    owner = _owner_node(make_node, run)
+    owner.start()
+    join = owner.join_addrs()[:1]
+    invited = make_node("invited", owned=True, args=("--run", str(run.ref)))
+    invited.overrides = {"swarm": {"invite": run.invite(invited.peer_id())}}
+    invited.start(join=join)
+    invited.wait_for(lambda s: s.state == "training" and s.averaging_rounds_ok_total >= 1, 120,
+                     "a round with the owner")
+    invited_id = invited.status().peer_id
+    assert owner.status().admission_policy == "invite"
+
+    # Right run id, right model and settings, but no invite: its DHT requests go unanswered.
+    stranger = make_node("stranger", run_id=run.ref.run_id, task=TINY_TASK, training=RUN_SETTINGS["training"],
+                         swarm={"bootstrap_timeout": 6.0})
+    stranger_id = stranger.peer_id()
+    stranger.start(join=join)
+    assert stranger.wait(60) == 1, stranger.log_tail()
+    log = stranger.log_path.read_text()
+    assert re.search(r"p2ptrain: no initial peer answered our DHT requests after \d+ attempts in 6s", log), log
+    assert "SYNCING" not in log and "downloaded" not in log and "Traceback" not in log
+    status = owner.status()
+    assert status.dht_requests_refused_total >= 1 and status.peers_online == 2 and status.last_round_group_size <= 2
+    assert stranger_id not in owner.log_path.read_text()  # it never reached the averagers to be refused there
+    assert {p.peer_id for p in (owner.peers() or SwarmView()).peers} <= {status.peer_id, invited_id}
+
+    refused_before = owner.status().dht_requests_refused_total
+    run.update(revoked=(invited_id,))
+    owner.wait_for(lambda s: s.manifest_version == 2, 60, "manifest version 2")
+    # The revoked peer leaves the owner's swarm view, and everything it asks is refused.
+    wait_until(lambda: invited_id not in {p.peer_id for p in (owner.peers() or SwarmView()).peers}, 10,
+               "the revoked peer out of the swarm view")
+    owner.wait_for(lambda s: s.dht_requests_refused_total > refused_before, 60, "the revoked peer refused")
+    assert owner.status().state == "training"
+
+
+def test_averagers_refuse_a_peer_the_gate_does_not_admit(tmp_path):
+    """Checked directly on hivemind's averagers: no state served, no group formed, until admitted."""
+    first = hivemind.DHT(start=True, **LOOPBACK_DHT)
+    second = hivemind.DHT(start=True, initial_peers=[str(a) for a in first.get_visible_maddrs()], **LOOPBACK_DHT)
+    gate = AdmissionGate("open")
+    gate.update("open", (), [str(second.peer_id)])  # banned
+    options = dict(prefix="gated", start=True, target_group_size=2, min_matchmaking_time=2.0, request_timeout=1.0)
+    averagers = []
+    try:
+        guarded = admitting(DecentralizedAverager, gate)([torch.ones(4)], first, **options)
+        averagers.append(guarded)
+        outsider = DecentralizedAverager([torch.zeros(4)], second, **options)
+        averagers.append(outsider)
+        time.sleep(2.0)  # the guarded averager declares itself as a state donor
+        assert outsider.load_state_from_peers(timeout=5.0) is None
+        assert gate.refused_total >= 1
+        started = gate.refused_total
+        step = guarded.step(wait=False, timeout=6.0)
+        with pytest.raises(Exception, match="could not find a group"):  # only the two of them, and one refuses
+            outsider.step(timeout=6.0)
+        with pytest.raises(Exception, match="could not find a group"):
+            step.result(timeout=15.0)
+        assert gate.refused_total > started
+
+        gate.update("open", (), ())  # unbanned
+        loaded = outsider.load_state_from_peers(timeout=5.0)
+        assert loaded is not None and torch.equal(loaded[1][0], torch.ones(4))
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+        for dht in (second, first):
+            dht.shutdown()
+
+
+def _run_node(tmp_path: Path, *flags: str, config: str = "") -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "node.toml"
+    path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n{config}')
+    return subprocess.run([sys.executable, "-m", "p2ptrain.cli", "run", "--config", str(path), *flags],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+
+def test_a_tampered_manifest_or_a_wrong_invite_is_one_line_exit_78_and_nothing_written(tmp_path):
+    run = create_local_run(tmp_path / "run", "strict", RUN_SETTINGS, fingerprint="none")
+    tampered = tmp_path / "tampered.toml"
+    tampered.write_text(run.manifest_path.read_text().replace("lr = 0.002", "lr = 0.003"))
+    result = _run_node(tmp_path, "--manifest", str(tampered))
+    assert result.returncode == EX_CONFIG, result.stderr
+    assert result.stderr.count("\n") == 1 and "signature does not verify" in result.stderr, result.stderr
+    assert not (tmp_path / "state").exists()
+
+    private = create_local_run(tmp_path / "private", "strict", RUN_SETTINGS, policy="invite", fingerprint="none")
+    invite = private.invite("QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3")
+    result = _run_node(tmp_path, "--manifest", str(private.manifest_path),
+                       config=f'[swarm]\ninvite = "{invite}"\n')
+    assert result.returncode == EX_CONFIG, result.stderr
+    assert result.stderr.count("\n") == 1 and "has no identity yet" in result.stderr, result.stderr
+    assert not (tmp_path / "state").exists()
