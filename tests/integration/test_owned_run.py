@@ -22,7 +22,6 @@ import pytest
 import torch
 from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.utils import get_dht_time
-from tests.livenode import wait_until
 
 from p2ptrain.admission import AdmissionGate
 from p2ptrain.admission_averager import admitting
@@ -34,6 +33,7 @@ from p2ptrain.manifest import new_manifest
 from p2ptrain.owner import OwnerKey
 from p2ptrain.rundht import fingerprint_key, manifest_key
 from p2ptrain.status import SwarmView
+from p2ptrain.waiting import wait_until
 from tests.integration.conftest import FAST_TRAINING, TINY_TASK
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
