@@ -23,9 +23,9 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator  # noqa: UP035  (hivemind's rpc_* annotations need typing's)
 
 import torch
 from hivemind.averaging import DecentralizedAverager
@@ -63,6 +63,10 @@ class StateDownload:
 class HardenedAveragerMixin:
     """Put first in the bases of a hivemind ``DecentralizedAverager`` subclass (see the module doc).
 
+    hivemind names every RPC after the servicer's class (``<prefix>::<ClassName>.rpc_...``), so a
+    subclass under a new name could not talk to nodes running the class it replaces.  ``rpc_name``
+    keeps the wire name of the hivemind class (None: the class's own name, e.g. a new averager type).
+
     ``gate``, ``reduce_rule`` and ``round_reports`` must be created before the averager (they are
     shared with its forked process).  ``state_validator`` is required to download state;
     ``max_donor_priority`` bounds the epoch a donor may advertise (e.g. the robust global epoch + 2);
@@ -70,6 +74,20 @@ class HardenedAveragerMixin:
     """
 
     _gate: PeerGate | None
+    rpc_name: str | None = None
+
+    @classmethod
+    def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
+        handle = f"{cls.rpc_name or cls.__name__}.{method_name}"
+        return handle if namespace is None else f"{namespace}::{handle}"
+
+    @classmethod
+    def _collect_rpc_handlers(cls) -> None:
+        # hivemind caches handlers and stubs in a class attribute that subclasses inherit: a stub made
+        # for a parent class would call the parent's RPC names.  Each hardened class makes its own.
+        if "_rpc_handlers" not in cls.__dict__:
+            cls._rpc_handlers = None
+        super()._collect_rpc_handlers()  # type: ignore[misc]
 
     def __init__(self, *args: Any, gate: PeerGate | None = None, reduce_rule: ReduceRule | None = None,
                  round_reports: RoundReports | None = None, state_validator: StateValidator | None = None,
@@ -330,10 +348,14 @@ class HardenedAveragerMixin:
 class HardenedAverager(HardenedAveragerMixin, DecentralizedAverager):
     """A plain hivemind averager, hardened (DiLoCo's pseudo-gradient averager builds on it)."""
 
+    rpc_name = "DecentralizedAverager"
+
 
 class HardenedGradientAverager(HardenedAveragerMixin, GradientAverager):
     """hivemind's gradient averager, hardened.  ``load_state_from_peers`` downloads nothing: hivemind's
     optimizer throws this averager's downloaded state away (its gradients are reset right after)."""
+
+    rpc_name = "GradientAverager"
 
     def load_state_from_peers(self, wait: bool = True, timeout: float | None = None) -> None:
         return None

@@ -110,6 +110,8 @@ class SafeTrainingStateAverager(HardenedAveragerMixin, TrainingStateAverager):
     ``peer_epochs`` and ``model_check`` for the state validator it builds for itself.
     """
 
+    rpc_name = "TrainingStateAverager"
+
     def __init__(self, *, peer_epochs: Callable[[], Mapping[str, int]] | None = None,
                  model_check: ModelCheck | None = None, epoch_slack: int = 2, **kwargs: Any) -> None:
         super().__init__(**kwargs)
