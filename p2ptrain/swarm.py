@@ -225,7 +225,7 @@ def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_se
     ignored with one warning.
     """
     entries = read_run_fingerprints(dht, run_id)
-    if entries and entries[0].fingerprint != fingerprint:
+    if entries and entries[0].fingerprint != fingerprint and (run_id, entries[0].fingerprint) not in _ignored:
         others = [e.fingerprint for e in entries if e.fingerprint != fingerprint][:_MAX_FOREIGN_FINGERPRINTS]
         evidence = fingerprint_evidence(dht, run_id, [fingerprint, *others])
         trained = sorted(((evidence[other], other) for other in others if evidence[other] > 0), reverse=True)
@@ -235,11 +235,10 @@ def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_se
                 f"model fingerprint {fingerprint} differs from run {run_id!r}'s model {theirs} "
                 f"({count} peer(s) train it); use the same [task] settings as the swarm, or another swarm.run_id"
             )
-        if (run_id, entries[0].fingerprint) not in _ignored:
-            _ignored.add((run_id, entries[0].fingerprint))
-            logger.warning("ignoring model fingerprint %s published under run %r: %s", entries[0].fingerprint,
-                           run_id, f"{evidence[fingerprint]} peer(s) train ours ({fingerprint})"
-                           if evidence[fingerprint] else "no live peer is seen training it")
+        _ignored.add((run_id, entries[0].fingerprint))  # decided once: later refreshes only republish ours
+        logger.warning("ignoring model fingerprint %s published under run %r: %s", entries[0].fingerprint,
+                       run_id, f"{evidence[fingerprint]} peer(s) train ours ({fingerprint})"
+                       if evidence[fingerprint] else "no live peer is seen training it")
     first_seen = next((e.first_seen for e in entries if e.fingerprint == fingerprint), first_seen)
     dht.store(_fingerprint_key(run_id), subkey=fingerprint, value=first_seen,
               expiration_time=get_dht_time() + FINGERPRINT_TTL, return_future=True)

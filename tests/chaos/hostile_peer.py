@@ -242,9 +242,19 @@ async def _store_many(key: str, values: list[dict[str, Any]], subkeys: list[byte
     return sum(bool(ok) for ok in stored.values())
 
 
-def flood_records(addrs: list[str], target: Target, count: int, victim: str) -> tuple[hivemind.DHT, int]:
+def forge_victim(dht: hivemind.DHT, target: Target, victim: str, subkey: bytes, stop: threading.Event) -> None:
+    """Keep a forged record in ``victim``'s name newer than the victim's own (it republishes every 5 s)."""
+    key = peers_key(target.cfg.swarm.run_id)
+    while not stop.is_set():
+        dht.store(key, _record(victim, 999_999, 1e9, time.time() + 55), expiration_time=get_dht_time() + 60,
+                  subkey=subkey)
+        stop.wait(4.0)
+
+
+def flood_records(addrs: list[str], target: Target, count: int, victim: str) -> tuple[hivemind.DHT, int, bytes]:
     """``count`` signed records of made-up peers (the largest numbers the schema allows) and one forged
-    record in ``victim``'s name; returns the DHT and how many stores the swarm accepted."""
+    record in ``victim``'s name; returns the DHT, how many stores the swarm accepted, and the record
+    key kept for the victim's forgery."""
     keys = [rsa.generate_private_key(public_exponent=65537, key_size=1024) for _ in range(count + 1)]
     signer = ManyKeySigner(keys)
     dht = hivemind.DHT(initial_peers=addrs, start=True, record_validators=[signer], **_LOOPBACK)
@@ -262,7 +272,7 @@ def flood_records(addrs: list[str], target: Target, count: int, victim: str) -> 
         batch = functools.partial(_store_many, key, values[start:start + step], subkeys[start:start + step], expiration)
         with contextlib.suppress(Exception):  # a batch that failed simply did not land
             stored += dht.run_coroutine(batch)
-    return dht, stored
+    return dht, stored, subkeys[count]
 
 
 _LOOPBACK = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False, auto_nat=False)
@@ -287,8 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     helpers: list[Any] = []
     if args.attack == "records":
-        dht, accepted = flood_records(args.join, target, args.flood, args.victim)
+        dht, accepted, victim_key = flood_records(args.join, target, args.flood, args.victim)
         print(f"hostile records stored {accepted}", flush=True)
+        if args.victim:
+            threading.Thread(target=forge_victim, args=(dht, target, args.victim, victim_key, stop),
+                             daemon=True).start()
     else:
         dht = hivemind.DHT(initial_peers=args.join, start=True, **_LOOPBACK)
         if args.attack in ("donor", "freeze"):
