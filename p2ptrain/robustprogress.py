@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,20 +33,23 @@ logger = logging.getLogger(__name__)
 MAX_PROGRESS_ENTRIES = 512
 
 
-def robust_global_epoch(own: int, others: Sequence[int], *, quorum: int = 2) -> int:
-    """The highest epoch at least ``quorum`` peers (us included) agree on within 1, never below ``own``.
+def robust_global_epoch(own: int, others: Sequence[int], *, quorum: int = 2, unsupported: bool = True) -> int:
+    """The swarm's epoch as far as we can believe it; never below ``own``.
 
-    With no such agreement above ours, the *lowest* epoch above ours is believed: a lone peer ahead
-    of us is followed (a newcomer must catch up with a run of one), but when peers disagree the
-    modest claim wins.  Claims outside ``0..MAX_EPOCH`` are ignored.
+    The highest epoch that at least ``quorum`` peers (us included) agree on within 1 wins.  Without
+    such agreement, the lower median of the others' epochs is believed (``unsupported=False``: not
+    at all): a lone peer ahead of us is followed (a newcomer must catch up with a run of one), but
+    one peer far ahead of the others is not, and when peers disagree the modest claim wins.  Claims
+    outside ``0..MAX_EPOCH`` are ignored.
     """
     epochs = [e for e in others if isinstance(e, int) and 0 <= e <= MAX_EPOCH]
     pool = [*epochs, own]
     supported = [c for c in set(epochs) if sum(abs(e - c) <= 1 for e in pool) >= quorum]
     if supported:
         return max(own, max(supported))
-    above = [e for e in epochs if e > own]
-    return min(above) if above else own
+    if not epochs or not unsupported:
+        return own
+    return max(own, sorted(epochs)[(len(epochs) - 1) // 2])
 
 
 class RobustProgressTracker(ProgressTracker):
@@ -59,10 +63,18 @@ class RobustProgressTracker(ProgressTracker):
                  quorum: int = 2, **kwargs: Any) -> None:
         self._gate, self._max_rate, self._quorum = gate, max_samples_per_second, quorum
         self._raw_metadata: Any = None
+        self._distrust_until = -math.inf
         self._gate_version = gate.version if gate is not None else 0
         #: Epoch of each non-client peer in the last refresh, by peer ID (for state validation).
         self.peer_epochs: dict[str, int] = {}
         super().__init__(*args, **kwargs)
+
+    def distrust_unsupported(self, seconds: float) -> None:
+        """Believe only epochs that several peers agree on for ``seconds``: call it when a download
+        meant to reach the swarm's epoch found no usable state.  Otherwise hivemind's optimizer moves
+        our epoch straight to a lone peer's unverified claim at the next epoch boundary."""
+        self._distrust_until = time.monotonic() + seconds
+        self.global_progress = self._parse_swarm_progress_data(self._raw_metadata)
 
     @property
     def global_epoch(self) -> int:
@@ -99,7 +111,8 @@ class RobustProgressTracker(ProgressTracker):
         others = [e for e in entries if e.peer_id != own_id]
         self.peer_epochs = {str(PeerID(e.peer_id)): e.epoch for e in others if not e.client_mode}
         local = self.local_progress
-        epoch = robust_global_epoch(local.epoch, list(self.peer_epochs.values()), quorum=self._quorum)
+        epoch = robust_global_epoch(local.epoch, list(self.peer_epochs.values()), quorum=self._quorum,
+                                    unsupported=time.monotonic() >= self._distrust_until)
         if not others:
             remaining = max(0, self.target_batch_size - local.samples_accumulated)
             return GlobalTrainingProgress(

@@ -37,12 +37,13 @@ class ReduceRule:
 
     #: A sender's self-reported weight is capped here (what its samples can plausibly be).
     max_weight: float = math.inf
-    #: A part whose norm exceeds this times the reference norm is rejected.
-    max_norm_ratio: float = 10.0
+    #: A part whose norm exceeds this times the reference norm is rejected.  Honest gradients differ
+    #: by up to ~10x (a peer fresh from its initialisation next to a trained one): 25 leaves room.
+    max_norm_ratio: float = 25.0
     #: Parameter rounds: a part further than this times our own part's norm from it is rejected.
     max_deviation_ratio: float | None = None
     #: A reducer's returned change to our part above this times our part's norm is refused.
-    max_result_ratio: float = 10.0
+    max_result_ratio: float = 25.0
     #: Slack per element (times sqrt(numel)) added to every norm bound, for near-zero parts.
     abs_tolerance: float = 1e-6
     clip_radius_factor: float = 2.0

@@ -4,7 +4,8 @@
 subclass.  It overrides (in the averager's forked process unless noted):
 
 * ``rpc_join_group``, ``rpc_aggregate_part``, ``rpc_download_state``: a gated peer (banned, or not
-  admitted to the run) is refused; it is never a follower in our groups, never reduced, never served.
+  admitted to the run) is refused: never a follower in our groups, never reduced; a peer not admitted
+  is never served state either (a banned one is: see ``rpc_download_state``).
 * ``_step``: once per process, hivemind's matchmaking is told never to ask a gated peer to lead us.
 * ``_run_allreduce_inplace_``: every round runs through
   :class:`p2ptrain.allreduce_guard.RobustAllReduceRunner` and reports to :class:`RoundReports`.
@@ -125,7 +126,10 @@ class HardenedAveragerMixin:
 
     async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
                                  context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
-        if self._is_gated(context.remote_id):
+        # Peers not admitted to the run are never served.  A *banned* peer still is: the usual honest
+        # reason for a ban is a peer that drifted (its parameters far from ours), and it can only
+        # recover by downloading; serving it costs upload that any unbanned peer could cost us anyway.
+        if self._gate is not None and not self._gate.admitted(context.remote_id):
             return
         async for message in super().rpc_download_state(request, context):  # type: ignore[misc]
             yield message

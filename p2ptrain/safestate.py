@@ -82,7 +82,7 @@ def catch_up_scheduler(scheduler: Any, epoch: int, *, max_steps: int = MAX_CATCH
 def training_state_validator(optimizer: torch.optim.Optimizer, extra_tensors: Sequence[torch.Tensor], *,
                              own_epoch: Callable[[], int],
                              peer_epochs: Callable[[], Mapping[str, int]] | None = None,
-                             model_check: ModelCheck | None = None, epoch_slack: int = 2) -> StateValidator:
+                             model_check: ModelCheck | None = None, epoch_slack: int = 10) -> StateValidator:
     """Checks for a hivemind ``TrainingStateAverager`` state: parameters, extras, optimizer statistics."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     local_metadata, optimizer_tensors = dump_optimizer_state(optimizer)
@@ -94,7 +94,7 @@ def training_state_validator(optimizer: torch.optim.Optimizer, extra_tensors: Se
 
 def diloco_state_validator(outer_params: Sequence[torch.Tensor], inner_steps: int, *, own_epoch: Callable[[], int],
                            peer_epochs: Callable[[], Mapping[str, int]] | None = None,
-                           model_check: ModelCheck | None = None, epoch_slack: int = 2) -> StateValidator:
+                           model_check: ModelCheck | None = None, epoch_slack: int = 10) -> StateValidator:
     """Checks for DiLoCo's state: outer parameters, then one momentum buffer per parameter (fp32)."""
     shapes = [torch.empty(p.shape, dtype=torch.float32) for p in outer_params]
     return StateValidator(
@@ -113,7 +113,7 @@ class SafeTrainingStateAverager(HardenedAveragerMixin, TrainingStateAverager):
     rpc_name = "TrainingStateAverager"
 
     def __init__(self, *, peer_epochs: Callable[[], Mapping[str, int]] | None = None,
-                 model_check: ModelCheck | None = None, epoch_slack: int = 2, **kwargs: Any) -> None:
+                 model_check: ModelCheck | None = None, epoch_slack: int = 10, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.state_validator = training_state_validator(
             self.optimizer, self.extra_tensors, own_epoch=lambda: self.local_epoch, peer_epochs=peer_epochs,

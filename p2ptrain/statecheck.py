@@ -160,21 +160,29 @@ def check_diloco_metadata(metadata: Any, inner_steps: int) -> Verdict:
     return Verdict.good()
 
 
-def plausible_epoch(claim: int, others: Sequence[int], *, own: int, slack: int = 2) -> Verdict:
+def epoch_ceiling(reference: int, *, slack: int = 10, relative: float = 0.25) -> int:
+    """The highest epoch believable when the run's peers report ``reference``.  Epochs advance while
+    reports travel through the DHT (fast in small runs), so the margin grows with the run."""
+    return reference + max(slack, int(reference * relative))
+
+
+def plausible_epoch(claim: int, others: Sequence[int], *, own: int, slack: int = 10,
+                    relative: float = 0.25) -> Verdict:
     """Is a donor's epoch believable next to what the run's *other* peers report?
 
-    A claim behind ours is not adopted (but is no offence).  With no other reports the claim stands
-    (the structural and model checks still apply).  Otherwise it may exceed the lower median of the
-    others by at most ``slack``: a single other peer is believed only that far, and a claim far above
-    everyone else's is a lie.
+    A claim behind ours is not adopted (but is no offence).  Peers at epoch 0 (fresh, not synced)
+    say nothing about where the run is; with no other reports the claim stands (the structural and
+    model checks still apply).  Otherwise it may exceed the upper median of the others by at most
+    :func:`epoch_ceiling`'s margin: a single other peer is believed only that far, a claim far above
+    everyone else's is a lie, and peers lagging behind do not make an honest donor look like one.
     """
     if claim < own:
         return Verdict.refuse(f"epoch {claim} is behind ours ({own})")
-    reports = sorted(e for e in others if isinstance(e, int) and 0 <= e <= MAX_EPOCH)
+    reports = sorted(e for e in others if isinstance(e, int) and 0 < e <= MAX_EPOCH)
     if not reports:
         return Verdict.good()
-    reference = reports[(len(reports) - 1) // 2]
-    if claim > reference + slack:
+    reference = reports[len(reports) // 2]
+    if claim > epoch_ceiling(reference, slack=slack, relative=relative):
         return Verdict.bad("implausible_epoch", f"claims epoch {claim}; the run's other {len(reports)} peer(s) "
                                                 f"report {reference}")
     return Verdict.good()
@@ -214,7 +222,7 @@ class StateValidator:
     check_metadata: Callable[[Any], Verdict]
     own_epoch: Callable[[], int]
     peer_epochs: Callable[[], Mapping[str, int]] | None = None
-    epoch_slack: int = 2
+    epoch_slack: int = 10
     model_check: Callable[[Any, Sequence[torch.Tensor], str], Verdict] | None = None
 
     def __call__(self, metadata: Any, tensors: Any, donor: str) -> Verdict:

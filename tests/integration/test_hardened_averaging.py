@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import multiprocessing
 import time
 import uuid
 
@@ -275,5 +276,25 @@ def test_safe_training_state_averager_rejects_a_huge_epoch_and_adopts_tensors_no
         [offender] = gate.offenders()
         assert offender.peer_id == str(dhts[2].peer_id) and offender.kind == "bad_state"
         assert f"epoch {2**40} is outside" in offender.reason
+    finally:
+        _shutdown(*averagers)
+
+
+def test_banned_peers_may_still_download_but_peers_not_admitted_may_not(dhts):
+    prefix = f"serve{uuid.uuid4().hex[:6]}"
+    # The predicate runs in the averager's forked process too: what it reads must be process-shared.
+    admitted = multiprocessing.get_context("fork").Value("b", 1)
+    gate = PeerGate(admission=lambda peer: bool(admitted.value))
+    averagers = []
+    try:
+        server = HardenedAverager(_tensors(seed=9), dhts[0], prefix=prefix, start=True, gate=gate, **AVERAGER)
+        client = _Liar(_tensors(), dhts[2], prefix=prefix, start=True, **AVERAGER)
+        averagers += [server, client]
+        gate.offend(str(dhts[2].peer_id), "bad_result", "test")  # banned: still served (it may be a drifted peer)
+        time.sleep(2.0)
+        served = client.load_state_from_peers(timeout=20.0)
+        assert served is not None and torch.equal(served[1][0], _tensors(seed=9)[0])
+        admitted.value = 0  # an invite run that does not admit it: never served
+        assert client.load_state_from_peers(timeout=20.0) is None
     finally:
         _shutdown(*averagers)

@@ -65,6 +65,7 @@ def test_a_scheduler_without_closed_form_is_stepped_a_bounded_number_of_times(ca
     (10, [10, 5000], 10),               # a peer agreeing with us outweighs one far ahead
     (0, [40, 41, 5000], 41),            # a newcomer follows the agreeing peers
     (0, [40, 5000], 40),                # no agreement: the modest claim
+    (13, [10, 5000], 13),               # a lagging honest peer and a liar: the liar is not followed
     (0, [40], 40),                      # a run of one: followed
     (0, [2**40], 0),                    # out of range: ignored
     (7, [], 7),
@@ -75,5 +76,7 @@ def test_robust_global_epoch(own, others, expected):
     assert robust_global_epoch(own, others) == expected
 
 
-def test_quorum_can_be_raised():
-    assert robust_global_epoch(0, [40, 41, 90], quorum=3) == 40
+def test_quorum_can_be_raised_and_unsupported_claims_ignored():
+    assert robust_global_epoch(0, [40, 41, 90], quorum=3) == 41
+    assert robust_global_epoch(0, [40], unsupported=False) == 0
+    assert robust_global_epoch(0, [40, 41], unsupported=False) == 41

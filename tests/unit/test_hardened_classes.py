@@ -86,6 +86,16 @@ def test_a_ban_takes_effect_without_waiting_for_the_next_fetch():
     assert str(PeerID(_peer(2))) not in tracker.peer_epochs
 
 
+def test_after_a_failed_sync_a_lone_claim_is_not_believed_for_a_while():
+    tracker = _tracker()
+    tracker.global_progress = tracker._parse_swarm_progress_data({b"a": _entry(1, 5000)})
+    assert tracker.global_epoch == 5000  # a run of one: followed, and the download will check it
+    tracker.distrust_unsupported(60.0)
+    assert tracker.global_epoch == 0
+    tracker.global_progress = tracker._parse_swarm_progress_data({b"a": _entry(1, 7), b"b": _entry(2, 8)})
+    assert tracker.global_epoch == 8  # agreement is still believed
+
+
 def test_no_entries_and_duplicate_peer_entries():
     tracker = _tracker()
     assert tracker._parse_swarm_progress_data(None).num_peers == 0

@@ -128,3 +128,11 @@ def test_round_reports_cross_a_fork_and_never_block_when_full():
     assert reports.dropped == 2
     assert drained[0].received_fraction == 0.0 and drained[2].received_fraction == pytest.approx(2 / 6)
     assert reports.drain() == []
+
+
+def test_a_fresh_peers_larger_gradient_is_not_an_offence():
+    """A peer just started next to a trained one sends gradients ~10x larger: not a reason to ban it."""
+    generator = torch.Generator().manual_seed(5)
+    trained, fresh = 0.06 * torch.randn(1000, generator=generator), 0.65 * torch.randn(1000, generator=generator)
+    accepted, rejected = screen_parts({0: (trained, 8.0), 1: (fresh, 8.0)}, 0, ReduceRule())
+    assert set(accepted) == {0, 1} and not rejected

@@ -18,6 +18,7 @@ from p2ptrain.statecheck import (
     check_diloco_metadata,
     check_tensors,
     check_training_metadata,
+    epoch_ceiling,
     merge_optimizer_metadata,
     plausible_epoch,
 )
@@ -109,12 +110,19 @@ def test_epoch_plausibility_against_the_other_peers():
     assert plausible_epoch(5000, [], own=0).ok  # nobody contradicts it: other checks decide
     lie = plausible_epoch(5000, [40, 41, 40], own=0)
     assert not lie.ok and lie.kind == "implausible_epoch" and "report 40" in lie.reason
-    assert plausible_epoch(42, [40, 41, 40], own=0).ok
+    assert plausible_epoch(50, [40, 41, 40], own=0).ok  # reports lag behind a fast run: a margin
     single = plausible_epoch(5000, [12], own=0)
     assert not single.ok and "other 1 peer(s)" in single.reason
-    assert plausible_epoch(40, [5000, 40], own=0).ok  # the lower median: one liar cannot raise the bar
+    assert plausible_epoch(40, [5000, 40], own=0).ok  # another liar does not make an honest donor one
+    assert plausible_epoch(68, [0, 0], own=0).ok  # fresh peers say nothing about where the run is
+    assert not plausible_epoch(2000, [1000, 1100, 1200], own=0).ok  # the margin grows with the run...
+    assert plausible_epoch(1370, [1000, 1100, 1200], own=0).ok  # ...by a quarter of the median (1100)
     behind = plausible_epoch(3, [3], own=10)
     assert not behind.ok and behind.kind == "" and "behind ours" in behind.reason
+
+
+def test_epoch_ceiling():
+    assert epoch_ceiling(0) == 10 and epoch_ceiling(40) == 50 and epoch_ceiling(1000) == 1250
 
 
 def test_candidate_loss_against_peers_or_our_own():
@@ -133,7 +141,7 @@ def test_validator_runs_every_check_and_never_raises():
     params = [p.detach().clone() for g in opt.param_groups for p in g["params"]]
     flat, opt_tensors = dump_optimizer_state(opt)
     tensors = [*params, *opt_tensors]
-    assert validator({"epoch": 41, "optimizer_metadata": flat}, tensors, "QmDonor").ok
+    assert validator({"epoch": 45, "optimizer_metadata": flat}, tensors, "QmDonor").ok
     lie = validator({"epoch": 5000, "optimizer_metadata": flat}, tensors, "QmDonor")
     assert lie.kind == "implausible_epoch"
     assert validator({"epoch": 41}, tensors, "QmDonor").reason == "metadata has no 'optimizer_metadata'"
