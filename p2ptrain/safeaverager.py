@@ -99,8 +99,9 @@ class HardenedAveragerMixin:
         self.state_validator = state_validator
         self._max_donors, self._state_ban_seconds = max_donors, state_ban_seconds
         self._max_donor_priority, self._known_peers = max_donor_priority, known_peers
-        #: What the last download attempt rejected: (peer ID, reason).
+        #: What the last download attempt rejected: (peer ID, reason); how many of them were offences.
         self.last_download_rejections: list[tuple[str, str]] = []
+        self._lied = 0
         super().__init__(*args, **kwargs)
 
     def _is_gated(self, peer: Any) -> bool:
@@ -200,6 +201,7 @@ class HardenedAveragerMixin:
     def download_state(self, timeout: float | None = None) -> StateDownload | None:
         """Try donors one at a time until one's state passes the validator; ban the ones that lie."""
         self.last_download_rejections = []
+        self._lied = 0
         validator = self.state_validator
         if validator is None:
             logger.warning("%s has no state validator: not downloading state", type(self).__name__)
@@ -226,11 +228,14 @@ class HardenedAveragerMixin:
                 return StateDownload(donor, reply["metadata"], list(reply["tensors"]))
             self._reject(donor, verdict)
         if self.last_download_rejections:
-            logger.warning("no usable state among %d donor(s); keeping our own", len(self.last_download_rejections))
+            lied = self._lied
+            logger.log(logging.WARNING if lied else logging.INFO, "no usable state among %d donor(s)%s; keeping "
+                       "our own", len(self.last_download_rejections), f" ({lied} rejected as bad)" if lied else "")
         return None
 
     def _reject(self, peer: str, verdict: Verdict) -> None:
         self.last_download_rejections.append((peer, verdict.reason))
+        self._lied += bool(verdict.kind)
         if verdict.kind and self._gate is not None:
             self._gate.offend(peer, verdict.kind, verdict.reason, ban_seconds=self._state_ban_seconds)
         elif verdict.kind:
