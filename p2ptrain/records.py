@@ -1,11 +1,16 @@
 """Signed per-peer records in the DHT: publish this node's own, read and validate everyone's.
 
 Each node stores its :class:`~p2ptrain.status.PeerRecord` under the run's key ``<run_id>_peers``
-with its RSA public key as the subkey, so hivemind's :class:`RSASignatureValidator` lets only the
-owner write it.  A pydantic schema and a size limit are enforced by the DHT on every store and
-lookup (hivemind drops bad records there); what reaches us is validated once more (schema,
-finite numbers, size, publication time) before it enters the :class:`SwarmView`.  Records dropped
-anywhere are counted, once each, in ``rejected_total``.
+with its RSA record key as the subkey, so hivemind's :class:`RSASignatureValidator` lets only the
+holder of that key write it.  That key is hivemind's process-wide one and says nothing about the
+libp2p peer ID, so each record also carries the node's libp2p identity key and that identity's
+signature over ``(run, record key)``: a record is accepted only for the peer ID its identity key
+hashes to (:mod:`p2ptrain.recordcheck`).  Nobody can publish a record in another peer's name.
+
+A pydantic schema with bounds on every number and a size limit are enforced by the DHT on every
+store and lookup (hivemind drops bad records there); what reaches us is validated once more (schema,
+identity binding, publication time) before it enters the :class:`SwarmView`, which holds at most
+``max_records`` peers.  Records dropped anywhere are counted, once each, by reason.
 """
 
 from __future__ import annotations
@@ -27,42 +32,27 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer
 from hivemind.utils.crypto import RSAPrivateKey
 
+from p2ptrain.identity import NodeIdentity
+from p2ptrain.recordcheck import (  # noqa: F401 - re-exported: the record's rules live there
+    CLOCK_SKEW_SECONDS,
+    MAX_RECORD_BYTES,
+    MAX_RECORDS_PER_VIEW,
+    REJECT_REASONS,
+    PeerRecordModel,
+    RecordChecker,
+    binding_message,
+    bound_fingerprints,
+)
 from p2ptrain.status import NodeState, PeerRecord, SwarmView
 
 logger = logging.getLogger(__name__)
 
-#: Largest serialized record (before the signature) a node publishes or accepts.
-MAX_RECORD_BYTES = 1024
+_DEDUP_CAPACITY = 4096
 #: Room for the signature hivemind appends (a base64 RSA-2048 signature plus its brackets).
 _MAX_SIGNED_BYTES = MAX_RECORD_BYTES + 512
-#: Tolerated clock difference between peers when checking ``published_at``.
-CLOCK_SKEW_SECONDS = 60.0
-_DEDUP_CAPACITY = 4096
-
 
 def peers_key(run_id: str) -> str:
     return f"{run_id}_peers"
-
-
-class PeerRecordModel(pyd.BaseModel):
-    """Wire schema of one record. Strict types: hivemind rejects any value pydantic would convert."""
-
-    peer_id: pyd.constr(strict=True, max_length=128)  # type: ignore[valid-type]
-    version: pyd.constr(strict=True, max_length=64)  # type: ignore[valid-type]
-    state: pyd.constr(strict=True, max_length=32)  # type: ignore[valid-type]
-    epoch: pyd.conint(strict=True, ge=0)  # type: ignore[valid-type]
-    samples_per_second: pyd.confloat(strict=True, ge=0, allow_inf_nan=False)  # type: ignore[valid-type]
-    loss: pyd.confloat(strict=True, allow_inf_nan=False) | None  # type: ignore[valid-type]
-    val_loss: pyd.confloat(strict=True, allow_inf_nan=False) | None  # type: ignore[valid-type]
-    reachability: pyd.constr(strict=True, max_length=16)  # type: ignore[valid-type]
-    uptime_seconds: pyd.confloat(strict=True, ge=0, allow_inf_nan=False)  # type: ignore[valid-type]
-    pause_reason: pyd.constr(strict=True, max_length=32)  # type: ignore[valid-type]
-    published_at: pyd.confloat(strict=True, gt=0, allow_inf_nan=False)  # type: ignore[valid-type]
-
-    class Config:
-        # Newer p2ptrain versions may add fields; "allow" keeps them so hivemind's no-conversion
-        # check still sees an identical dict (the size limit bounds what extras can carry).
-        extra = pyd.Extra.allow
 
 
 class PeersSchema(pyd.BaseModel):
@@ -72,29 +62,32 @@ class PeersSchema(pyd.BaseModel):
 
 
 class RejectCounter:
-    """Counts distinct rejected records, also from inside the DHT's forked process.
+    """Counts distinct rejected records by reason, also from inside the DHT's forked process.
 
-    The count lives in shared memory created before hivemind forks its DHT process, so
+    The counts live in shared memory created before hivemind forks its DHT process, so
     rejections seen there (during stores and lookups) are visible to the node.
     """
 
     def __init__(self) -> None:
-        self._value = mp.get_context("fork").Value("q", 0)
+        self._counts = mp.get_context("fork").Array("q", len(REJECT_REASONS))
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 
-    def reject(self, *parts: bytes) -> None:
+    def reject(self, reason: str, *parts: bytes) -> None:
         digest = hashlib.blake2b(b"\0".join(parts), digest_size=16).digest()
         if digest in self._seen:  # the same bad record seen again (every lookup returns it)
             return
         self._seen[digest] = None
         if len(self._seen) > _DEDUP_CAPACITY:
             self._seen.popitem(last=False)
-        with self._value.get_lock():
-            self._value.value += 1
+        with self._counts.get_lock():
+            self._counts[REJECT_REASONS.index(reason)] += 1
 
     @property
     def total(self) -> int:
-        return int(self._value.value)
+        return int(sum(self._counts[:]))
+
+    def by_reason(self) -> dict[str, int]:
+        return {reason: int(self._counts[i]) for i, reason in enumerate(REJECT_REASONS)}
 
 
 class _CountsRejects:
@@ -102,21 +95,26 @@ class _CountsRejects:
 
     _key_id: bytes
     _counter: RejectCounter
+    _reason: str
 
     def validate(self, record: DHTRecord) -> bool:
         ok = super().validate(record)  # type: ignore[misc]
         if not ok and record.key == self._key_id:
-            self._counter.reject(record.subkey, record.value)
+            self._counter.reject(self._reason, record.subkey, record.value)
         return ok
 
 
 class _CountingSignatureValidator(_CountsRejects, RSASignatureValidator):
+    _reason = "signature"
+
     def __init__(self, key_id: bytes, counter: RejectCounter, private_key: RSAPrivateKey | None) -> None:
         super().__init__(private_key)
         self._key_id, self._counter = key_id, counter
 
 
 class _CountingSchemaValidator(_CountsRejects, SchemaValidator):
+    _reason = "schema"
+
     def __init__(self, key_id: bytes, counter: RejectCounter, prefix: str) -> None:
         super().__init__(PeersSchema, allow_extra_keys=True, prefix=prefix)
         self._key_id, self._counter = key_id, counter
@@ -130,7 +128,7 @@ class SizeValidator(RecordValidatorBase):
 
     def validate(self, record: DHTRecord) -> bool:
         if record.key == self._key_id and len(record.value) > _MAX_SIGNED_BYTES:
-            self._counter.reject(record.subkey, record.value[:_MAX_SIGNED_BYTES])
+            self._counter.reject("size", record.subkey, record.value[:_MAX_SIGNED_BYTES])
             return False
         return True
 
@@ -169,8 +167,25 @@ def to_wire(record: PeerRecord) -> dict[str, Any]:
     return data
 
 
+def identity_of(dht: Any) -> NodeIdentity | None:
+    """The node's libp2p identity, read from the key file its DHT was started with (None if none)."""
+    path = getattr(dht, "kwargs", {}).get("identity_path") if isinstance(getattr(dht, "kwargs", None), dict) \
+        else None
+    if not path:
+        return None
+    try:
+        return NodeIdentity.from_file(path)
+    except ValueError as exc:
+        logger.warning("peer records go out unbound (%s): other nodes will not list this node", exc)
+        return None
+
+
 class RecordBook:
-    """Publishes this node's record and builds the swarm view from everyone's."""
+    """Publishes this node's record and builds the swarm view from everyone's.
+
+    ``identity`` signs the binding of our record key to our peer ID; by default it is read from the
+    DHT's ``identity_path``.  ``fingerprint`` (optional) is published as ``model_fingerprint``.
+    """
 
     def __init__(
         self,
@@ -181,11 +196,15 @@ class RecordBook:
         ttl: float = 20.0,
         get_timeout: float = 5.0,
         clock: Callable[[], float] = time.time,
+        identity: NodeIdentity | None = None,
+        fingerprint: str = "",
+        max_records: int = MAX_RECORDS_PER_VIEW,
     ) -> None:
         signers = [v for v in validators if isinstance(v, _CountingSignatureValidator)]
         if not signers:
             raise ValueError("validators must come from record_validators(run_id)")
         self._dht = dht
+        self._run_id = run_id
         self._key = peers_key(run_id)
         self._subkey = signers[0].local_public_key
         self._dht_rejects = signers[0]._counter
@@ -193,17 +212,31 @@ class RecordBook:
         self._ttl = ttl
         self._get_timeout = get_timeout
         self._clock = clock
+        self._max_records = max_records
         self._pending: tuple[Any, float] | None = None
         self._last_view = SwarmView()
+        self._checker = RecordChecker(run_id, ttl)
+        identity = identity if identity is not None else identity_of(dht)
+        self._binding: dict[str, Any] = {}
+        if identity is not None:
+            self._binding = {"identity_key": identity.public_key,
+                             "key_proof": identity.sign(binding_message(run_id, self._subkey))}
+        if fingerprint:
+            self._binding["model_fingerprint"] = fingerprint
 
     @property
     def rejected_total(self) -> int:
         return self._dht_rejects.total + self._local_rejects.total
 
+    def rejected_by_reason(self) -> dict[str, int]:
+        """Records dropped since start, by reason (for ``p2ptrain_records_rejected_total{reason=...}``)."""
+        dht, local = self._dht_rejects.by_reason(), self._local_rejects.by_reason()
+        return {reason: dht[reason] + local[reason] for reason in REJECT_REASONS}
+
     def publish(self, record: PeerRecord) -> None:
         """Store our record (stamped with the current time) without waiting for the DHT."""
         now = self._clock()
-        data = to_wire(PeerRecord.from_dict({**record.to_dict(), "published_at": now}))
+        data = {**to_wire(PeerRecord.from_dict({**record.to_dict(), "published_at": now})), **self._binding}
         if len(MSGPackSerializer.dumps(data)) > MAX_RECORD_BYTES:
             logger.warning("own peer record is over %d bytes; not published", MAX_RECORD_BYTES)
             return
@@ -242,60 +275,69 @@ class RecordBook:
 
     def _view(self, found: Any, now: float) -> SwarmView:
         entries = found.value if found is not None and isinstance(found.value, dict) else {}
-        newest: dict[str, PeerRecord] = {}
+        newest: dict[str, tuple[PeerRecord, bytes]] = {}
         for subkey, item in entries.items():
             value, expiration = getattr(item, "value", None), getattr(item, "expiration_time", 0.0)
             record = self._check(subkey, value, expiration, now)
             if record is None:
                 continue
-            # A restarted node has a new signing key but the same peer id: keep its newest record.
+            # A restarted node has a new record key but the same peer id: keep its newest record.
             previous = newest.get(record.peer_id)
-            if previous is None or record.published_at > previous.published_at:
-                newest[record.peer_id] = record
-        return summarize(tuple(sorted(newest.values(), key=lambda r: r.peer_id)), self.rejected_total)
+            if previous is None or record.published_at > previous[0].published_at:
+                newest[record.peer_id] = (record, self._digest_of(subkey, value))
+        return summarize(tuple(sorted(self._capped(newest), key=lambda r: r.peer_id)), self.rejected_total)
 
-    def _check(self, subkey: Any, value: Any, expiration: float, now: float) -> PeerRecord | None:
-        if expiration < now:
-            return None  # expired, not malicious
+    def _capped(self, newest: dict[str, tuple[PeerRecord, bytes]]) -> list[PeerRecord]:
+        """At most ``max_records``: peers already in the last view first, then the freshest records."""
+        if len(newest) <= self._max_records:
+            return [record for record, _ in newest.values()]
+        known = {p.peer_id for p in self._last_view.peers}
+        ranked = sorted(newest.values(), key=lambda item: (item[0].peer_id not in known, -item[0].published_at))
+        for _, digest in ranked[self._max_records:]:
+            self._local_rejects.reject("over_cap", digest)
+        return [record for record, _ in ranked[:self._max_records]]
+
+    @staticmethod
+    def _digest_of(subkey: Any, value: Any) -> bytes:
         try:
             raw = MSGPackSerializer.dumps(value)
         except Exception:
             raw = repr(value).encode()[:_MAX_SIGNED_BYTES]
-        subkey_bytes = subkey if isinstance(subkey, bytes) else repr(subkey).encode()
-        problem = self._problem(subkey, value, raw, now)
+        return (subkey if isinstance(subkey, bytes) else repr(subkey).encode()) + b"\0" + raw
+
+    def _check(self, subkey: Any, value: Any, expiration: float, now: float) -> PeerRecord | None:
+        if expiration < now:
+            return None  # expired, not malicious
+        reason, problem = self._checker.problem(subkey, value, now)
         if problem:
             logger.debug("dropping peer record: %s", problem)
-            self._local_rejects.reject(subkey_bytes, raw)
+            self._local_rejects.reject(reason, self._digest_of(subkey, value))
             return None
         return PeerRecord.from_dict(value)
 
-    def _problem(self, subkey: Any, value: Any, raw: bytes, now: float) -> str:
-        if not isinstance(subkey, bytes) or not RSASignatureValidator._PUBLIC_KEY_RE.fullmatch(subkey):
-            return "subkey is not an owner public key"
-        if len(raw) > MAX_RECORD_BYTES:
-            return f"record is {len(raw)} bytes (limit {MAX_RECORD_BYTES})"
-        if not isinstance(value, dict):
-            return f"record is a {type(value).__name__}, not a map"
-        try:
-            model = PeerRecordModel.parse_obj(value)
-        except pyd.ValidationError as exc:
-            return f"schema: {exc.errors()[0].get('msg', 'invalid')}"
-        if model.published_at > now + CLOCK_SKEW_SECONDS:
-            return "published_at is in the future"
-        if model.published_at < now - self._ttl - CLOCK_SKEW_SECONDS:
-            return "published_at is too old"
-        return ""
+
+def agreed_epoch(epochs: Sequence[int]) -> int:
+    """The highest epoch that at least two records agree on within 1; else the lower median.
+
+    One record claiming a far higher epoch than everyone else moves nothing."""
+    if not epochs:
+        return 0
+    supported = [c for c in set(epochs) if sum(abs(e - c) <= 1 for e in epochs) >= 2]
+    if supported:
+        return max(supported)
+    ordered = sorted(epochs)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def summarize(peers: tuple[PeerRecord, ...], rejected_total: int = 0) -> SwarmView:
-    """Totals of a set of records: throughput, highest epoch, slowest and fastest trainer."""
+    """Totals of a set of records: throughput, the agreed epoch, slowest and fastest trainer."""
     trainers = [p for p in peers if p.state == NodeState.TRAINING and p.samples_per_second > 0]
     slowest = min(trainers, key=lambda p: (p.samples_per_second, p.peer_id)).peer_id if trainers else ""
     fastest = max(trainers, key=lambda p: (p.samples_per_second, p.peer_id)).peer_id if trainers else ""
     return SwarmView(
         peers=peers,
         swarm_samples_per_second=float(sum(p.samples_per_second for p in peers)),
-        global_epoch=max((p.epoch for p in peers), default=0),
+        global_epoch=agreed_epoch([p.epoch for p in peers]),
         slowest_peer=slowest,
         fastest_peer=fastest,
         rejected_records_total=rejected_total,

@@ -167,13 +167,13 @@ class RunEntryValidator(RecordValidatorBase):
 
     def validate(self, record: DHTRecord) -> bool:
         if record.key == self._fingerprint_id:
-            self.fingerprint_counter.reject(record.subkey, record.value[:64])
+            self.fingerprint_counter.reject("unbound", record.subkey, record.value[:64])
             return False
         if record.key not in (self._manifest_id, self._members_id):
             return True
         limit = MAX_MANIFEST_BYTES if record.key == self._manifest_id else MAX_TOKEN_CHARS
         if len(record.value) > limit + 16 or len(record.subkey) > 256:
-            self.counter.reject(record.subkey, record.value[:64])
+            self.counter.reject("size", record.subkey, record.value[:64])
             return False
         cache_key = hashlib.blake2b(record.key + b"\0" + record.subkey + b"\0" + record.value,
                                     digest_size=16).digest()
@@ -184,7 +184,7 @@ class RunEntryValidator(RecordValidatorBase):
             if len(self._verdicts) > _CACHE:
                 self._verdicts.popitem(last=False)
         if not verdict:
-            self.counter.reject(record.subkey, record.value)
+            self.counter.reject("signature", record.subkey, record.value)
         return verdict
 
     def _check(self, record: DHTRecord) -> bool:

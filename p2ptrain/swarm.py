@@ -1,9 +1,11 @@
 """The only place that creates a ``hivemind.DHT``: identity, addresses, bootstrap, model fingerprint.
 
 A node keeps its libp2p identity in its state directory, so its peer ID survives restarts, and
-holds an exclusive lock next to it so that two live processes can never share one identity.
-Joining an existing swarm retries with exponential backoff until ``swarm.bootstrap_timeout``;
-after that it fails with one line that names the peers it tried.
+holds an exclusive lock next to it so that two live processes can never share one identity (peer
+records sign with it: :mod:`p2ptrain.identity`).  Joining an existing swarm retries with exponential
+backoff until ``swarm.bootstrap_timeout``; after that it fails with one line that names the peers it
+tried.  The run's model fingerprint entry is a hint anyone can write; only peers seen training
+another model make a node refuse to join.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import base58
 import hivemind
 from hivemind.p2p import P2PDaemonError
 from hivemind.utils import get_dht_time
@@ -32,6 +35,12 @@ _MAX_BACKOFF = 15.0
 #: What hivemind's DHT raises when initial peers were reached but none answered a ping (e.g. the
 #: closed DHT of an invite run refusing a stranger).
 _BOOTSTRAP_FAILED = "bootstrap failed"
+#: Foreign fingerprints looked into (oldest first) and progress entries read per key: a flood of
+#: entries costs a bounded number of lookups.
+_MAX_FOREIGN_FINGERPRINTS = 4
+_MAX_EVIDENCE_ENTRIES = 512
+#: (run, fingerprint) entries already warned about: each conflicting entry is one warning per process.
+_ignored: set[tuple[str, str]] = set()
 
 
 class SwarmError(Exception):
@@ -190,18 +199,64 @@ def read_run_fingerprints(dht: hivemind.DHT, run_id: str) -> list[FingerprintEnt
     return sorted(entries, key=lambda e: (e.first_seen, e.fingerprint))
 
 
-def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_seen: float) -> float:
-    """Refuse to join a run that trains another model; otherwise (re)publish ours. Returns first_seen.
+def training_progress_keys(run_id: str, fingerprint: str) -> tuple[str, ...]:
+    """The DHT keys where peers training ``fingerprint`` in ``run_id`` report progress (gradient mode,
+    DiLoCo): the node's averaging run id is ``<run_id>_<fingerprint>``."""
+    base = f"{run_id}_{fingerprint}"
+    return f"{base}_progress", f"{base}_diloco_progress"
 
-    The run's model is the oldest fingerprint published under it. A node whose model differs
-    raises :class:`FingerprintMismatch` before it ever takes part in averaging.
+
+def fingerprint_evidence(dht: Any, run_id: str, fingerprints: Sequence[str]) -> dict[str, int]:
+    """How many distinct live peers (not us) are seen training each fingerprint: their progress
+    entries under its keys, plus identity-bound peer records that name it."""
+    from p2ptrain.records import bound_fingerprints, peers_key  # records pull in hivemind's validators
+
+    own = getattr(dht, "peer_id", None)
+    own_bytes = own.to_bytes() if hasattr(own, "to_bytes") else b""
+    seen: dict[str, set[str]] = {fingerprint: set() for fingerprint in fingerprints}
+    for fingerprint in fingerprints:
+        for key in training_progress_keys(run_id, fingerprint):
+            found = dht.get(key, latest=True)
+            entries = found.value if found is not None and isinstance(getattr(found, "value", None), dict) else {}
+            for item in list(entries.values())[:_MAX_EVIDENCE_ENTRIES]:
+                value = getattr(item, "value", None)
+                peer = value.get("peer_id") if isinstance(value, dict) else None
+                if isinstance(peer, bytes) and peer != own_bytes:
+                    seen[fingerprint].add(base58.b58encode(peer).decode())
+    try:
+        records = bound_fingerprints(dht.get(peers_key(run_id), latest=True), run_id, get_dht_time())
+    except Exception:  # records are extra evidence; without them the progress entries still count
+        records = {}
+    for peer, fingerprint in records.items():
+        if fingerprint in seen and peer != str(own):
+            seen[fingerprint].add(peer)
+    return {fingerprint: len(peers) for fingerprint, peers in seen.items()}
+
+
+def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_seen: float) -> float:
+    """Refuse to join a run whose peers train another model; otherwise (re)publish ours. Returns first_seen.
+
+    The fingerprint entries are unsigned: anyone can write one, so an entry alone never stops a node.
+    When the oldest entry differs from ours, the node looks at who actually trains what (progress
+    entries and identity-bound records of live peers): it raises :class:`FingerprintMismatch` only
+    when some peer trains another fingerprint and none is seen training ours.  Otherwise the entry is
+    ignored with one warning.
     """
     entries = read_run_fingerprints(dht, run_id)
-    if entries and entries[0].fingerprint != fingerprint:
-        raise FingerprintMismatch(
-            f"model fingerprint {fingerprint} differs from run {run_id!r}'s model {entries[0].fingerprint}; "
-            "use the same [task] settings as the swarm, or another swarm.run_id"
-        )
+    if entries and entries[0].fingerprint != fingerprint and (run_id, entries[0].fingerprint) not in _ignored:
+        others = [e.fingerprint for e in entries if e.fingerprint != fingerprint][:_MAX_FOREIGN_FINGERPRINTS]
+        evidence = fingerprint_evidence(dht, run_id, [fingerprint, *others])
+        trained = sorted(((evidence[other], other) for other in others if evidence[other] > 0), reverse=True)
+        if evidence[fingerprint] == 0 and trained:
+            count, theirs = trained[0]
+            raise FingerprintMismatch(
+                f"model fingerprint {fingerprint} differs from run {run_id!r}'s model {theirs} "
+                f"({count} peer(s) train it); use the same [task] settings as the swarm, or another swarm.run_id"
+            )
+        _ignored.add((run_id, entries[0].fingerprint))  # decided once: later refreshes only republish ours
+        logger.warning("ignoring model fingerprint %s published under run %r: %s", entries[0].fingerprint,
+                       run_id, f"{evidence[fingerprint]} peer(s) train ours ({fingerprint})"
+                       if evidence[fingerprint] else "no live peer is seen training it")
     first_seen = next((e.first_seen for e in entries if e.fingerprint == fingerprint), first_seen)
     dht.store(_fingerprint_key(run_id), subkey=fingerprint, value=first_seen,
               expiration_time=get_dht_time() + FINGERPRINT_TTL, return_future=True)

@@ -220,8 +220,8 @@ def test_status_counts_every_kind_of_refusal(tmp_path, owner):
     _, manifest = owner
     plan = prepare_run(_config(tmp_path, manifest=_write(tmp_path, manifest)), tmp_path / "id.key")
     validator = plan.validators[0]
-    validator.counter.reject(b"forged", b"manifest")
-    validator.fingerprint_counter.reject(b"ffff", b"1")
+    validator.counter.reject("signature", b"forged", b"manifest")
+    validator.fingerprint_counter.reject("unbound", b"ffff", b"1")
     plan.gate.count_refusal()
     status = RunKeeper(plan, MemoryDHT()).status()
     assert status["run_entries_refused_total"] == 1 and status["fingerprint_entries_refused_total"] == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hivemind.p2p import P2PDaemonError
+from hivemind.p2p import P2PDaemonError, PeerID
 
 from p2ptrain.config import SwarmSection
 from p2ptrain.daemon.stopper import Stopper
@@ -159,27 +160,62 @@ def test_first_node_with_a_broken_listen_address_fails_at_once(tmp_path: Path) -
 
 
 class _FakeDHT:
-    """Just enough of hivemind.DHT's get/store for fingerprint claims."""
+    """Just enough of hivemind.DHT's get/store for fingerprint claims and progress entries."""
 
     def __init__(self) -> None:
         self.entries: dict[str, float] = {}
+        self.progress: dict[str, dict[bytes, Any]] = {}
+        self.peer_id = PeerID(b"\x12\x20" + b"\x01" * 32)
 
     def get(self, key: str, latest: bool = False) -> Any:
-        if not self.entries:
+        values = self.entries if key.endswith("_model_fingerprint") else self.progress.get(key, {})
+        if not values:
             return None
-        return SimpleNamespace(value={fp: SimpleNamespace(value=t) for fp, t in self.entries.items()})
+        return SimpleNamespace(value={k: SimpleNamespace(value=v) for k, v in values.items()})
 
     def store(self, key: str, subkey: str, value: float, **kwargs: Any) -> None:
         self.entries[subkey] = value
 
+    def trains(self, fingerprint: str, peer: bytes, mode_suffix: str = "_progress") -> None:
+        """A live peer reporting progress under ``fingerprint``'s averaging keys."""
+        entry = {"peer_id": peer, "epoch": 3, "samples_accumulated": 8, "samples_per_second": 1.0, "time": 1.0,
+                 "client_mode": False}
+        self.progress.setdefault(f"run_{fingerprint}{mode_suffix}", {})[b"[owner:" + peer + b"]"] = entry
 
-def test_fingerprint_first_claim_wins_and_others_are_refused() -> None:
+
+def test_fingerprint_first_claim_wins_and_a_node_whose_peers_train_another_model_is_refused() -> None:
     dht = _FakeDHT()
     assert claim_fingerprint(dht, "run", "aaaa", first_seen=100.0) == 100.0
     assert claim_fingerprint(dht, "run", "aaaa", first_seen=200.0) == 100.0  # keeps the original time
-    with pytest.raises(FingerprintMismatch, match="model fingerprint bbbb differs from run 'run'.s model aaaa"):
+    dht.trains("aaaa", b"peer-a")
+    dht.trains("aaaa", b"peer-b", "_diloco_progress")
+    with pytest.raises(FingerprintMismatch,
+                       match=r"model fingerprint bbbb differs from run 'run'.s model aaaa \(2 peer\(s\) train it\)"):
         claim_fingerprint(dht, "run", "bbbb", first_seen=300.0)
     assert "bbbb" not in dht.entries  # a refused node never advertises its model
+
+
+def test_a_foreign_fingerprint_entry_alone_never_stops_a_node(caplog: pytest.LogCaptureFixture) -> None:
+    """Anyone can write the entry: with nobody seen training it, it is ignored (one warning)."""
+    dht = _FakeDHT()
+    dht.entries["ffff"] = 1.0  # a stranger's entry, older than anything honest
+    dht.trains("ffff", dht.peer_id.to_bytes())  # only our own progress: not evidence
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm"):
+        assert claim_fingerprint(dht, "run-x", "aaaa", first_seen=100.0) == 100.0
+        assert claim_fingerprint(dht, "run-x", "aaaa", first_seen=100.0) == 100.0
+    assert "aaaa" in dht.entries
+    warnings = [m for m in caplog.messages if "ignoring model fingerprint ffff" in m]
+    assert warnings == ["ignoring model fingerprint ffff published under run 'run-x': no live peer is seen training it"]
+
+
+def test_peers_training_our_model_outweigh_a_foreign_entry_and_its_trainers(caplog: pytest.LogCaptureFixture) -> None:
+    dht = _FakeDHT()
+    dht.entries["ffff"] = 1.0
+    dht.trains("ffff", b"stranger")
+    dht.trains("aaaa", b"honest")
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm"):
+        assert claim_fingerprint(dht, "run", "aaaa", first_seen=100.0) == 100.0
+    assert "1 peer(s) train ours (aaaa)" in caplog.text
 
 
 def test_stale_daemons_of_this_identity_are_stopped_and_no_others(tmp_path: Path) -> None:

@@ -1,0 +1,230 @@
+"""hivemind's all-reduce with every sender's part checked before it is mixed in.
+
+Three small subclasses of hivemind 1.1.12's all-reduce internals, each overriding what it names:
+
+* :class:`RobustTensorPartReducer` (``TensorPartReducer``: ``reset_accumulators``,
+  ``accumulate_part``, ``on_sender_failed``, ``check_current_part_finished``) keeps each sender's
+  copy of the current part instead of a running sum; once all have arrived it screens them
+  (:func:`p2ptrain.robustreduce.screen_parts`), names the senders it rejects, and aggregates the
+  rest robustly.  A rejected sender is left out of every later part of the round.
+* :class:`CheckedTensorPartContainer` (``TensorPartContainer.register_processed_part``) refuses an
+  average returned by another reducer that is not finite or moves our part implausibly far, keeps our
+  own values for that reducer's share instead, and names it.
+* :class:`RobustAllReduceRunner` (``AllReduceRunner.__init__``, ``_communicate_with_peer``,
+  ``_accumulate_parts_streaming``) installs both, leaves gated peers out from the start (their parts
+  are never awaited, their results never used), and checks each incoming part's declared shape and
+  size before it is deserialised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import torch
+from hivemind.averaging.allreduce import AllReduceRunner
+from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartContainer, TensorPartReducer
+from hivemind.p2p import PeerID
+from hivemind.proto import averaging_pb2
+
+from p2ptrain.peergate import PeerGate
+from p2ptrain.pinned import require_hivemind
+from p2ptrain.robustreduce import ReduceRule, Rejection, aggregate, check_result, screen_parts
+
+require_hivemind(__name__)
+
+#: Bytes a serialised part may take per element (float64 is the widest honest encoding) plus framing.
+_MAX_BYTES_PER_ELEMENT = 8
+_PART_FRAMING_BYTES = 4096
+
+OnReject = Callable[[int, Rejection], None]
+
+
+class RobustTensorPartReducer(TensorPartReducer):
+    """Collects every sender's copy of a part, screens them, aggregates the accepted ones robustly."""
+
+    def __init__(self, part_shapes: Sequence[torch.Size], num_senders: int, *, rule: ReduceRule,
+                 local_sender: int | None, on_reject: OnReject) -> None:
+        self.rule, self.local_sender, self._on_reject = rule, local_sender, on_reject
+        self._contributions: dict[int, tuple[torch.Tensor, float]] = {}
+        self.contributions_accepted = 0
+        self.clipped = 0
+        super().__init__(part_shapes, num_senders)
+
+    def reset_accumulators(self) -> None:
+        if self.current_part_index >= self.num_parts - 1:
+            self.finalize()
+            return
+        self.current_part_index += 1
+        self.current_part_accumulated_from = 0
+        self.current_part_future = asyncio.Future()
+        self.num_current_senders = sum(self.current_part_index < failed for failed in self.sender_failed_after)
+        self.accumulator = None  # kept for the base class's finalize(), which deletes it
+        self.denominator = 0.0
+        self._contributions = {}
+
+    async def accumulate_part(self, sender_index: int, part_index: int, tensor_part: torch.Tensor,
+                              weight: float = 1.0) -> torch.Tensor:
+        assert 0 <= sender_index < self.num_senders, "invalid sender index"
+        assert 0 <= part_index < self.num_parts, "invalid part index"
+        self.num_parts_received[sender_index] += 1
+        finished = asyncio.ensure_future(self.finished.wait())
+        try:
+            while part_index > self.current_part_index:  # a sender is at most one part ahead
+                await asyncio.wait({self.current_part_future, finished}, return_when=asyncio.FIRST_COMPLETED)
+                if self.finished.is_set():
+                    raise AllreduceException(f"attempted to aggregate part in a finalized {type(self).__name__}")
+        finally:
+            finished.cancel()
+        if self.sender_failed_after[sender_index] != math.inf:
+            raise BannedException(f"sender {sender_index} was excluded from this round")
+        future = self.current_part_future
+        if tuple(tensor_part.shape) != tuple(self.part_shapes[part_index]):
+            self._exclude(sender_index, part_index, Rejection(
+                "malformed_part", f"part {part_index} has shape {tuple(tensor_part.shape)}"))
+            raise BannedException(f"sender {sender_index} sent a malformed part")
+        self._contributions[sender_index] = (tensor_part, weight)
+        self.current_part_accumulated_from += 1
+        self.check_current_part_finished()
+        return await future
+
+    def _exclude(self, sender_index: int, from_part: int, why: Rejection) -> None:
+        self.sender_failed_after[sender_index] = from_part
+        if from_part == self.current_part_index:
+            self.num_current_senders -= 1
+        if sender_index != self.local_sender:
+            self._on_reject(sender_index, why)
+        self.check_current_part_finished()
+
+    def on_sender_failed(self, sender_index: int) -> None:
+        if self.sender_failed_after[sender_index] != math.inf:
+            return  # already excluded (rejected by a check): do not count it out twice
+        super().on_sender_failed(sender_index)
+
+    def check_current_part_finished(self) -> None:
+        if self.finished.is_set() or self.current_part_accumulated_from < self.num_current_senders:
+            return
+        if self.num_current_senders == 0 and not self._contributions:
+            return  # nobody left to send this part; the round ends by its timeout or finalize()
+        accepted, rejected = screen_parts(self._contributions, self.local_sender, self.rule)
+        for sender, why in rejected.items():
+            self.sender_failed_after[sender] = min(self.sender_failed_after[sender], self.current_part_index + 1)
+            self._on_reject(sender, why)
+        if accepted:
+            result, clipped = aggregate([t for t, _ in accepted.values()], [w for _, w in accepted.values()],
+                                        self.rule)
+        else:  # nothing usable: hand everyone back our own part (or zeros), never a poisoned mix
+            own = self._contributions.get(self.local_sender) if self.local_sender is not None else None
+            usable = own is not None and bool(torch.isfinite(own[0]).all())
+            result, clipped = (own[0].clone() if usable else torch.zeros(self.part_shapes[self.current_part_index])), 0
+        self.contributions_accepted += len(accepted)
+        self.clipped += clipped
+        self.current_part_future.set_result(result)
+        self.reset_accumulators()
+
+
+class CheckedTensorPartContainer(TensorPartContainer):
+    """Refuses implausible averages returned by other reducers; our own values stand in for them."""
+
+    def __init__(self, *args: Any, rule: ReduceRule, local_index: int, on_bad_result: Callable[[int, str], None],
+                 **kwargs: Any) -> None:
+        self.rule, self.local_index, self._on_bad_result = rule, local_index, on_bad_result
+        self.distrusted: set[int] = set()
+        self._filling_in = False
+        super().__init__(*args, **kwargs)
+
+    def register_failed_reducer(self, peer_index: int) -> None:
+        self._filling_in = True  # the base class fills in (and counts) our own values itself
+        try:
+            super().register_failed_reducer(peer_index)
+        finally:
+            self._filling_in = False
+
+    def register_processed_part(self, peer_index: int, part_index: int, part: torch.Tensor) -> None:
+        if (peer_index != self.local_index and not self._filling_in
+                and part_index < len(self._input_parts_by_peer[peer_index])):
+            local = self._input_parts_by_peer[peer_index][part_index][0]
+            if peer_index not in self.distrusted:
+                reason = check_result(part, local, self.rule)
+                if reason:
+                    self.distrusted.add(peer_index)
+                    self._on_bad_result(peer_index, reason)
+            if peer_index in self.distrusted:
+                part = torch.zeros_like(local)  # deltas: zero keeps our own values for this share
+                self.failed_size += part.numel()
+        super().register_processed_part(peer_index, part_index, part)
+
+
+class RobustAllReduceRunner(AllReduceRunner):
+    """hivemind's butterfly all-reduce with per-sender screening, robust aggregation and a peer gate."""
+
+    def __init__(self, *, tensors: Sequence[torch.Tensor], peer_fractions: tuple[float, ...], rule: ReduceRule,
+                 gate: PeerGate | None, ordered_peer_ids: Sequence[PeerID], **kwargs: Any) -> None:
+        container_kwargs = {k: v for k, v in kwargs.items() if k not in _RUNNER_ONLY}
+        super().__init__(tensors=tensors, peer_fractions=peer_fractions, ordered_peer_ids=ordered_peer_ids,
+                         **kwargs)
+        self.rule, self.gate = rule, gate
+        #: (peer ID, offence kind, reason) of every sender or reducer refused in this round.
+        self.rejections: list[tuple[str, str, str]] = []
+        local_index = self.ordered_peer_ids.index(self.peer_id)
+        self.tensor_part_container = CheckedTensorPartContainer(
+            tensors, peer_fractions, return_deltas=True, rule=rule, local_index=local_index,
+            on_bad_result=lambda index, reason: self._offend(self.ordered_peer_ids[index], "bad_result", reason),
+            **container_kwargs)
+        self.parts_for_local_averaging = self.tensor_part_container.get_raw_input_parts(local_index)
+        self.tensor_part_reducer.finished.set()  # the default reducer is never used: keep it from reporting
+        self.tensor_part_reducer = RobustTensorPartReducer(
+            tuple(part.shape for part in self.parts_for_local_averaging), len(self.sender_peer_ids), rule=rule,
+            local_sender=self.sender_peer_ids.index(self.peer_id) if self.peer_id in self.sender_peer_ids else None,
+            on_reject=lambda index, why: self._offend(self.sender_peer_ids[index], why.kind, why.reason))
+        for index, peer in enumerate(self.sender_peer_ids):
+            if peer != self.peer_id and self._gated(peer):
+                self.banned_senders.add(peer)
+                self.tensor_part_reducer.on_sender_failed(index)
+
+    def _gated(self, peer: PeerID) -> bool:
+        return self.gate is not None and self.gate.is_gated(peer)
+
+    def _offend(self, peer: PeerID, kind: str, reason: str) -> None:
+        self.rejections.append((str(peer), kind, reason))
+        if self.gate is not None:
+            self.gate.offend(peer, kind, reason)
+
+    async def _communicate_with_peer(self, peer_id: PeerID) -> None:
+        if peer_id != self.peer_id and self._gated(peer_id):
+            # Never hand our parts to a gated reducer, nor wait for its results: keep our own values.
+            self.tensor_part_container.register_failed_reducer(self.ordered_peer_ids.index(peer_id))
+            return
+        await super()._communicate_with_peer(peer_id)
+
+    async def _accumulate_parts_streaming(self, stream: AsyncIterator[averaging_pb2.AveragingData],
+                                          sender_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        async for message in super()._accumulate_parts_streaming(self._screened(stream, sender_index),
+                                                                 sender_index):
+            yield message
+
+    async def _screened(self, stream: AsyncIterator[averaging_pb2.AveragingData],
+                        sender_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        """Each message's declared shape and byte size, checked before hivemind deserialises it."""
+        shapes = self.tensor_part_reducer.part_shapes
+        index = 0
+        async for message in stream:
+            problem: tuple[str, str] | None = None
+            if index >= len(shapes):
+                problem = ("malformed_part", f"sent more than the {len(shapes)} parts expected")
+            elif tuple(message.tensor_part.size) != tuple(shapes[index]):
+                problem = ("malformed_part", f"part {index} declares shape {tuple(message.tensor_part.size)}")
+            elif len(message.tensor_part.buffer) > math.prod(shapes[index]) * _MAX_BYTES_PER_ELEMENT + \
+                    _PART_FRAMING_BYTES:
+                problem = ("oversized_part", f"part {index} is {len(message.tensor_part.buffer)} bytes")
+            if problem is not None:
+                self._offend(self.sender_peer_ids[sender_index], *problem)
+                raise AllreduceException(problem[1])
+            index += 1
+            yield message
+
+
+_RUNNER_ONLY = frozenset({"p2p", "servicer_type", "prefix", "group_id", "weight", "modes", "sender_timeout",
+                          "reducer_timeout"})

@@ -1,0 +1,94 @@
+"""The node's libp2p identity key as a signer, and the check that a key really belongs to a peer ID.
+
+A libp2p peer ID is the multihash of the peer's serialised public key (SHA-256 for RSA keys, the key
+itself for keys of at most 42 bytes), so anyone holding the public key can check the ID, and only
+the holder of the private key (the p2p daemon's ``identity.key``, which hivemind writes as an RSA key)
+can sign for it.  Peer records use this to bind their signing key to the peer ID they claim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import base58
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from hivemind.proto import crypto_pb2
+
+_PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
+#: Serialised public keys up to this size are inlined into the peer ID ("identity" multihash).
+_MAX_INLINE_KEY_BYTES = 42
+#: Accepted serialised public key sizes: enough for RSA-4096, small enough to bound a record.
+MAX_PUBLIC_KEY_BYTES = 800
+
+
+def peer_id_of(public_key: bytes) -> bytes:
+    """The raw peer ID (a multihash) of a protobuf-serialised libp2p public key."""
+    if len(public_key) <= _MAX_INLINE_KEY_BYTES:
+        return b"\x00" + bytes([len(public_key)]) + public_key
+    return b"\x12\x20" + hashlib.sha256(public_key).digest()
+
+
+class NodeIdentity:
+    """An RSA libp2p identity: signs with the key the node's peer ID is derived from."""
+
+    def __init__(self, private_key: rsa.RSAPrivateKey) -> None:
+        self._key = private_key
+        der = private_key.public_key().public_bytes(serialization.Encoding.DER,
+                                                    serialization.PublicFormat.SubjectPublicKeyInfo)
+        #: The serialised libp2p public key (what peer IDs are computed from).
+        self.public_key = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
+        self.peer_id = base58.b58encode(peer_id_of(self.public_key)).decode()
+
+    @classmethod
+    def generate(cls) -> NodeIdentity:
+        return cls(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+
+    @classmethod
+    def from_file(cls, path: Path | str) -> NodeIdentity:
+        """Read an identity file as hivemind/p2pd write it; ValueError if it is not an RSA libp2p key."""
+        try:
+            message = crypto_pb2.PrivateKey.FromString(Path(path).read_bytes())
+            key = serialization.load_der_private_key(message.data, password=None)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"cannot read the identity key {path}: {exc}") from None
+        except Exception as exc:  # protobuf's DecodeError
+            raise ValueError(f"cannot read the identity key {path}: {type(exc).__name__}") from None
+        if message.key_type != crypto_pb2.RSA or not isinstance(key, rsa.RSAPrivateKey):
+            raise ValueError(f"the identity key {path} is not an RSA key")
+        return cls(key)
+
+    def write(self, path: Path | str) -> None:
+        """Write the key the way p2pd reads ``-id`` (tests and tools; nodes let hivemind create it)."""
+        der = self._key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.TraditionalOpenSSL,
+                                      serialization.NoEncryption())
+        Path(path).write_bytes(crypto_pb2.PrivateKey(key_type=crypto_pb2.RSA, data=der).SerializeToString())
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data, _PSS, hashes.SHA256())
+
+
+def verify_for_peer(peer_id: str, public_key: bytes, data: bytes, signature: bytes) -> str:
+    """Why ``signature`` over ``data`` is not a valid signature by ``peer_id``'s identity ("" if it is)."""
+    if not isinstance(public_key, bytes) or not 0 < len(public_key) <= MAX_PUBLIC_KEY_BYTES:
+        return "identity key missing or oversized"
+    try:
+        claimed = base58.b58decode(peer_id)
+    except ValueError:
+        return "peer ID is not base58"
+    if peer_id_of(public_key) != claimed:
+        return "identity key does not hash to the claimed peer ID"
+    try:
+        message = crypto_pb2.PublicKey.FromString(public_key)
+        key = serialization.load_der_public_key(message.data)
+    except Exception:  # protobuf or DER garbage
+        return "identity key is not a libp2p public key"
+    if message.key_type != crypto_pb2.RSA or not isinstance(key, rsa.RSAPublicKey):
+        return "identity key is not an RSA key"
+    try:
+        key.verify(signature, data, _PSS, hashes.SHA256())
+    except (InvalidSignature, ValueError, TypeError):
+        return "identity signature does not verify"
+    return ""

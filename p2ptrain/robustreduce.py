@@ -1,0 +1,235 @@
+"""The math of a robust all-reduce part: screen each sender's part, cap its weight, aggregate robustly.
+
+No networking here: :mod:`p2ptrain.allreduce_guard` calls these from inside hivemind's reducer,
+once every sender's copy of one part has arrived.
+
+Why CenteredClip rather than a coordinate-wise trimmed mean.  Our groups are small (2 to 16 peers):
+a trimmed mean that drops one value per side out of three is a median and throws away two thirds of
+honest information in every coordinate, every round, attack or not.  CenteredClip (the rule of
+"Secure Distributed Training at Scale", BTARD) starts at the coordinate-wise median and moves towards
+every sender, each pull clipped to a radius.  We take the radius from the parts themselves: a
+factor times the median distance of the parts from the median.  In high dimension honest parts sit at
+nearly the same distance from their centre, so with a factor of 2 no honest part is clipped, the first
+step lands exactly on the weighted mean, and an honest round costs one median and one pass; a part
+a hundred times further away moves the result by at most its clipped pull, ``weight / total * radius``.
+
+Before aggregating, parts that are plainly wrong are rejected per sender (and their senders named):
+non-finite values, an impossible weight, a norm far above the reference (our own part when we sent
+one: we trust ourselves, and a peer cannot lower our reference by sending zeros), and in parameter
+rounds a part far from our own parameters.  Two senders cannot outvote each other, so a group of two
+gets these checks and the weighted mean.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import multiprocessing as mp
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ReduceRule:
+    """How one averager bounds each sender's contribution."""
+
+    #: A sender's self-reported weight is capped here (what its samples can plausibly be).
+    max_weight: float = math.inf
+    #: A part whose norm exceeds this times the reference norm is rejected.  Honest gradients differ
+    #: by up to ~10x (a peer fresh from its initialisation next to a trained one): 25 leaves room.
+    max_norm_ratio: float = 25.0
+    #: Parameter rounds: a part further than this times our own part's norm from it is rejected.
+    max_deviation_ratio: float | None = None
+    #: A reducer's returned change to our part above this times our part's norm is refused.
+    max_result_ratio: float = 25.0
+    #: Slack per element (times sqrt(numel)) added to every norm bound, for near-zero parts.
+    abs_tolerance: float = 1e-6
+    clip_radius_factor: float = 2.0
+    clip_iterations: int = 5
+    min_senders_for_clip: int = 3
+
+    @classmethod
+    def for_gradients(cls, max_weight: float) -> ReduceRule:
+        """Gradient rounds: weight = samples accumulated, at most ``max_weight`` (the target batch)."""
+        return cls(max_weight=max_weight)
+
+    @classmethod
+    def for_parameters(cls) -> ReduceRule:
+        """Parameter rounds (drift repair): every peer weighs 1, parameters differ only by drift."""
+        return cls(max_weight=1.0, max_deviation_ratio=0.5, max_result_ratio=0.5, abs_tolerance=1e-3)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    kind: str
+    reason: str
+
+
+def _bound(rule_ratio: float, norm: float, numel: int, rule: ReduceRule) -> float:
+    return rule_ratio * norm + rule.abs_tolerance * math.sqrt(max(numel, 1))
+
+
+def screen_parts(parts: Mapping[int, tuple[torch.Tensor, float]], local: int | None,
+                 rule: ReduceRule) -> tuple[dict[int, tuple[torch.Tensor, float]], dict[int, Rejection]]:
+    """Split one part's contributions (sender index -> (tensor, weight)) into accepted and rejected.
+
+    Our own contribution (``local``) is never an offence; it is only left out if it is not finite.
+    Accepted weights come back capped.
+    """
+    accepted: dict[int, tuple[torch.Tensor, float]] = {}
+    rejected: dict[int, Rejection] = {}
+    norms: dict[int, float] = {}
+    for sender, (tensor, weight) in parts.items():
+        if not (isinstance(weight, int | float) and math.isfinite(weight) and weight >= 0):
+            rejected[sender] = Rejection("malformed_part", f"weight {weight!r}")
+        elif not bool(torch.isfinite(tensor).all()):
+            rejected[sender] = Rejection("nonfinite_part", "part has NaN or inf values")
+        else:
+            norms[sender] = float(tensor.norm())
+            accepted[sender] = (tensor, min(float(weight), rule.max_weight))
+    own = accepted.get(local) if local is not None else None
+    if own is not None and own[1] > 0 and norms[local] > 0:  # type: ignore[index]
+        reference = norms[local]  # type: ignore[index]
+    else:
+        ordered = sorted(norms.values())
+        reference = ordered[len(ordered) // 2] if ordered else 0.0  # the upper median
+    for sender in list(accepted):
+        if sender == local:
+            continue
+        tensor = accepted[sender][0]
+        limit = _bound(rule.max_norm_ratio, reference, tensor.numel(), rule)
+        if reference > 0 and norms[sender] > limit:
+            rejected[sender] = Rejection("oversized_part", f"norm {norms[sender]:.3g} > {limit:.3g}")
+        elif rule.max_deviation_ratio is not None and own is not None:
+            distance = float((tensor - own[0]).norm())
+            limit = _bound(rule.max_deviation_ratio, norms[local], tensor.numel(), rule)  # type: ignore[index]
+            if distance > limit:
+                rejected[sender] = Rejection("deviant_part", f"distance {distance:.3g} from ours > {limit:.3g}")
+        if sender in rejected:
+            del accepted[sender]
+    if local is not None and local in parts and local not in accepted:
+        rejected.pop(local, None)  # our own bad part is dropped silently: not an offence of a peer
+    return accepted, rejected
+
+
+def centered_clip(parts: torch.Tensor, weights: torch.Tensor, radius_factor: float,
+                  iterations: int) -> tuple[torch.Tensor, int]:
+    """CenteredClip over the rows of ``parts`` (n x d); returns the aggregate and how many rows were
+    clipped in the last step.  The radius is ``radius_factor`` times the median distance of the rows
+    from their coordinate-wise median; with no row clipped a step lands on the weighted mean exactly."""
+    total = weights.sum()
+    if float(total) <= 0:
+        weights, total = torch.ones_like(weights), torch.tensor(float(len(weights)))
+    center = parts.median(dim=0).values
+    distances = (parts - center).norm(dim=1)
+    radius = radius_factor * float(distances.sort().values[len(distances) // 2])
+    clipped = 0
+    for _ in range(max(1, iterations)):
+        diff = parts - center
+        distances = diff.norm(dim=1)
+        scale = torch.where(distances > radius, radius / distances.clamp_min(1e-30), torch.ones_like(distances))
+        clipped = int((scale < 1).sum())
+        center = center + (weights * scale) @ diff / total
+        if clipped == 0:
+            break
+    return center, clipped
+
+
+def aggregate(parts: list[torch.Tensor], weights: list[float], rule: ReduceRule) -> tuple[torch.Tensor, int]:
+    """The weighted mean (fewer than ``min_senders_for_clip`` parts) or CenteredClip of accepted parts."""
+    stacked = torch.stack([p.reshape(-1).float() for p in parts])
+    w = torch.tensor(weights, dtype=torch.float32)
+    shape = parts[0].shape
+    if len(parts) < rule.min_senders_for_clip:
+        total = float(w.sum())
+        if total <= 0:
+            w, total = torch.ones_like(w), float(len(parts))
+        return (w @ stacked / total).reshape(shape), 0
+    result, clipped = centered_clip(stacked, w, rule.clip_radius_factor, rule.clip_iterations)
+    return result.reshape(shape), clipped
+
+
+def check_result(delta: torch.Tensor, local_part: torch.Tensor, rule: ReduceRule) -> str:
+    """Why a reducer's returned change to our part is refused ("" if it is fine).
+
+    Against a part of ours that is all zeros (nothing to compare with) only finiteness is checked."""
+    if not bool(torch.isfinite(delta).all()):
+        return "returned NaN or inf"
+    if delta.shape != local_part.shape:
+        return f"returned shape {tuple(delta.shape)}, expected {tuple(local_part.shape)}"
+    own = float(local_part.norm())
+    if own > 0:
+        size, limit = float(delta.norm()), _bound(rule.max_result_ratio, own, delta.numel(), rule)
+        if size > limit:
+            return f"moved our part by {size:.3g} > {limit:.3g}"
+    return ""
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What one all-reduce round looked like from this node (sent from the averager's process)."""
+
+    averager: str
+    group_size: int
+    senders: int
+    #: (sender, part) contributions this node was to reduce, and how many it accepted.
+    contributions_expected: int
+    contributions_received: int
+    #: Elements of our own tensors averaged by the group, and how many came back usable.
+    results_expected: int
+    results_received: int
+    #: (peer ID, offence kind, reason) for every sender or reducer refused this round.
+    rejected: tuple[tuple[str, str, str], ...]
+    clipped: int
+    ok: bool
+    finished_at: float
+
+    @property
+    def received_fraction(self) -> float:
+        """Fraction of expected contributions actually received (1.0 when none were expected)."""
+        if self.contributions_expected == 0:
+            return 1.0
+        return self.contributions_received / self.contributions_expected
+
+
+class RoundReports:
+    """A fork-shared queue of :class:`RoundReport` from averager processes to the node.
+
+    Create it before the averagers fork.  ``put`` never blocks the averager's event loop: when the
+    node has not drained ``capacity`` reports, new ones are dropped and counted.
+    """
+
+    def __init__(self, capacity: int = 32) -> None:
+        ctx = mp.get_context("fork")
+        self._queue = ctx.SimpleQueue()
+        self._pending = ctx.RawValue(ctypes.c_int64, 0)
+        self._dropped = ctx.RawValue(ctypes.c_int64, 0)
+        self._lock = ctx.Lock()
+        self._capacity = capacity
+
+    def put(self, report: RoundReport) -> None:
+        # The count goes up only once the report is wholly in the pipe, so drain() never waits for
+        # one that is still being written; at most ``capacity`` small reports fit the pipe's buffer.
+        with self._lock:
+            if self._pending.value >= self._capacity:
+                self._dropped.value += 1
+                return
+            self._queue.put(report)
+            self._pending.value += 1
+
+    def drain(self) -> list[RoundReport]:
+        """Every report waiting now; never blocks for long (an averager mid-write: try later)."""
+        if not self._lock.acquire(timeout=0.1):
+            return []
+        try:
+            reports = [self._queue.get() for _ in range(self._pending.value)]
+            self._pending.value = 0
+        finally:
+            self._lock.release()
+        return reports
+
+    @property
+    def dropped(self) -> int:
+        return int(self._dropped.value)

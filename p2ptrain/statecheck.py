@@ -1,0 +1,244 @@
+"""Checks a downloaded training state before any of it touches the model: a claim until proven sane.
+
+A state from a peer is ``(metadata, tensors)``.  Every check here is pure (no network, no model
+changes), returns a :class:`Verdict` with a one-line reason, and never raises: whatever a peer sent,
+the worst outcome is "rejected, because ...".  A verdict says whether the failure is the donor's
+offence (its peer is banned) or only a mismatch an honest peer can cause (its state is behind ours).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: No run reaches a billion optimizer epochs; anything above is a lie or garbage.
+MAX_EPOCH = 10**9
+#: Metadata beyond the tensors (hivemind's flattened optimizer state, a few scalars).
+METADATA_ALLOWANCE_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Accept or reject, why (one line), and which offence it is (empty: not the donor's fault)."""
+
+    ok: bool
+    reason: str = ""
+    kind: str = ""
+
+    @classmethod
+    def good(cls) -> Verdict:
+        return cls(True)
+
+    @classmethod
+    def bad(cls, kind: str, reason: str) -> Verdict:
+        return cls(False, reason, kind)
+
+    @classmethod
+    def refuse(cls, reason: str) -> Verdict:
+        """Not usable, but an honest peer could have sent it (e.g. it is behind us)."""
+        return cls(False, reason, "")
+
+
+@dataclass(frozen=True)
+class TensorTemplate:
+    """The shapes and dtypes a state must have: the local tensors it would be copied into."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+
+    @classmethod
+    def of(cls, tensors: Sequence[torch.Tensor]) -> TensorTemplate:
+        return cls(tuple(tuple(t.shape) for t in tensors), tuple(t.dtype for t in tensors))
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                   for shape, dtype in zip(self.shapes, self.dtypes, strict=True))
+
+    def max_wire_bytes(self) -> int:
+        """The most a donor may send: the tensors uncompressed, 10% framing, and the metadata."""
+        return int(self.nbytes * 1.1) + METADATA_ALLOWANCE_BYTES
+
+
+def check_tensors(template: TensorTemplate, tensors: Any) -> Verdict:
+    """Exact count, shapes and dtypes; every floating value finite; total size within the model's."""
+    if not isinstance(tensors, list | tuple):
+        return Verdict.bad("bad_state", f"tensors are a {type(tensors).__name__}, not a list")
+    if len(tensors) != len(template):
+        return Verdict.bad("bad_state", f"{len(tensors)} tensors, expected {len(template)}")
+    total = 0
+    for index, (tensor, shape, dtype) in enumerate(zip(tensors, template.shapes, template.dtypes, strict=True)):
+        if not isinstance(tensor, torch.Tensor):
+            return Verdict.bad("bad_state", f"tensor {index} is a {type(tensor).__name__}")
+        if tuple(tensor.shape) != shape:
+            return Verdict.bad("bad_state", f"tensor {index} has shape {tuple(tensor.shape)}, expected {shape}")
+        if tensor.dtype != dtype:
+            return Verdict.bad("bad_state", f"tensor {index} is {tensor.dtype}, expected {dtype}")
+        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
+            return Verdict.bad("bad_state", f"tensor {index} has NaN or inf values")
+        total += tensor.numel() * tensor.element_size()
+    if total > template.nbytes:
+        return Verdict.bad("bad_state", f"{total} bytes of tensors, the model has {template.nbytes}")
+    return Verdict.good()
+
+
+def check_epoch(value: Any, name: str = "epoch") -> Verdict:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return Verdict.bad("bad_state", f"{name} is a {type(value).__name__}, not an integer")
+    if not 0 <= value <= MAX_EPOCH:
+        return Verdict.bad("bad_state", f"{name} {value} is outside 0..{MAX_EPOCH}")
+    return Verdict.good()
+
+
+def _layout(flat: Sequence[Any]) -> list[str]:
+    return [entry.get("type", "?") if isinstance(entry, dict) else "?" for entry in flat]
+
+
+def check_training_metadata(metadata: Any, local_optimizer_metadata: Sequence[dict[str, Any]]) -> Verdict:
+    """hivemind ``TrainingStateAverager`` metadata: ``epoch``, ``optimizer_metadata`` (and ``group_bits``).
+
+    ``optimizer_metadata`` is hivemind's flattened optimizer state dict; it must have exactly the
+    local optimizer's layout (the same tensor and value slots, tensor indices in order).  Its *values*
+    (learning rate, betas, weight decay...) are never adopted: see :func:`merge_optimizer_metadata`.
+    """
+    if not isinstance(metadata, dict):
+        return Verdict.bad("bad_state", f"metadata is a {type(metadata).__name__}, not a map")
+    for key in ("epoch", "optimizer_metadata"):
+        if key not in metadata:
+            return Verdict.bad("bad_state", f"metadata has no {key!r}")
+    verdict = check_epoch(metadata["epoch"])
+    if not verdict.ok:
+        return verdict
+    bits = metadata.get("group_bits", "")
+    if not isinstance(bits, str) or len(bits) > 256 or set(bits) - {"0", "1"}:
+        return Verdict.bad("bad_state", "group_bits is not a short string of 0 and 1")
+    flat = metadata["optimizer_metadata"]
+    if not isinstance(flat, list):
+        return Verdict.bad("bad_state", f"optimizer_metadata is a {type(flat).__name__}, not a list")
+    if _layout(flat) != _layout(local_optimizer_metadata):
+        return Verdict.bad("bad_state", f"optimizer_metadata layout differs from ours ({len(flat)} entries, "
+                                        f"expected {len(local_optimizer_metadata)})")
+    expected_index = 0
+    for entry in flat:
+        if entry["type"] == "tensor":
+            if entry.get("index") != expected_index:
+                return Verdict.bad("bad_state", f"optimizer tensor index {entry.get('index')!r}, "
+                                                f"expected {expected_index}")
+            expected_index += 1
+        elif "value" not in entry:
+            return Verdict.bad("bad_state", "an optimizer value entry has no value")
+    return Verdict.good()
+
+
+def merge_optimizer_metadata(local: Sequence[dict[str, Any]], donor: Sequence[dict[str, Any]]) -> list[dict]:
+    """The donor's tensor slots with our own hyperparameter values: a donor cannot set our learning
+    rate, betas or weight decay through the state it serves."""
+    return [dict(theirs) if ours.get("type") == "tensor" else dict(ours) for ours, theirs in zip(local, donor,
+                                                                                                 strict=True)]
+
+
+def check_diloco_metadata(metadata: Any, inner_steps: int) -> Verdict:
+    """DiLoCo metadata: ``epoch`` (outer round) and ``inner_step`` in ``0..inner_steps-1``."""
+    if not isinstance(metadata, dict):
+        return Verdict.bad("bad_state", f"metadata is a {type(metadata).__name__}, not a map")
+    for key in ("epoch", "inner_step"):
+        if key not in metadata:
+            return Verdict.bad("bad_state", f"metadata has no {key!r}")
+    verdict = check_epoch(metadata["epoch"])
+    if not verdict.ok:
+        return verdict
+    step = metadata["inner_step"]
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < inner_steps:
+        return Verdict.bad("bad_state", f"inner_step {step!r} is outside 0..{inner_steps - 1}")
+    return Verdict.good()
+
+
+def epoch_ceiling(reference: int, *, slack: int = 10, relative: float = 0.25) -> int:
+    """The highest epoch believable when the run's peers report ``reference``.  Epochs advance while
+    reports travel through the DHT (fast in small runs), so the margin grows with the run."""
+    return reference + max(slack, int(reference * relative))
+
+
+def plausible_epoch(claim: int, others: Sequence[int], *, own: int, slack: int = 10,
+                    relative: float = 0.25) -> Verdict:
+    """Is a donor's epoch believable next to what the run's *other* peers report?
+
+    A claim behind ours is not adopted (but is no offence).  Peers at epoch 0 (fresh, not synced)
+    say nothing about where the run is; with no other reports the claim stands (the structural and
+    model checks still apply).  Otherwise it may exceed the upper median of the others by at most
+    :func:`epoch_ceiling`'s margin: a single other peer is believed only that far, a claim far above
+    everyone else's is a lie, and peers lagging behind do not make an honest donor look like one.
+    """
+    if claim < own:
+        return Verdict.refuse(f"epoch {claim} is behind ours ({own})")
+    reports = sorted(e for e in others if isinstance(e, int) and 0 < e <= MAX_EPOCH)
+    if not reports:
+        return Verdict.good()
+    reference = reports[len(reports) // 2]
+    if claim > epoch_ceiling(reference, slack=slack, relative=relative):
+        return Verdict.bad("implausible_epoch", f"claims epoch {claim}; the run's other {len(reports)} peer(s) "
+                                                f"report {reference}")
+    return Verdict.good()
+
+
+def check_candidate_loss(candidate: float, *, own: float | None, honest: Sequence[float],
+                         tolerance: float = 0.03) -> Verdict:
+    """The donor's model, evaluated here on the shared validation batches, against a reference.
+
+    The reference is the median validation loss the run's other peers report (they evaluate the same
+    batches) or, with no reports, our own model's loss: a state that claims more training than ours
+    but does worse than ``(1 + tolerance)`` times the reference is not adopted.
+    """
+    if not math.isfinite(candidate):
+        return Verdict.bad("bad_model", f"the downloaded model's validation loss is {candidate}")
+    reports = sorted(x for x in honest if math.isfinite(x))
+    if reports:
+        reference, source = reports[len(reports) // 2], f"the median of {len(reports)} peer(s)' reports"
+    elif own is not None and math.isfinite(own):
+        reference, source = own, "our own model's"
+    else:
+        return Verdict.good()
+    if candidate > reference * (1 + tolerance) + 1e-6:
+        return Verdict.bad("bad_model", f"validation loss {candidate:.4f} is worse than {source} {reference:.4f}")
+    return Verdict.good()
+
+
+@dataclass
+class StateValidator:
+    """Every check a downloaded state must pass, in order; called once per candidate donor.
+
+    ``peer_epochs`` reports the run's peers' epochs by peer ID (the donor's own report is left out);
+    ``model_check`` is the optional, costlier look at the model itself.
+    """
+
+    template: TensorTemplate
+    check_metadata: Callable[[Any], Verdict]
+    own_epoch: Callable[[], int]
+    peer_epochs: Callable[[], Mapping[str, int]] | None = None
+    epoch_slack: int = 10
+    model_check: Callable[[Any, Sequence[torch.Tensor], str], Verdict] | None = None
+
+    def __call__(self, metadata: Any, tensors: Any, donor: str) -> Verdict:
+        try:
+            for verdict in self._checks(metadata, tensors, donor):
+                if not verdict.ok:
+                    return verdict
+            return Verdict.good()
+        except Exception as exc:  # a check that trips over odd input still only rejects the state
+            return Verdict.bad("bad_state", f"could not be checked ({type(exc).__name__})")
+
+    def _checks(self, metadata: Any, tensors: Any, donor: str):  # type: ignore[no-untyped-def]
+        yield check_tensors(self.template, tensors)
+        yield self.check_metadata(metadata)
+        others = self.peer_epochs() if self.peer_epochs is not None else {}
+        yield plausible_epoch(metadata["epoch"], [e for peer, e in others.items() if peer != donor],
+                              own=self.own_epoch(), slack=self.epoch_slack)
+        if self.model_check is not None:
+            yield self.model_check(metadata, tensors, donor)

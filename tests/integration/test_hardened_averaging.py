@@ -1,0 +1,300 @@
+"""Hardened averagers against a plain-hivemind hostile peer, in one process on 127.0.0.1.
+
+Two honest :class:`HardenedAverager` s and one plain hivemind ``DecentralizedAverager`` that lies (the
+same schema, so hivemind puts them in one group).  Each test is bounded: every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import multiprocessing
+import time
+import uuid
+
+import hivemind
+import pytest
+import torch
+from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.utils import get_dht_time
+
+from p2ptrain.peergate import PeerGate
+from p2ptrain.robustreduce import ReduceRule, RoundReports
+from p2ptrain.safeaverager import HardenedAverager
+from p2ptrain.safestate import diloco_state_validator
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+LOOPBACK = {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "nat_port_map": False, "auto_nat": False}
+SHAPES = [(64, 16), (200,)]
+AVERAGER = dict(min_matchmaking_time=2.0, request_timeout=1.0, next_chunk_timeout=5.0, allreduce_timeout=20.0,
+                target_group_size=3, part_size_bytes=1024)  # small parts: every peer reduces a few
+
+
+@pytest.fixture(scope="module")
+def dhts():
+    started = []
+    try:
+        first = hivemind.DHT(start=True, **LOOPBACK)
+        started.append(first)
+        peers = [str(m) for m in first.get_visible_maddrs()]
+        for _ in range(2):
+            started.append(hivemind.DHT(start=True, initial_peers=peers, **LOOPBACK))
+        yield started
+    finally:
+        for dht in started:
+            dht.shutdown()
+
+
+class _Liar(hivemind.DecentralizedAverager):
+    """Plain hivemind: averages what it is given and serves whatever state it is told to.  It speaks
+    under the RPC names of hivemind's own class, as any peer running plain hivemind does."""
+
+    @classmethod
+    def _get_handle_name(cls, namespace, method_name):
+        return hivemind.DecentralizedAverager._get_handle_name.__func__(hivemind.DecentralizedAverager, namespace,
+                                                                        method_name)
+
+    def __init__(self, *args, state=None, **kwargs):
+        self._state = state
+        super().__init__(*args, **kwargs)
+
+    def get_current_state(self):
+        return self._state
+
+
+def _tensors(fill: float | None = None, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.full(s, fill) if fill is not None else torch.randn(s, generator=generator) for s in SHAPES]
+
+
+def _round(averagers, weights, timeout: float = 60.0):
+    """One simultaneous step of every averager; returns each one's gathered peers (or the exception)."""
+    when = get_dht_time() + 3.0
+    controls = [a.step(weight=w, scheduled_time=when, timeout=40.0, wait=False) for a, w in zip(averagers, weights,
+                                                                                                   strict=True)]
+    results = []
+    for control in controls:
+        try:
+            results.append(control.result(timeout=timeout))
+        except Exception as exc:  # a failed round is a result too
+            results.append(exc)
+    return results
+
+
+def _shutdown(*averagers):
+    with concurrent.futures.ThreadPoolExecutor(len(averagers)) as pool:
+        list(pool.map(lambda a: a.shutdown(), averagers))
+
+
+@pytest.mark.parametrize("attack", ["scaled", "nonfinite"])
+def test_a_lying_sender_is_rejected_named_excluded_and_the_honest_average_survives(dhts, attack):
+    prefix = f"robust{uuid.uuid4().hex[:6]}"
+    gates, reports = [PeerGate(), PeerGate()], [RoundReports(), RoundReports()]
+    honest_values = [_tensors(seed=1), _tensors(seed=2)]
+    evil = [t * 100 for t in _tensors(seed=3)] if attack == "scaled" else _tensors(fill=math.nan)
+    averagers = []
+    try:
+        for dht, gate, report, values in zip(dhts[:2], gates, reports, honest_values, strict=True):
+            averagers.append(HardenedAverager([t.clone() for t in values], dht, prefix=prefix, start=True, gate=gate,
+                                              reduce_rule=ReduceRule.for_gradients(max_weight=32.0),
+                                              round_reports=report, **AVERAGER))
+        liar = _Liar(evil, dhts[2], prefix=prefix, start=True, **AVERAGER)
+        averagers.append(liar)
+        liar_id = str(dhts[2].peer_id)
+
+        first = _round(averagers, [16.0, 16.0, 1e9])
+        assert all(isinstance(r, dict) and len(r) == 3 for r in first[:2]), first
+        expected = [(a + b) / 2 for a, b in zip(*honest_values, strict=True)]
+        for averager, own in zip(averagers[:2], honest_values, strict=True):
+            with averager.get_tensors() as tensors:
+                for tensor, mean, mine in zip(tensors, expected, own, strict=True):
+                    assert torch.isfinite(tensor).all()
+                    # every element is the honest mean, or (in the liar's share) our own value
+                    assert torch.all(torch.isclose(tensor, mean, atol=1e-5) | torch.isclose(tensor, mine, atol=1e-5))
+        for gate in gates:
+            kinds = {o.kind for o in gate.offenders() if o.peer_id == liar_id}
+            assert kinds & {"oversized_part", "nonfinite_part", "bad_result"}, gate.offenders()
+            assert gate.is_gated(liar_id)
+        report = reports[0].drain()
+        assert len(report) == 1 and report[0].ok and report[0].senders == 3
+        assert report[0].contributions_expected > 0
+        assert report[0].received_fraction == pytest.approx(2 / 3)
+        assert {peer for peer, _, _ in report[0].rejected} == {liar_id}
+
+        # The next round leaves the banned liar out: the honest pair averages on its own.
+        second = _round(averagers[:2], [16.0, 16.0])
+        for result in second:
+            assert isinstance(result, dict) and len(result) == 2 and liar_id not in {str(p) for p in result}, second
+    finally:
+        _shutdown(*averagers)
+
+
+def _diloco_state(epoch: int, inner_step: int, fill: float | None, count: int = 4):
+    params = _tensors(fill=fill) if fill is not None else _tensors(seed=7)
+    tensors = [*params, *[torch.zeros(s) for s in SHAPES]][:count]
+    return dict(epoch=epoch, inner_step=inner_step), tensors, None
+
+
+@pytest.mark.parametrize(("lie", "kind"), [
+    (dict(epoch=5000, inner_step=0, fill=0.0123), "implausible_epoch"),
+    (dict(epoch=12, inner_step=0, fill=math.nan), "bad_state"),
+    (dict(epoch=12, inner_step=-5, fill=0.5), "bad_state"),
+    (dict(epoch=12, inner_step=0, fill=0.5, count=3), "bad_state"),
+])
+def test_a_bad_donor_is_banned_and_the_next_donor_is_used(dhts, lie, kind):
+    prefix = f"donor{uuid.uuid4().hex[:6]}"
+    gate = PeerGate()
+    honest_state = _diloco_state(12, 2, None)
+    averagers = []
+    try:
+        liar = _Liar(_tensors(), dhts[2], prefix=prefix, start=True, state=_diloco_state(**lie), **AVERAGER)
+        liar.state_sharing_priority = 5000.0 if lie["epoch"] == 5000 else 100.0  # first in line
+        honest = _Liar(_tensors(), dhts[1], prefix=prefix, start=True, state=honest_state, **AVERAGER)
+        honest.state_sharing_priority = 12.0
+        averagers += [liar, honest]
+        liar_id, honest_id = str(dhts[2].peer_id), str(dhts[1].peer_id)
+        params = [torch.zeros(s) for s in SHAPES]
+        validator = diloco_state_validator(params, 5, own_epoch=lambda: 0,
+                                           peer_epochs=lambda: {liar_id: lie["epoch"], honest_id: 12})
+        joiner = HardenedAverager(_tensors(), dhts[0], prefix=prefix, start=True, gate=gate,
+                                  state_validator=validator, **AVERAGER)
+        averagers.append(joiner)
+        time.sleep(2.0)  # the donors declare themselves in the DHT
+        started = time.monotonic()
+        download = joiner.download_state(timeout=60.0)
+        assert time.monotonic() - started < 60.0
+        assert download is not None and download.donor == honest_id, joiner.last_download_rejections
+        assert download.metadata == {"epoch": 12, "inner_step": 2}
+        assert all(torch.equal(a, b) for a, b in zip(download.tensors, honest_state[1], strict=True))
+        [offender] = gate.offenders()
+        assert (offender.peer_id, offender.kind, offender.banned_until) == (liar_id, kind, None)
+        # Banned for the run: the next download goes straight to the honest donor.
+        again = joiner.load_state_from_peers(timeout=30.0)
+        assert again is not None and again[0]["epoch"] == 12
+        assert joiner.last_download_rejections == []
+    finally:
+        _shutdown(*averagers)
+
+
+def test_only_bad_donors_means_no_state_and_no_exception(dhts):
+    prefix = f"bad{uuid.uuid4().hex[:6]}"
+    gate = PeerGate()
+    averagers = []
+    try:
+        liar = _Liar(_tensors(), dhts[2], prefix=prefix, start=True, state=_diloco_state(3, 0, math.inf),
+                     **AVERAGER)
+        liar.state_sharing_priority = 3.0
+        absurd = _Liar(_tensors(), dhts[1], prefix=prefix, start=True, state=_diloco_state(3, 0, 0.5), **AVERAGER)
+        absurd.state_sharing_priority = float(2**40)  # an implausible priority: never even asked
+        averagers += [liar, absurd]
+        validator = diloco_state_validator([torch.zeros(s) for s in SHAPES], 5, own_epoch=lambda: 0)
+        joiner = HardenedAverager(_tensors(), dhts[0], prefix=prefix, start=True, gate=gate,
+                                  state_validator=validator, **AVERAGER)
+        averagers.append(joiner)
+        time.sleep(2.0)
+        assert joiner.load_state_from_peers(timeout=30.0) is None
+        assert [peer for peer, _ in joiner.last_download_rejections] == [str(dhts[2].peer_id)]
+        assert not gate.is_gated(str(dhts[1].peer_id))
+    finally:
+        _shutdown(*averagers)
+
+
+def test_both_hardened_honest_round_is_the_exact_weighted_mean(dhts):
+    prefix = f"honest{uuid.uuid4().hex[:6]}"
+    values = [_tensors(seed=4), _tensors(seed=5)]
+    reports = RoundReports()
+    averagers = []
+    try:
+        for dht, own, report in zip(dhts[:2], values, (reports, None), strict=True):
+            averagers.append(HardenedAverager([t.clone() for t in own], dht, prefix=prefix, start=True,
+                                              reduce_rule=ReduceRule.for_gradients(max_weight=64.0),
+                                              round_reports=report, **AVERAGER))
+        assert all(isinstance(r, dict) for r in _round(averagers, [8.0, 24.0]))
+        expected = [(8 * a + 24 * b) / 32 for a, b in zip(*values, strict=True)]
+        for averager in averagers:
+            with averager.get_tensors() as tensors:
+                assert all(torch.allclose(t, e, atol=1e-5) for t, e in zip(tensors, expected, strict=True))
+        [report] = reports.drain()
+        assert report.rejected == () and report.received_fraction == 1.0
+        assert report.results_received == report.results_expected
+    finally:
+        _shutdown(*averagers)
+
+
+def _training_averager(cls, dht, prefix, seed, **extra):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
+    return cls(dht=dht, prefix=prefix, start=True, params=model.parameters(),
+               optimizer=lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1),
+               scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0 / (1 + e)),
+               min_matchmaking_time=2.0, request_timeout=1.0, next_chunk_timeout=5.0, **extra)
+
+
+class _LyingTrainingStateAverager(TrainingStateAverager):
+    """Plain hivemind's state averager that claims an absurd epoch for a state of the right shape."""
+
+    @classmethod
+    def _get_handle_name(cls, namespace, method_name):
+        return TrainingStateAverager._get_handle_name.__func__(TrainingStateAverager, namespace,
+                                                                        method_name)
+
+    def get_current_state(self):
+        metadata, tensors, infos = super().get_current_state()
+        return dict(metadata, epoch=2**40), tensors, infos
+
+
+def test_safe_training_state_averager_rejects_a_huge_epoch_and_adopts_tensors_not_hyperparameters(dhts):
+    from p2ptrain.safestate import SafeTrainingStateAverager
+
+    prefix = f"tsa{uuid.uuid4().hex[:6]}"
+    gate = PeerGate()
+    averagers = []
+    try:
+        liar = _training_averager(_LyingTrainingStateAverager, dhts[2], prefix, seed=1)
+        liar.state_sharing_priority = 13.0  # plausible priority, absurd state
+        honest = _training_averager(TrainingStateAverager, dhts[1], prefix, seed=2)
+        honest.local_epoch = 12
+        honest.state_sharing_priority = 12.0
+        for group in honest.optimizer.param_groups:
+            group["weight_decay"], group["lr"] = 5.0, 1e9  # a donor's hyperparameters are not ours
+        averagers += [liar, honest]
+        joiner = _training_averager(SafeTrainingStateAverager, dhts[0], prefix, seed=3, gate=gate)
+        averagers.append(joiner)
+        time.sleep(2.0)
+        started = time.monotonic()
+        assert joiner.load_state_from_peers(timeout=60.0) is True
+        assert time.monotonic() - started < 60.0
+        assert joiner.local_epoch == 12 and joiner.scheduler.last_epoch == 12
+        group = joiner.optimizer.param_groups[0]
+        assert group["lr"] == pytest.approx(0.01 / 13) and group["weight_decay"] == 0.1
+        honest_params = [p for g in honest.optimizer.param_groups for p in g["params"]]
+        joined_params = [p for g in joiner.optimizer.param_groups for p in g["params"]]
+        assert all(torch.equal(a, b) for a, b in zip(joined_params, honest_params, strict=True))
+        [offender] = gate.offenders()
+        assert offender.peer_id == str(dhts[2].peer_id) and offender.kind == "bad_state"
+        assert f"epoch {2**40} is outside" in offender.reason
+    finally:
+        _shutdown(*averagers)
+
+
+def test_banned_peers_may_still_download_but_peers_not_admitted_may_not(dhts):
+    prefix = f"serve{uuid.uuid4().hex[:6]}"
+    # The predicate runs in the averager's forked process too: what it reads must be process-shared.
+    admitted = multiprocessing.get_context("fork").Value("b", 1)
+    gate = PeerGate(admission=lambda peer: bool(admitted.value))
+    averagers = []
+    try:
+        server = HardenedAverager(_tensors(seed=9), dhts[0], prefix=prefix, start=True, gate=gate, **AVERAGER)
+        client = _Liar(_tensors(), dhts[2], prefix=prefix, start=True, **AVERAGER)
+        averagers += [server, client]
+        gate.offend(str(dhts[2].peer_id), "bad_result", "test")  # banned: still served (it may be a drifted peer)
+        time.sleep(2.0)
+        served = client.load_state_from_peers(timeout=20.0)
+        assert served is not None and torch.equal(served[1][0], _tensors(seed=9)[0])
+        admitted.value = 0  # an invite run that does not admit it: never served
+        assert client.load_state_from_peers(timeout=20.0) is None
+    finally:
+        _shutdown(*averagers)

@@ -1,0 +1,139 @@
+"""hivemind's reducer and container, hardened: exercised on the event loop without any network."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+from hivemind.averaging.partition import BannedException
+
+from p2ptrain.allreduce_guard import CheckedTensorPartContainer, RobustTensorPartReducer
+from p2ptrain.robustreduce import ReduceRule
+
+
+def _run(coro):
+    return asyncio.new_event_loop().run_until_complete(coro)
+
+
+def _reducer(num_senders: int, parts: int = 2, size: int = 256, local: int | None = 0, **rule):
+    rejected: list[tuple[int, str, str]] = []
+    reducer = RobustTensorPartReducer([torch.Size([size])] * parts, num_senders, rule=ReduceRule(**rule),
+                                      local_sender=local, on_reject=lambda i, why: rejected.append((i, why.kind,
+                                                                                                    why.reason)))
+    return reducer, rejected
+
+
+async def _send(reducer, sender: int, parts: list[torch.Tensor], weight: float = 1.0):
+    results = []
+    try:
+        for index, part in enumerate(parts):
+            results.append(await reducer.accumulate_part(sender, index, part, weight=weight))
+    except BannedException:
+        results.append("banned")
+    return results
+
+
+def test_honest_senders_get_the_weighted_mean_for_every_part():
+    async def scenario():
+        reducer, rejected = _reducer(3)
+        data = {s: [torch.randn(256) + s, torch.randn(256) - s] for s in range(3)}
+        results = await asyncio.gather(*(_send(reducer, s, data[s], weight=float(s + 1)) for s in range(3)))
+        return reducer, rejected, data, results
+
+    reducer, rejected, data, results = _run(scenario())
+    for part in range(2):
+        expected = sum((s + 1) * data[s][part] for s in range(3)) / 6
+        for s in range(3):
+            assert torch.allclose(results[s][part], expected, atol=1e-5)
+    assert rejected == [] and reducer.contributions_accepted == 6 and reducer.finished.is_set()
+
+
+def test_a_nonfinite_sender_is_rejected_named_and_left_out_of_later_parts():
+    async def scenario():
+        reducer, rejected = _reducer(3)
+        good = {s: [torch.randn(256), torch.randn(256)] for s in (0, 1)}
+        bad = [torch.full((256,), math.nan), torch.randn(256)]
+        results = await asyncio.gather(_send(reducer, 0, good[0]), _send(reducer, 1, good[1]), _send(reducer, 2, bad))
+        return reducer, rejected, good, results
+
+    reducer, rejected, good, results = _run(scenario())
+    assert [(i, kind) for i, kind, _ in rejected] == [(2, "nonfinite_part")]
+    for part in range(2):
+        assert torch.allclose(results[0][part], (good[0][part] + good[1][part]) / 2, atol=1e-6)
+        assert torch.isfinite(results[1][part]).all()
+    assert results[2][-1] == "banned"  # its second part is refused
+    assert reducer.contributions_accepted == 4
+
+
+def test_inflated_weight_is_capped_before_mixing():
+    async def scenario():
+        reducer, _ = _reducer(2, parts=1, max_weight=10.0)
+        ours, theirs = torch.zeros(256), torch.ones(256)
+        return await asyncio.gather(_send(reducer, 0, [ours], 10.0), _send(reducer, 1, [theirs], 1e12))
+
+    results = _run(scenario())
+    assert torch.allclose(results[0][0], torch.full((256,), 0.5))  # capped to 10 vs 10, not 1e12 vs 10
+
+
+def test_a_wrong_shape_is_rejected_without_stalling_the_others():
+    async def scenario():
+        reducer, rejected = _reducer(3, parts=1)
+        parts = [torch.ones(256), torch.ones(256) * 3]
+        results = await asyncio.gather(_send(reducer, 0, [parts[0]]), _send(reducer, 1, [parts[1]]),
+                                       _send(reducer, 2, [torch.ones(7)]))
+        return rejected, results
+
+    rejected, results = _run(scenario())
+    assert rejected[0][:2] == (2, "malformed_part") and "shape (7,)" in rejected[0][2]
+    assert torch.allclose(results[0][0], torch.full((256,), 2.0)) and results[2] == ["banned"]
+
+
+def test_a_sender_failing_after_rejection_is_not_counted_out_twice():
+    async def scenario():
+        reducer, _ = _reducer(3, parts=2)
+        first = await asyncio.gather(*(reducer.accumulate_part(s, 0, torch.full((256,), math.nan if s == 2 else 1.0))
+                                       for s in range(3)))
+        reducer.on_sender_failed(2)  # what hivemind does when the rejected sender's stream ends
+        second = await asyncio.gather(*(reducer.accumulate_part(s, 1, torch.ones(256)) for s in range(2)))
+        return first, second, reducer
+
+    first, second, reducer = _run(scenario())
+    assert all(torch.allclose(r, torch.ones(256)) for r in [*first, *second])
+    assert reducer.finished.is_set()
+
+
+def test_checked_container_refuses_a_poisoned_average_and_keeps_our_values():
+    async def scenario():
+        bad: list[tuple[int, str]] = []
+        tensors = [torch.randn(4096)]
+        container = CheckedTensorPartContainer(tensors, (1.0, 1.0), rule=ReduceRule(), local_index=0,
+                                               on_bad_result=lambda index, reason: bad.append((index, reason)),
+                                               part_size_bytes=2048 * 4)
+        theirs = len(container._input_parts_by_peer[1])
+        for index in range(container.num_parts_by_peer[0]):
+            container.register_processed_part(0, index, torch.full((2048,), 0.25))
+        for index in range(theirs):
+            container.register_processed_part(1, index, torch.full((2048,), math.nan))
+        outputs = [t async for t in container.iterate_output_tensors()]
+        return bad, outputs, container
+
+    bad, outputs, container = _run(scenario())
+    assert len(bad) == 1 and bad[0][0] == 1 and "NaN" in bad[0][1]
+    delta = outputs[0]
+    assert torch.isfinite(delta).all()
+    assert torch.allclose(delta[:2048], torch.full((2048,), 0.25)) and torch.all(delta[2048:] == 0)
+    assert container.failed_size == 2048
+
+
+@pytest.mark.parametrize("local", [None, 1])
+def test_nobody_usable_returns_our_part_or_zeros(local):
+    async def scenario():
+        reducer, _ = _reducer(2, parts=1, local=local)
+        nan = torch.full((256,), math.nan)
+        return await asyncio.gather(_send(reducer, 0, [nan]), _send(reducer, 1, [torch.ones(256)] if local else [nan]))
+
+    results = _run(scenario())
+    expected = torch.ones(256) if local == 1 else torch.zeros(256)
+    assert torch.allclose(results[0][0], expected)

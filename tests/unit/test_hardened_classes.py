@@ -1,0 +1,105 @@
+"""The hardened hivemind subclasses without a network: wire compatibility and robust swarm progress."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import hivemind
+import pytest
+from hivemind.optim.grad_averager import GradientAverager
+from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.p2p import PeerID
+
+from p2ptrain.peergate import PeerGate
+from p2ptrain.robustprogress import RobustProgressTracker
+from p2ptrain.safeaverager import HardenedAverager, HardenedGradientAverager
+from p2ptrain.safestate import SafeTrainingStateAverager
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [
+    (HardenedAverager, hivemind.DecentralizedAverager),
+    (HardenedGradientAverager, GradientAverager),
+    (SafeTrainingStateAverager, TrainingStateAverager),
+])
+def test_hardened_averagers_speak_hivemind_wire_names_and_stream_kinds(ours, theirs):
+    """hivemind names RPCs after the class and reads streaming from typing annotations: a subclass must
+    keep both, or it silently stops averaging with every node running the class it replaces."""
+    theirs._collect_rpc_handlers()  # the parent first: its cached stubs must not leak into ours
+    ours._collect_rpc_handlers()
+    assert "_rpc_handlers" in ours.__dict__
+
+    def by_name(cls):
+        return sorted(cls._rpc_handlers, key=lambda h: h.method_name)
+
+    assert by_name(ours) == by_name(theirs) and len(by_name(ours)) == 3
+    for handler in ours._rpc_handlers:
+        name = handler.method_name
+        assert ours._get_handle_name("run", name) == theirs._get_handle_name("run", name)
+    assert ours._stub_type.__name__ == f"{ours.__name__}Stub"  # made for our class, not inherited
+
+
+def _peer(n: int) -> bytes:
+    return PeerID(b"\x12\x20" + bytes([n]) * 32).to_bytes()
+
+
+class _FakeDht:
+    client_mode = False
+
+    def __init__(self) -> None:
+        self.peer_id = PeerID(_peer(0))
+
+    def add_validators(self, validators) -> None:
+        pass
+
+    def get(self, *args, **kwargs):
+        return None
+
+
+def _entry(peer: int, epoch: int, samples: int = 10, rate: float = 5.0, client: bool = False):
+    return SimpleNamespace(value={"peer_id": _peer(peer), "epoch": epoch, "samples_accumulated": samples,
+                                  "samples_per_second": rate, "time": 1.0e12, "client_mode": client})
+
+
+def _tracker(gate: PeerGate | None = None) -> RobustProgressTracker:
+    return RobustProgressTracker(_FakeDht(), "run", 100, start=False, gate=gate)
+
+
+def test_one_peer_claiming_a_huge_epoch_moves_nothing_and_claims_are_bounded():
+    tracker = _tracker()
+    tracker.local_progress = tracker._get_local_progress(10, 0)
+    metadata = {b"a": _entry(1, 10, samples=40), b"b": _entry(2, 11, samples=30), b"c": _entry(3, 2**40),
+                b"d": _entry(4, 11, samples=10**12, rate=1e30)}
+    progress = tracker._parse_swarm_progress_data(metadata)
+    assert progress.epoch == 11
+    assert progress.samples_accumulated == 30 + 100  # peer 4's claim counts at most one target batch
+    assert progress.num_peers == 3  # the out-of-range entry is dropped
+    assert tracker.peer_epochs == {str(PeerID(_peer(n))): e for n, e in ((1, 10), (2, 11), (4, 11))}
+
+
+def test_a_ban_takes_effect_without_waiting_for_the_next_fetch():
+    gate = PeerGate()
+    tracker = _tracker(gate)
+    tracker.global_progress = tracker._parse_swarm_progress_data({b"a": _entry(1, 40), b"b": _entry(2, 41)})
+    assert tracker.global_epoch == 41
+    gate.offend(PeerID(_peer(2)), "implausible_epoch", "test")
+    assert tracker.global_epoch == 40
+    assert str(PeerID(_peer(2))) not in tracker.peer_epochs
+
+
+def test_after_a_failed_sync_a_lone_claim_is_not_believed_for_a_while():
+    tracker = _tracker()
+    tracker.global_progress = tracker._parse_swarm_progress_data({b"a": _entry(1, 5000)})
+    assert tracker.global_epoch == 5000  # a run of one: followed, and the download will check it
+    tracker.distrust_unsupported(60.0)
+    assert tracker.global_epoch == 0
+    tracker.global_progress = tracker._parse_swarm_progress_data({b"a": _entry(1, 7), b"b": _entry(2, 8)})
+    assert tracker.global_epoch == 8  # agreement is still believed
+
+
+def test_no_entries_and_duplicate_peer_entries():
+    tracker = _tracker()
+    assert tracker._parse_swarm_progress_data(None).num_peers == 0
+    newer = _entry(1, 7)
+    newer.value["time"] = 2.0e12
+    progress = tracker._parse_swarm_progress_data({b"a": _entry(1, 5), b"b": newer})
+    assert progress.num_peers == 1 and progress.epoch == 7  # one peer, its newest entry
