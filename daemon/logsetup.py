@@ -155,4 +155,5 @@ def configure_logging(
     root.setLevel(logging.WARNING)
     set_log_level(level)
     logging.captureWarnings(True)
+    _NOISE.start_summaries()
     return handler

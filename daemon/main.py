@@ -10,12 +10,14 @@ takes the new version up); 1 the swarm could not be joined or the node failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import resource
 import signal
-import threading
+import sys
 from types import FrameType
+from typing import NoReturn
 
 from p2ptrain.config import ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.children import tie_children_to_this_process
@@ -28,10 +30,6 @@ from p2ptrain.daemon.systemd import SystemdNotifier
 from p2ptrain.ownedrun import apply_run_flags
 
 logger = logging.getLogger("p2ptrain.daemon")
-
-#: Seconds the process may take to exit once the node has stopped.
-EXIT_DEADLINE = 15.0
-
 
 def _install_signal_handlers(node: Node) -> None:
     """Handlers only record; the loop acts between steps. A second SIGINT/SIGTERM exits at once."""
@@ -70,7 +68,7 @@ def raise_open_files_limit() -> tuple[int, int]:
     return soft, target
 
 
-def run_node(args: argparse.Namespace) -> int:
+def run_node(args: argparse.Namespace) -> NoReturn:
     def run_flags(loaded: NodeConfig) -> NodeConfig:
         return apply_run_flags(loaded, args.run_ref, args.manifest)
 
@@ -89,22 +87,19 @@ def run_node(args: argparse.Namespace) -> int:
     hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ(os.environ), run_flags=run_flags)
     node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks)
     _install_signal_handlers(node)
-    code = node.run()
-    _guard_process_exit(code)
-    return code
+    _end_process(node.run())
 
 
-def _guard_process_exit(code: int, deadline: float = EXIT_DEADLINE) -> None:
-    """The node is done; make sure the process ends too.  Interpreter shutdown runs atexit hooks of
-    libraries (multiprocessing joins its children) that can wait on a helper that never exits; a
-    daemon timer ends the process with the node's own exit code if that takes longer than
-    ``deadline`` (it dies unnoticed with a process that exits in time)."""
+def _end_process(code: int) -> NoReturn:
+    """The node has stopped and closed what it owns: end the process here, with the node's exit code.
 
-    def force() -> None:
-        logger.warning("the process did not exit %.0fs after the node stopped: exiting now", deadline)
-        logging.shutdown()
-        os._exit(code)
-
-    timer = threading.Timer(deadline, force)
-    timer.daemon = True
-    timer.start()
+    Interpreter shutdown would go on to run finalizers of hivemind's objects (asyncio reporting a
+    dying event loop from a garbage collection, multiprocessing joining helpers) at a point where
+    no other thread can run any more; one of them has waited there for good, the node already
+    STOPPED and its final checkpoint on disk.  Forked helpers die with this process (PDEATHSIG).
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

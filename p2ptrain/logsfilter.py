@@ -16,6 +16,12 @@ INFO line says so::
 hivemind runs much of its work in forked helper processes (DHT, averagers) that inherit the
 logging setup, this filter included; each process tallies and reports its own records (a child
 starts with an empty tally).
+
+The filter never starts a thread: it runs wherever a record is logged, and that includes the
+interpreter's last moments (asyncio reports a dying event loop from a garbage collection during
+shutdown), when a thread that is started never runs and ``Thread.start`` waits for it for good.
+A window that is due is reported by the next hidden record, and the daemon's one summary thread
+(:meth:`SwarmNoiseFilter.start_summaries`, started at set-up) reports it when the swarm goes quiet.
 """
 
 from __future__ import annotations
@@ -40,7 +46,6 @@ _PARTIAL = re.compile(r"Reducer: received (\d+(?:\.\d+)?)% of input tensors")
 #: Set on a record once judged, so the second handler neither re-counts nor re-judges it.
 _VERDICT = "_p2ptrain_noise_verdict"
 
-Scheduler = Callable[[float, Callable[[], None]], object]
 _summary_logger = logging.getLogger("p2ptrain.swarmlog")
 _filters: weakref.WeakSet[SwarmNoiseFilter] = weakref.WeakSet()
 
@@ -71,27 +76,20 @@ def _is_hivemind_warning(record: logging.LogRecord) -> bool:
     return f"{os.sep}hivemind{os.sep}" in text.split(":", 1)[0]
 
 
-def _daemon_timer(delay: float, action: Callable[[], None]) -> object:
-    timer = threading.Timer(delay, action)
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
 class SwarmNoiseFilter(logging.Filter):
     """Demotes hivemind/asyncio records to DEBUG, passes them only at ``level`` DEBUG, and tallies them.
 
-    ``schedule(delay, action)`` arranges the next summary (default: a daemon timer); ``clock`` is
+    A summary covers a window of ``every`` seconds from the first hidden record; ``clock`` is
     monotonic time for the window's length.
     """
 
     def __init__(self, level: int = logging.INFO, *, every: float = SUMMARY_EVERY,
-                 clock: Callable[[], float] = time.monotonic, schedule: Scheduler = _daemon_timer) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.level = level
         self.every = every
         self._clock = clock
-        self._schedule = schedule
+        self._summaries: threading.Thread | None = None
         self._lock = threading.Lock()
         self._reset_tally()
         _filters.add(self)
@@ -102,13 +100,32 @@ class SwarmNoiseFilter(logging.Filter):
         self._partial = 0
         self._warnings = 0
         self._errors = 0
-        self._pending = False
 
     def after_fork(self) -> None:
         """In a new child: its lock may have been held by another thread, and the parent's tally is
         the parent's to report."""
         self._lock = threading.Lock()
         self._reset_tally()
+
+    def start_summaries(self) -> None:
+        """Start this process's one summary thread (idempotent): it reports a due window even when
+        no further record arrives.  Called at set-up, never from :meth:`filter`."""
+        if self._summaries is not None and self._summaries.is_alive():
+            return
+        self._summaries = threading.Thread(target=self._report_due_windows, name="p2ptrain-log-summary",
+                                           daemon=True)
+        self._summaries.start()
+
+    def _report_due_windows(self) -> None:
+        while True:
+            time.sleep(min(self.every, 30.0))
+            self.flush_if_due()
+
+    def flush_if_due(self) -> str | None:
+        """:meth:`flush` when the current window is ``every`` seconds old; None otherwise."""
+        with self._lock:
+            due = self._window_start is not None and self._clock() - self._window_start >= self.every
+        return self.flush() if due else None
 
     def set_level(self, level: int) -> None:
         self.level = level
@@ -145,16 +162,12 @@ class SwarmNoiseFilter(logging.Filter):
                 self._errors += 1
             else:
                 self._warnings += 1
-            start_timer = not self._pending
-            self._pending = True
-        if start_timer:
-            self._schedule(self.every, self.flush)
+        self.flush_if_due()
 
     def flush(self) -> str | None:
         """Log (at INFO) and return the summary of what was hidden since the last one; None if nothing."""
         with self._lock:
             if self._window_start is None:
-                self._pending = False
                 return None
             elapsed = self._clock() - self._window_start
             partial, fractions, warnings, errors = self._partial, self._fractions, self._warnings, self._errors

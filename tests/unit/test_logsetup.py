@@ -6,7 +6,9 @@ import io
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -240,10 +242,27 @@ def test_forked_helper_processes_inherit_the_quiet(tmp_path: Path, level: str) -
         hivemind_logging.use_hivemind_log_handler("in_hivemind")
 
 
+@contextmanager
+def _captured(name: str) -> Iterator[list[str]]:
+    """The messages logged to ``name`` inside the block."""
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def test_noise_filter_tallies_one_window_at_a_time() -> None:
     now = [100.0]
-    scheduled: list[float] = []
-    noise = SwarmNoiseFilter(every=300.0, clock=lambda: now[0], schedule=lambda delay, _action: scheduled.append(delay))
+    noise = SwarmNoiseFilter(every=300.0, clock=lambda: now[0])
+    threads_before = threading.active_count()
 
     def record(name: str, level: int, message: str) -> logging.LogRecord:
         return logging.LogRecord(name, level, __file__, 1, message, None, None)
@@ -258,12 +277,17 @@ def test_noise_filter_tallies_one_window_at_a_time() -> None:
     for _ in range(3):
         noise.filter(record("hivemind.averaging.partition", logging.WARNING,
                             "Reducer: received 66.7% of input tensors"))
-    assert scheduled == [300.0]  # one summary per window, however much was hidden
+    assert threading.active_count() == threads_before  # a filter never starts a thread
+    assert noise.flush_if_due() is None  # the window is not over yet
     now[0] += 610.0
-    assert noise.flush() == ("hivemind: 3 partial reductions (median 67% received) and 1 error hidden in the "
-                             "last 10 min (--log-level debug shows them)")
+    assert noise.flush_if_due() == ("hivemind: 3 partial reductions (median 67% received) and 1 error hidden in "
+                                    "the last 10 min (--log-level debug shows them)")
+    assert noise.flush() is None  # one summary per window, however much was hidden
     noise.filter(record("asyncio", logging.WARNING, "slow callback"))
-    assert scheduled == [300.0, 300.0]
+    now[0] += 301.0
+    with _captured("p2ptrain.swarmlog") as said:
+        noise.filter(record("asyncio", logging.WARNING, "the next hidden record reports the due window"))
+    assert said == ["hivemind: 2 warnings hidden in the last 5 min (--log-level debug shows them)"]
     noise.after_fork()  # a forked child starts with nothing to report
     assert noise.flush() is None
     noise.set_level(logging.DEBUG)
