@@ -147,6 +147,7 @@ class ShardStream:
             "format": POSITION_FORMAT, "source": self.source, "lane_bytes": self.lane_bytes,
             "pass": self.pass_number, "done": list(self.done), "failed": list(self.failed),
             "lanes": [[lane.shard or "", lane.offset, lane.index] for lane in self.lanes], "draws": self.draws,
+            "windows": self._windows_this_pass,
             "skipped_total": self.skipped_total, "malformed_total": self.malformed_total,
             "bad_records_total": self.bad_records_total,
         }
@@ -174,6 +175,9 @@ class ShardStream:
         self.failed = [shard for shard in state["failed"] if shard in self._shards]
         self._seen = set(self.done) | set(self.failed)
         self.draws = state["draws"]
+        # Windows handed out this pass: what lets a restart be checked for skipped or repeated samples.
+        windows = state.get("windows", 0)
+        self._windows_this_pass = windows if _is_count(windows) else 0
         resized = state["lane_bytes"] != self.lane_bytes
         for lane, (shard, offset, index) in zip(self.lanes, state["lanes"], strict=True):
             if shard in self._shards:
