@@ -16,6 +16,7 @@ from typing import Any
 
 import hivemind
 import torch
+from hivemind.averaging.control import AveragingStage
 
 from p2ptrain.admission_averager import Admission, AdmittingOptimizerMixin
 from p2ptrain.compression import wire_bytes
@@ -43,6 +44,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         self._retry_sync_after = retry_sync_after
         self._last_failed_sync = -math.inf
         self._adopted = False
+        self._left_mid_round = False
         super().__init__(*args, **kwargs)
         self._payload_bytes = wire_bytes(sum(p.numel() for p in self._parameters()), wire_format)
         self._bound_state_download()
@@ -98,6 +100,20 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
     def flush(self) -> None:
         """Nothing to land: a delayed optimizer step is applied by hivemind at the next step."""
 
+    def shutdown(self) -> None:
+        """Leave without waiting out a round nobody will join.
+
+        hivemind's shutdown first waits for the delayed optimizer step, which waits for this
+        epoch's gradient round; when the partners are leaving too, that round looks for a group
+        until its averaging timeout.  Cancelling it is safe here (the process never matches again,
+        see the note on cancelled rounds below) and the local gradients are applied instead.
+        """
+        control = self.scheduled_grads
+        if control is not None and not control.done() and control.stage == AveragingStage.LOOKING_FOR_GROUP:
+            self._left_mid_round = True
+            control.cancel()
+        super().shutdown()
+
     def apply_training(self, cfg: TrainingSection) -> None:
         retune(self.state_averager.optimizer, self.state_averager.scheduler, cfg,
                warmup_cosine(cfg.warmup_epochs, cfg.total_epochs))
@@ -127,6 +143,9 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         super()._average_gradients_and_load_into_optimizer(maybe_step_control)
         if maybe_step_control is None:
             return  # alone in the swarm: no round was attempted
+        if self._left_mid_round and maybe_step_control.cancelled():
+            logger.info("left before the last averaging round found a group; its gradients were applied locally")
+            return
         ok = maybe_step_control.done() and not maybe_step_control.cancelled() \
             and maybe_step_control.exception() is None
         report = RoundReport(ok=ok, duration=time.perf_counter() - started,
