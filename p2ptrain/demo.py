@@ -77,10 +77,7 @@ class DemoRun:
                     self.first_val_loss = status.val_loss
 
     def stop_all(self) -> None:
-        for node in self.nodes:
-            node.signal(15)
-        for node in self.nodes:
-            node.stop(timeout=30)
+        LocalNode.stop_all(self.nodes, timeout=30)
 
 
 def _fmt(value: float | None, spec: str) -> str:
