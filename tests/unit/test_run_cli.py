@@ -64,6 +64,25 @@ def test_init_records_the_model_fingerprint(tmp_path: Path, monkeypatch, capsys)
     assert manifest.task["d_model"] == 16 and manifest.training["lr"] == 3e-4 and "threads" not in manifest.training
 
 
+def test_a_task_update_records_the_new_model_s_fingerprint(tmp_path: Path, monkeypatch, capsys):
+    from p2ptrain.config import NodeConfig
+    from p2ptrain.run_cli import choose_fingerprint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "node.toml").write_text('[task]\nd_model = 16\nn_layers = 1\nn_heads = 2\nseq_len = 16\n')
+    assert main(["run", "init", "fp", "--from-config", "node.toml"]) == 0
+    path = tmp_path / "fp" / "manifest.toml"
+    before = read_manifest_file(path).fingerprint
+    capsys.readouterr()
+    assert main(["run", "update", str(path), "--set", "task.d_model=32"]) == 0
+    after = read_manifest_file(path)
+    expected = choose_fingerprint("auto", NodeConfig.model_validate({"task": after.task, "training": after.training}))
+    assert before is not None and after.fingerprint == expected != before
+    assert f"run.fingerprint: {before!r} -> {expected!r}  (nodes restart to apply it)" in capsys.readouterr().out
+    assert main(["run", "update", str(path), "--set", "training.lr=1e-4"]) == 0  # the model stays: so does it
+    assert read_manifest_file(path).fingerprint == expected
+
+
 def test_init_bad_input_writes_nothing(tmp_path: Path, monkeypatch, capsys, run_dir):
     (tmp_path / "bad.toml").write_text("[training]\nlr = -1\n")
     before = _snapshot(tmp_path)
@@ -96,6 +115,10 @@ def test_show_bad_input(run_dir: Path, capsys):
 
 def test_invite_prints_a_token_that_verifies(run_dir: Path, capsys):
     ref = _ref(run_dir)
+    _fails(["run", "invite", str(ref), PEER], capsys, rf"^p2ptrain: config error: run {ref} is open to everyone "
+           r"\(manifest version 1\): nobody needs an invite.*p2ptrain run update demo/manifest\.toml --private$")
+    assert main(["run", "update", "demo", "--private"]) == 0
+    capsys.readouterr()
     assert main(["run", "invite", str(ref), PEER, "--days", "2"]) == 0  # the key found at ./demo/owner.key
     captured = capsys.readouterr()
     token = captured.out.strip()
@@ -106,6 +129,8 @@ def test_invite_prints_a_token_that_verifies(run_dir: Path, capsys):
 
 def test_invite_bad_input(run_dir: Path, tmp_path: Path, capsys):
     ref = _ref(run_dir)
+    assert main(["run", "update", "demo", "--private"]) == 0
+    capsys.readouterr()
     _fails(["run", "invite", "demo", "not-a-peer"], capsys, r"peer ID 'not-a-peer': not a libp2p peer ID")
     _fails(["run", "invite", "demo", PEER, "--days", "-1"], capsys, r"--days -1: must be more than 0")
     _fails(["run", "invite", str(ref), PEER, "--key", "nope.key"], capsys, r"owner key nope.key: no such file")
