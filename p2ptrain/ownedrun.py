@@ -52,6 +52,8 @@ class RunPlan:
     #: config merged before (what the node's config sets is what it says).
     local: NodeConfig | None = None
     store: ManifestStore | None = None
+    #: Where ``manifest`` came from, in words (``run show`` / ``config check``).
+    source: str = ""
 
     def dht_kwargs(self) -> dict[str, Any]:
         """Extra ``hivemind.DHT`` keyword arguments (the authorizer of an invite run)."""
@@ -140,6 +142,7 @@ def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = 
         ref = from_file.ref
     store = ManifestStore(config.state_dir(), ref)
     manifest = _newest(from_file, store.load())
+    source = f"file {swarm.manifest}" if manifest is not None and manifest is from_file else f"file {store.path}"
     if from_file is not None and manifest is not from_file:
         assert manifest is not None
         logger.info("run %s: the manifest file %s holds version %d, this node already followed version %d: "
@@ -160,7 +163,7 @@ def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = 
     from p2ptrain.rundht import run_validators  # hivemind
 
     plan = RunPlan(merged or unmerged, ref, manifest, gate, validators=run_validators(ref), local=config,
-                   store=store)
+                   store=store, source=source if manifest is not None else "")
     if swarm.invite is not None:
         current = clock() if now is None else now
         try:
@@ -199,6 +202,7 @@ class RunKeeper:
         self._file_seen = _file_stamp(self._file)
         self._admitted: frozenset[str] = frozenset({plan.authorizer.peer_id} if plan.authorizer else ())
         self._pending: dict[str, tuple[Any, float]] = {}
+        self._told: set[str] = set()  # excluded peers handed the manifest that excludes them
         self._next_poll = 0.0
         self._next_members = 0.0
         self._next_publish = 0.0
@@ -368,11 +372,19 @@ class RunKeeper:
         self.plan.gate.update(policy, self._admitted, excluded)  # type: ignore[arg-type]
         if excluded:
             from p2ptrain.dhtauth import forget_peers
+            from p2ptrain.rundht import tell_excluded
 
             try:
                 forget_peers(self._dht, excluded)
             except Exception as exc:  # the DHT's process is busy or gone: the authorizer still refuses them
                 logger.debug("could not drop excluded peers from the routing table: %s", exc)
+            untold = excluded - self._told - ({self.plan.authorizer.peer_id} if self.plan.authorizer else set())
+            if manifest is not None and untold:
+                self._told |= untold
+                try:  # so that a peer our DHT no longer answers still learns it was excluded, and stops
+                    tell_excluded(self._dht, manifest, untold)
+                except Exception as exc:
+                    logger.debug("could not hand the manifest to excluded peers: %s", exc)
 
     def _finished(self, name: str, now: float) -> Any:
         pending = self._pending.get(name)

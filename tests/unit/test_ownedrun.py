@@ -32,6 +32,7 @@ class MemoryDHT:
     def __init__(self) -> None:
         self.data: dict[str, dict[Any, Any]] = {}
         self.gets = 0
+        self.coroutines: list[Any] = []
 
     @staticmethod
     def _done(value: Any) -> Future:
@@ -49,6 +50,7 @@ class MemoryDHT:
         return self._done(found) if return_future else found
 
     def run_coroutine(self, coro, return_future=False):
+        self.coroutines.append(coro)
         return 0
 
 
@@ -177,6 +179,11 @@ def test_keeper_fetches_merges_follows_updates_and_members(tmp_path, owner):
     offer = keeper.poll()
     assert offer is not None and offer.change.fields == ["admission.revoked"]
     assert not plan.gate(OTHER) and plan.gate(me)
+    told = [c for c in dht.coroutines if getattr(c, "func", None) is not None and c.func.__name__ == "_store_on"]
+    assert len(told) == 1 and told[0].args[0] == [OTHER]  # handed the manifest that revokes it, once
+    keeper._refresh_gate()
+    assert len([c for c in dht.coroutines if getattr(c, "func", None) is not None
+                and c.func.__name__ == "_store_on"]) == 1
 
 
 def test_command_line_flags_win_over_the_config(tmp_path, owner):

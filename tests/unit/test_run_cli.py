@@ -211,3 +211,24 @@ def test_config_check_shows_the_manifest_a_node_would_use(run_dir: Path, tmp_pat
            r"^p2ptrain: config error: training\.lr: this node's config says 0\.5 "
            rf"but run {re.escape(str(ref))} \(manifest version 1\) says 0\.001")
     assert not (tmp_path / "state").exists()
+
+
+def test_config_check_runs_the_node_s_data_checks_on_the_merged_config(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("the owner's data\n" * 50)
+    (tmp_path / "owner.toml").write_text('[task]\ndata_path = "corpus.txt"\ncache_dir = "/owner/cache"\n')
+    assert main(["run", "init", "ld", "--from-config", "owner.toml", "--fingerprint", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "every volunteer must set task.data_path to its own copy" in out
+    manifest = read_manifest_file(tmp_path / "ld" / "manifest.toml")
+    assert manifest.local_data and "/owner/cache" not in (tmp_path / "ld" / "manifest.toml").read_text()
+
+    node = tmp_path / "node.toml"
+    node.write_text('[node]\nstate_dir = "state"\n[swarm]\nmanifest = "ld/manifest.toml"\n')
+    _fails(["config", "check", str(node)], capsys, r"^p2ptrain: config error: task\.data_path: run ld@\w+ \(manifest "
+           r"version 1\) trains on data each node keeps itself .*set task\.data_path in this node's config")
+    (tmp_path / "mine.txt").write_text("a volunteer's copy\n" * 50)
+    node.write_text(node.read_text() + '[task]\ndata_path = "mine.txt"\ncache_dir = "cache"\n')
+    assert main(["config", "check", str(node)]) == 0
+    assert "data         each node's own copy" in capsys.readouterr().out
+    assert not (tmp_path / "state").exists()
