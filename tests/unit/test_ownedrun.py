@@ -318,3 +318,14 @@ def test_a_stored_manifest_that_does_not_verify_is_ignored_with_a_warning(tmp_pa
     assert plan.manifest == manifest
     assert "ignoring the stored manifest of run owned@" in caplog.text and "signature does not verify" in caplog.text
     assert ManifestStore(state, manifest.ref).save(manifest) and read_manifest_file(stored) == manifest
+
+
+def test_the_owner_s_own_node_in_an_invite_run_is_told_how_to_invite_itself(tmp_path, owner):
+    key, manifest = owner
+    private = dataclasses.replace(manifest, policy="invite").signed(key)
+    path = _write(tmp_path, private)
+    key.save(tmp_path / "owner.key")  # the run's directory, as p2ptrain run init leaves it
+    with pytest.raises(ConfigError, match=rf"^swarm\.invite: run owned@\w+ \(manifest version 1\) is invite-only, its "
+                                          rf"owner's nodes too: invite this node with p2ptrain run invite {path} "
+                                          r"PEER_ID \(PEER_ID: what p2ptrain run peer-id --config"):
+        prepare_run(_config(tmp_path, manifest=path), tmp_path / "id.key")
