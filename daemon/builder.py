@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.checkpoint import CheckpointStore
-from p2ptrain.config import NodeConfig
+from p2ptrain.config import ConfigError, NodeConfig
 from p2ptrain.daemon.checkpointer import Checkpointer
 from p2ptrain.daemon.faults import with_faults
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.fingerprint import model_fingerprint
+from p2ptrain.manifest_source import fetch_before_join
 from p2ptrain.optim import bandwidth_hint, build_optimizer
-from p2ptrain.ownedrun import RunKeeper, RunPlan, prepare_run
+from p2ptrain.ownedrun import RunKeeper, RunPlan, prepare_run, settle
 from p2ptrain.rejoin import Rejoiner
 from p2ptrain.rollback import NonFiniteRollback
 from p2ptrain.swarm import (
@@ -111,6 +112,18 @@ class NodeBuilder:
         Its admission gate is created here, before hivemind forks the DHT and the averagers.
         """
         return prepare_run(config, identity_path(state_dir))
+
+    def fetch_manifest(self, plan: RunPlan, initial_peers: Sequence[str], stopper: Stopper) -> RunPlan:
+        """The one-line join: the run's manifest fetched from the swarm and settled into the plan
+        before the node writes anything, so a config it contradicts leaves the state dir untouched."""
+        if not initial_peers:
+            raise ConfigError(f"swarm.initial_peers: run {plan.ref} has no manifest here (swarm.manifest, or one this "
+                              "node kept from an earlier start) and no peer to fetch it from: give --join ADDR "
+                              "(or swarm.initial_peers), or the manifest file with --manifest FILE")
+        manifest = fetch_before_join(plan.ref, initial_peers, timeout=plan.config.swarm.bootstrap_timeout,
+                                     stop=stopper, dht_options=plan.dht_kwargs(), invited=plan.authorizer is not None)
+        logger.info("run %s: fetched manifest version %d from the swarm", plan.ref, manifest.version)
+        return settle(plan, manifest)
 
     def join(self, config: NodeConfig, state_dir: Path, initial_peers: Callable[[], Sequence[str]],
              validators: list[Any], stopper: Stopper, wall_clock: Callable[[], float],

@@ -34,6 +34,7 @@ from p2ptrain.daemon.loop import PAUSED_WAIT, TrainingLoop
 from p2ptrain.daemon.runfollow import RunFollower, describe_figures
 from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures
 from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.errors import error_line
 from p2ptrain.manifest_source import SourceUnavailable
 from p2ptrain.ownedrun import RunKeeper, RunPlan
 from p2ptrain.proc import descendants, signal_all
@@ -141,8 +142,11 @@ class Node:
         """Run the node to its end; the exit code says how it ended (one line on stderr if badly)."""
         try:
             state_dir = self.config.state_dir()
-            # An owned run's manifest file and invite are checked before anything is written.
+            # An owned run's manifest and invite are checked before anything is written: the file
+            # (or the version kept from an earlier start), else the swarm's, fetched for it.
             self.plan = self.builder.prepare(self.config, state_dir)
+            if self.plan is not None and self.plan.manifest is None:
+                self.plan = self.builder.fetch_manifest(self.plan, self.initial_peers(), self.stopper)
             if self.plan is not None:
                 self._use_config(self.plan.config)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -297,7 +301,7 @@ class Node:
 
 
 def _fail(error: BaseException, code: int) -> int:
-    print(f"p2ptrain: {error}", file=sys.stderr)
+    print(error_line(error), file=sys.stderr)
     return code
 
 

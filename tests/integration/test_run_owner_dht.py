@@ -34,6 +34,7 @@ from p2ptrain.rundht import (
     members_key,
     publish_manifest,
     publish_membership,
+    tell_excluded,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -166,3 +167,10 @@ def test_invite_run_dht_admits_invited_peers_only_and_cuts_off_revoked_ones(dhts
     owner.store("after-revocation", b"v2", get_dht_time() + 60)
     assert invited.get("after-revocation", latest=True) is None
     assert authorizers["owner"].refused_total > refused_before
+
+    # Cut off as it is, the revoked peer is handed the version that revokes it, straight into its own
+    # DHT (which checks the owner's signature), so it can stop instead of training on alone.
+    revoking = dataclasses.replace(new_manifest(key, "private-run", TaskSection(), TrainingSection(), policy="invite"),
+                                   revoked=(peers["invited"],)).signed(key)
+    assert tell_excluded(owner, revoking, [peers["invited"]]).result(timeout=15) == 1
+    assert fetch_manifest(invited, ref).manifest == revoking

@@ -358,7 +358,8 @@ def test_a_stop_while_syncing_skips_training_but_still_checkpoints(tmp_path, cap
 def test_exit_codes(tmp_path, capsys, where, error, code):
     node, builder, hooks, _ = _node(tmp_path, {where: error})
     assert node.run() == code
-    assert capsys.readouterr().err == f"p2ptrain: {error}\n"
+    label = "config error: " if isinstance(error, ConfigError) else ""  # the CLI's prefix, too
+    assert capsys.readouterr().err == f"p2ptrain: {label}{error}\n"
     assert hooks.calls[-1] == "stopping"  # whatever happened, the services were stopped
 
 
