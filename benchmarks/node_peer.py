@@ -23,6 +23,7 @@ from p2ptrain.daemon.hooks import NodeHooks, SwarmPresence
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.service import ServiceHooks
 from p2ptrain.daemon.systemd import SystemdNotifier
+from p2ptrain.waiting import WaitTimeout, wait_until
 
 #: How long a peer waits for the others before it gives up (the harness kills it later anyway).
 BARRIER_TIMEOUT = 180.0
@@ -31,12 +32,13 @@ POLL = 0.01
 
 
 def _wait_for_files(paths: list[Path], timeout: float, node: Node) -> bool:
-    deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
-        if time.monotonic() > deadline or node.stopper.is_set():
-            return False
-        time.sleep(0.1)
-    return True
+    """True once every file exists; False at the deadline or when the node is asked to stop."""
+    try:
+        wait_until(lambda: node.stopper.is_set() or all(p.exists() for p in paths), timeout, "barrier files",
+                   interval=0.1, sleep=node.stopper.wait)
+    except WaitTimeout:
+        return False
+    return not node.stopper.is_set()
 
 
 def _publish_address(node: Node, run_dir: Path) -> None:
