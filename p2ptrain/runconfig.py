@@ -10,7 +10,6 @@ config that never mentions ``training.lr`` simply follows the run.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from p2ptrain.config import ConfigError, NodeConfig, SwarmSection, TaskSection, TrainingSection
 from p2ptrain.manifest import RUN_WIDE_TRAINING, Manifest
+from p2ptrain.tomlfile import parse_literal
 
 #: [task] fields a node may set for itself: the run's data may live elsewhere on each machine.
 LOCAL_TASK: tuple[str, ...] = ("data_path",)
@@ -70,14 +70,6 @@ def merge_manifest(local: NodeConfig, manifest: Manifest) -> NodeConfig:
         raise ConfigError(f"run {ref}: manifest settings do not validate: {error.errors()[0]['msg']}") from None
 
 
-def _parse_value(raw: str) -> Any:
-    """A TOML literal when it parses as one (numbers, booleans, arrays), else the raw string."""
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
 def apply_settings(manifest: Manifest, assignments: Iterable[str]) -> Manifest:
     """``manifest`` with ``section.field=value`` assignments applied to ``task``/``training`` (unsigned).
 
@@ -95,11 +87,11 @@ def apply_settings(manifest: Manifest, assignments: Iterable[str]) -> Manifest:
                 raise ConfigError(f"{where}: a local setting (each node's own config), not part of the run manifest")
             if name not in RUN_WIDE_TRAINING:
                 raise ConfigError(f"{where}: unknown key")
-            training[name] = _parse_value(raw.strip())
+            training[name] = parse_literal(raw.strip())
         elif section == "task":
             if name not in TaskSection.model_fields:
                 raise ConfigError(f"{where}: unknown key")
-            task[name] = _parse_value(raw.strip())
+            task[name] = parse_literal(raw.strip())
         else:
             raise ConfigError(f"{where}: only task.* and training.* settings live in the manifest")
     try:
