@@ -186,7 +186,8 @@ class Node:
 
         self.parts = parts = self.builder.build_training(cfg, swarm, self.swarm_stats, live_peers=self.training_peers,
                                                          wall_clock=self.wall_clock,
-                                                         long_operation=self.hooks.long_operation, run=self.keeper)
+                                                         long_operation=self.hooks.long_operation, run=self.keeper,
+                                                         wait=self.stopper.wait)
         self._watch(parts)
         follower = None
         if self.keeper is not None:

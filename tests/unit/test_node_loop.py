@@ -174,8 +174,8 @@ class FakeBuilder:
         return self.keeper
 
     def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *, live_peers: Any,
-                       wall_clock: Any, long_operation: Any, run: Any = None) -> Any:
-        self.built_with = {"config": config, "run": run}
+                       wall_clock: Any, long_operation: Any, run: Any = None, wait: Any = None) -> Any:
+        self.built_with = {"config": config, "run": run, "wait": wait}
         if self.fail_build is not None:
             raise self.fail_build
         return self.parts
@@ -325,6 +325,13 @@ def test_a_refused_reload_keeps_the_running_config(tmp_path):
     hooks.reloaded = None
     assert node.run() == 0
     assert node.current_config() is node.config and threads == [0]
+
+
+def test_the_optimizer_waits_through_the_node_s_stop_event(tmp_path):
+    """Pauses between state-download attempts end at once on a stop (no plain sleeps)."""
+    node, builder, _, _ = _node(tmp_path, max_epochs=1)
+    assert node.run() == 0
+    assert builder.built_with["wait"] == node.stopper.wait
 
 
 def test_a_newcomer_behind_the_swarm_downloads_its_state_once(tmp_path):
