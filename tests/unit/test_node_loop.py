@@ -369,6 +369,20 @@ def test_exit_codes(tmp_path, capsys, where, error, code):
     assert hooks.calls[-1] == "stopping"  # whatever happened, the services were stopped
 
 
+def test_an_api_host_this_machine_does_not_have_exits_78_before_joining(tmp_path, capsys):
+    from p2ptrain.daemon.service import ServiceHooks
+    from p2ptrain.daemon.systemd import SystemdNotifier
+
+    config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "api": {"host": "nonexistent.invalid"}},
+                          "test")  # passes config check: the name is well formed
+    builder = FakeBuilder(FakeClock())
+    node = Node(config, hooks=ServiceHooks(config, None, SystemdNotifier(None)), builder=builder,  # type: ignore
+                set_threads=lambda _: None)
+    assert node.run() == 78
+    assert capsys.readouterr().err.startswith("p2ptrain: api.host: cannot listen on 'nonexistent.invalid'")
+    assert builder.swarm is None  # failed before joining anything
+
+
 def test_a_stop_while_joining_is_a_clean_exit(tmp_path, capsys):
     node, _, _, _ = _node(tmp_path, {"fail_join": SwarmError("gave up joining")})
     node.request_stop("SIGTERM")
