@@ -60,6 +60,7 @@ class Node:
         wall_clock: Callable[[], float] = time.time,
         set_threads: Callable[[int], None] | None = None,
         paused_wait: float = PAUSED_WAIT,
+        cpu_share: CpuShare | None = None,
     ) -> None:
         self.config = config
         self.extra_peers = list(extra_peers)
@@ -74,8 +75,8 @@ class Node:
         self.latest = LatestSnapshot()
         self.swarm_stats = SwarmStats()
         self.board = StatusBoard(self.latest, config.training.target_batch_size, clock=clock, wall_clock=wall_clock)
-        self.cpu_share = CpuShare(config.volunteer.max_cpu_percent, cpu_seconds=default_cpu_source(), clock=clock,
-                                  wait=self.stopper.wait)
+        self.cpu_share = cpu_share or CpuShare(config.volunteer.max_cpu_percent, cpu_seconds=default_cpu_source(),
+                                               clock=clock, wait=self.stopper.wait)
         self.board.view = self._swarm_view
         self.board.stats = self.swarm_stats.view
         self.board.rounds = self.swarm_stats.rounds.figures

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from p2ptrain.config import ConfigError, NodeConfig, parse_config
+from p2ptrain.cpushare import CpuShare
 from p2ptrain.daemon.builder import JoinedSwarm
 from p2ptrain.daemon.control import Command, ControlRequest
 from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
@@ -314,6 +315,39 @@ def test_sighup_reload_applies_the_new_settings_in_the_loop(tmp_path, caplog):
     assert threads == [1, 3]
     assert builder.optimizer.epoch == 2  # the reloaded max_epochs ended the run
     assert node.current_config().training.max_epochs == 2
+
+
+def test_a_reloaded_cpu_share_holds_the_loop_and_shows_in_the_snapshot(tmp_path):
+    """volunteer.max_cpu_percent from a SIGHUP reaches the loop's duty cycle: each 0.1 s step (a
+    fully busy core) is then followed by 0.1 s of idling, and status shows the new limit and use."""
+    clock = FakeClock()
+    builder = FakeBuilder(clock, on_step=lambda step: on_step(step))
+    hooks = RecordingHooks(clock)
+
+    def idle(seconds: float) -> bool:
+        clock.now += seconds
+        return node.stopper.is_set()
+
+    share = CpuShare(0.0, cpu_seconds=lambda: builder.parts.trainer.steps * STEP_SECONDS, clock=clock, wait=idle,
+                     cores=1)
+    node = Node(_config(tmp_path), hooks=hooks, builder=builder, clock=clock,  # type: ignore[arg-type]
+                wall_clock=lambda: 1.7e9, set_threads=lambda _: None, paused_wait=0.0, cpu_share=share)
+
+    def on_step(step: int) -> None:
+        if step == 4:
+            assert share.idle_seconds_total == 0.0  # no limit yet
+            node.control.submit(ControlRequest(Command.RELOAD, source="SIGHUP"))
+        if step == 24:
+            node.request_stop("test over")
+
+    hooks.reloaded = node.config.model_copy(update={"volunteer": node.config.volunteer.model_copy(
+        update={"max_cpu_percent": 50.0})})
+    assert node.run() == 0
+    assert share.limit_percent == 50.0
+    assert share.idle_seconds_total == pytest.approx(20 * STEP_SECONDS, abs=STEP_SECONDS)  # 20 steps after it
+    status = node.latest.status()
+    assert status.cpu_limit_percent == 50.0 and status.cpu_used_percent == pytest.approx(50.0, abs=5.0)
+    assert status.cpu_idle_seconds_total == pytest.approx(share.idle_seconds_total)
 
 
 def test_a_refused_reload_keeps_the_running_config(tmp_path):
