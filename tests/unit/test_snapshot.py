@@ -115,3 +115,12 @@ def test_reachability_follows_the_addresses() -> None:
 def test_the_snapshot_round_trips_through_its_dict() -> None:
     snap = _snapshot(rounds=RoundFigures(rounds_ok=1, last_received_fraction=1.0))
     assert StatusSnapshot.from_dict(snap.to_dict()) == snap
+
+
+def test_the_api_doc_names_every_status_field() -> None:
+    """docs/api.md is where users look up what a field means: a new field comes with its line."""
+    import dataclasses
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
+    assert [f.name for f in dataclasses.fields(StatusSnapshot) if f"`{f.name}`" not in doc] == []
