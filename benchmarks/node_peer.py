@@ -11,6 +11,7 @@ own counters: when every peer trains it waits ``--warmup`` seconds, counts sampl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -58,8 +59,8 @@ def _step_edges(node: Node, seconds: float) -> tuple[tuple[int, float], tuple[in
     trainer = node.parts.trainer
     deadline = time.monotonic() + seconds
     seen = trainer.samples_processed
-    while trainer.samples_processed == seen and time.monotonic() < deadline:
-        time.sleep(POLL)
+    with contextlib.suppress(WaitTimeout):  # no step in the whole window: the result says 0
+        wait_until(lambda: trainer.samples_processed != seen, seconds, "a step", interval=POLL)
     first = (trainer.samples_processed, time.monotonic())
     last = first
     while time.monotonic() < deadline:
@@ -113,12 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     join: list[str] = []
     if args.rank > 0:
         addr = Path(args.run_dir) / "peer0.addr"
-        deadline = time.monotonic() + BARRIER_TIMEOUT
-        while not addr.exists():
-            if time.monotonic() > deadline:
-                print("benchmark peer: the first peer never published its address", file=sys.stderr)
-                return 1
-            time.sleep(0.1)
+        try:
+            wait_until(addr.exists, BARRIER_TIMEOUT, "address of the first peer", interval=0.1)
+        except WaitTimeout:
+            print("benchmark peer: the first peer never published its address", file=sys.stderr)
+            return 1
         join = addr.read_text(encoding="utf-8").split()
     node = Node(config, extra_peers=join, hooks=hooks)
     on_ready = hooks.ready
