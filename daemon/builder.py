@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,12 +153,13 @@ class NodeBuilder:
 
     def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *,
                        live_peers: Callable[[], Sequence[str]], wall_clock: Callable[[], float],
-                       long_operation: Callable[[float], None], run: RunKeeper | None = None) -> TrainingParts:
+                       long_operation: Callable[[float], None], run: RunKeeper | None = None,
+                       wait: Callable[[float], object] = time.sleep) -> TrainingParts:
         """Task, optimizer (resumed from the local checkpoint if there is one), trainer and guards.
 
         ``live_peers`` names the peers training now: the data is shared out among them. In an owned
         run (``run``) the model must match the manifest's fingerprint, and the averagers take part
-        only with the peers its admission gate admits.
+        only with the peers its admission gate admits.  ``wait`` is the node's stop event's wait.
         """
         task = build_task(config.task, config.training, peer_seed(swarm.peer_id), peer_id=swarm.peer_id,
                           live_peers=live_peers, cache_dir=config.task.cache_dir or swarm.state_dir / "data-cache")
@@ -180,7 +182,7 @@ class NodeBuilder:
                                     client_mode=config.swarm.client_mode, stats=stats,
                                     bandwidth=bandwidth_hint(config.volunteer.upload_kbps,
                                                              config.volunteer.download_kbps),
-                                    admission=run.plan.gate if run is not None else None)
+                                    admission=run.plan.gate if run is not None else None, wait=wait)
         trainer = Trainer(task, optimizer, config.training.batch_size)
         if restored is not None:
             optimizer.restore(restored)

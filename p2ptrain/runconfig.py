@@ -12,7 +12,6 @@ config that never mentions ``training.lr`` simply follows the run, one that says
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +27,7 @@ from p2ptrain.manifest import (
     Manifest,
     is_data_url,
 )
+from p2ptrain.tomlfile import parse_literal
 
 __all__ = ["LOCAL_TASK", "apply_settings", "merge_manifest"]
 _DEFAULT_RUN_ID = SwarmSection.model_fields["run_id"].default
@@ -101,14 +101,6 @@ def merge_manifest(local: NodeConfig, manifest: Manifest) -> NodeConfig:
     return merged
 
 
-def _parse_value(raw: str) -> Any:
-    """A TOML literal when it parses as one (numbers, booleans, arrays), else the raw string."""
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
 def apply_settings(manifest: Manifest, assignments: Iterable[str]) -> Manifest:
     """``manifest`` with ``section.field=value`` assignments applied to ``task``/``training`` (unsigned).
 
@@ -124,7 +116,7 @@ def apply_settings(manifest: Manifest, assignments: Iterable[str]) -> Manifest:
         where = f"--set {key.strip()}"
         if not sep or not name:
             raise ConfigError(f"--set {assignment!r}: expected SECTION.FIELD=VALUE, e.g. training.lr=3e-4")
-        value = _parse_value(raw.strip())
+        value = parse_literal(raw.strip())
         if section == "training":
             if name in TrainingSection.model_fields and name not in RUN_WIDE_TRAINING:
                 raise ConfigError(f"{where}: a local setting (each node's own config), not part of the run manifest")
