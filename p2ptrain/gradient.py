@@ -116,6 +116,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         if control is not None and not control.done() and control.stage == AveragingStage.LOOKING_FOR_GROUP:
             self._left_mid_round = True
             control.cancel()
+            self.scheduled_grads = None  # hivemind's shutdown would cancel it a second time, which raises
         super().shutdown()
 
     def apply_training(self, cfg: TrainingSection) -> None:
