@@ -32,13 +32,14 @@ from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.loop import PAUSED_WAIT, TrainingLoop
 from p2ptrain.daemon.runfollow import RunFollower, describe_figures
-from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures
+from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures, data_figures
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.manifest_source import SourceUnavailable
 from p2ptrain.ownedrun import RunKeeper, RunPlan
 from p2ptrain.proc import descendants, signal_all
 from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
 from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
+from p2ptrain.swarmcredit import epoch_samples_bound
 from p2ptrain.swarmstats import SwarmStats
 
 logger = logging.getLogger(__name__)
@@ -243,6 +244,10 @@ class Node:
                                                       parts.trainer.nonfinite_skips, parts.rollback.rollbacks)
         self.board.progress = parts.optimizer.global_progress
         self.board.checkpoints = lambda: parts.checkpointer.figures
+        credit = self.swarm_stats.credit
+        self.board.credit, self.board.note_contributors = credit.figures, credit.note_contributors
+        self.board.data = lambda: data_figures(parts.task.train_batches)
+        self.board.credit_bound = lambda: epoch_samples_bound(self.current_config().training)
 
     def _sync_with_swarm(self, parts: TrainingParts) -> None:
         """If the swarm is ahead of us, download its state (bounded); else go on from what we have."""

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -122,6 +123,8 @@ class FakeParts:
     fingerprint: str = "f" * 16
     checkpoints: int = 0
     closed: bool = False
+    #: A task whose stream reports no coverage (not sharded data).
+    task: Any = field(default_factory=lambda: SimpleNamespace(train_batches=object()))
 
     @property
     def checkpointer(self) -> Any:
