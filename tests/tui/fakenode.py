@@ -77,7 +77,7 @@ def status_script(now: float = NOW) -> list[StatusSnapshot]:
     return [dataclasses.replace(
         base, samples_accumulated=(i * 137) % 4096, local_samples_per_second=110.0 + (i * 7) % 17,
         loss=3.1 - i * 0.027, val_loss=3.2 - i * 0.025 if i % 3 == 0 else None,
-        samples_processed_total=1_000_000 + i * 1200, taken_at=now - SCRIPT_LENGTH + i,
+        samples_processed_total=1_100_000 + i * 1200, taken_at=now - SCRIPT_LENGTH + i,
     ) for i in range(SCRIPT_LENGTH)]
 
 
