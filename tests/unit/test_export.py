@@ -13,9 +13,22 @@ import torch
 from p2ptrain import cli
 from p2ptrain.checkpoint import CheckpointStore
 from p2ptrain.config import load_config
+from p2ptrain.cpushare import CpuShare
+from p2ptrain.daemon.builder import TrainingParts
+from p2ptrain.daemon.checkpointer import Checkpointer
+from p2ptrain.daemon.control import ControlQueue
+from p2ptrain.daemon.hooks import NodeHooks
+from p2ptrain.daemon.loop import TrainingLoop
+from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard
+from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.export import CardInfo, ExportError, write_export
 from p2ptrain.fingerprint import model_fingerprint
 from p2ptrain.models import ModelError, from_export, resolve
+from p2ptrain.rollback import NonFiniteRollback
+from p2ptrain.roundstats import RoundReport
+from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
+from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
+from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks import SampleRequest, build_task
 from p2ptrain.tasks.generate import sample_bytes
 from p2ptrain.trainer import Trainer
@@ -29,13 +42,47 @@ def _write_config(root: Path, corpus: Path) -> Path:
         f'[node]\nstate_dir = "{root / "state"}"\n[swarm]\nrun_id = "unit-run"\n'
         f'[task]\ndata_path = "{corpus}"\nseq_len = 24\nd_model = 32\nn_layers = 1\nn_heads = 2\n'
         "validation_batches = 3\nvalidation_fraction = 0.2\n[training]\nbatch_size = 4\nseed = 3\n"
+        "target_batch_size = 12\nmax_epochs = 4\n"
     )
     return path
 
 
+class _OneRoundPerEpoch:
+    """The swarm optimizer's part, without a swarm: AdamW, an epoch per ``target_batch_size`` samples,
+    and each epoch's round reported as averaged with two peers (what GradientOptimizer reports)."""
+
+    def __init__(self, model: torch.nn.Module, target: int, stats: SwarmStats) -> None:
+        self.stats, self._target = stats, target
+        self._adam = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        self._params = list(model.parameters())
+        self.local_epoch = self._samples = 0
+
+    def step(self, batch_size: int) -> None:
+        self._adam.step()
+        self._samples += batch_size
+        if self._samples >= self._target:
+            self.stats.epoch_closed(self._samples, round_started=True, alone=False)
+            self.stats.record_round(RoundReport(ok=True, duration=0.1, group_size=3, peers_online=3,
+                                                received_fraction=1.0), 0)
+            self.local_epoch, self._samples = self.local_epoch + 1, 0
+
+    def zero_grad(self) -> None:
+        self._adam.zero_grad()
+
+    def global_progress(self) -> GlobalProgress:
+        return GlobalProgress(self.local_epoch, self._samples, 3, True)
+
+    def checkpoint_state(self) -> dict[str, object]:
+        return {"optimizer": self._adam.state_dict(), "epoch": self.local_epoch}
+
+    def guard_targets(self) -> GuardTargets:
+        return GuardTargets(tensors=self._params, optimizers=[self._adam])
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """A node config, its task trained for a few steps, and two checkpoints of it (epochs 4 and 5)."""
+    """A node config and two checkpoints (epochs 4 and 5) written by the node's own loop and checkpointer:
+    model, data position, credit and the run facts of the model card come from the code a node runs."""
     root = tmp_path_factory.mktemp("run")
     corpus = root / "corpus"
     corpus.mkdir()
@@ -45,20 +92,36 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     config_path = _write_config(root, corpus)
     config = load_config(config_path, environ={})
     task = build_task(config.task, config.training, peer_seed=1)
-    optimizer = torch.optim.AdamW(task.model.parameters(), lr=3e-3)
-    for _ in range(15):
-        loss = task.loss_fn(task.model, task.train_batches.next())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    store = CheckpointStore(config.checkpoint_dir(), keep=3)
-    state = {"format": 1, "model": task.model.state_dict(), "epoch": 4, "samples_processed": 60,
-             "data_position": task.train_batches.state_dict(), "saved_at": 1_700_000_000.0,
-             "fingerprint": model_fingerprint(task.model, task.shape_config), "val_loss": 2.5,
-             "contributors": ["peer-a", "peer-b", "peer-c"], "run_ref": "unit-run@abc"}
-    store.save(state)
-    newest = store.save({**state, "epoch": 5})
-    return {"root": root, "config": config_path, "task": task, "newest": newest, "store": store}
+    fingerprint = model_fingerprint(task.model, task.shape_config)
+    stats = SwarmStats()
+    optimizer = _OneRoundPerEpoch(task.model, config.training.target_batch_size, stats)
+    trainer = Trainer(task, optimizer, config.training.batch_size)  # type: ignore[arg-type]
+    checkpointer = Checkpointer(CheckpointStore(config.checkpoint_dir(), keep=3), fingerprint,
+                                wall_clock=lambda: 1_700_000_000.0, long_operation=lambda seconds: None)
+    parts = TrainingParts(task, optimizer, trainer, NonFiniteRollback(optimizer.guard_targets()),  # type: ignore[arg-type]
+                          checkpointer, fingerprint)
+    board = StatusBoard(LatestSnapshot(), config.training.target_batch_size, clock=time.monotonic,
+                        wall_clock=time.time)
+    board.identity = NodeIdentity("unit-run", "peer-self", fingerprint=fingerprint)
+    board.run = lambda: RunFigures(run_ref="unit-run@abc")  # an owned run: the card names its reference
+    board.credit, board.note_contributors = stats.credit.figures, stats.credit.note_contributors
+    # The peers' records, as the DHT would hand them: two others with credit, one with none yet.
+    peers = tuple(PeerRecord(peer_id=name, state="training", epoch=4, samples_contributed=credit)
+                  for name, credit in (("peer-self", 48), ("peer-a", 40), ("peer-b", 52), ("peer-new", 0)))
+    board.view = lambda: SwarmView(peers=peers, global_epoch=4)
+    loop = TrainingLoop(config, parts, board, NodeHooks(), Stopper(), ControlQueue(), clock=time.monotonic,
+                        cpu_share=CpuShare(0.0, cpu_seconds=lambda: 0.0, wait=lambda seconds: False),
+                        rounds=stats.rounds, refresh_fingerprint=lambda: None, set_threads=lambda threads: None)
+    loop.run()  # to training.max_epochs = 4, then as a node does when it stops
+    loop.validate()
+    assert loop.checkpoint()
+    loop.config = config.model_copy(update={"training": config.training.model_copy(update={"max_epochs": 5})})
+    loop.stopper = Stopper()
+    loop.run()
+    assert loop.checkpoint()
+    store = checkpointer.store
+    return {"root": root, "config": config_path, "task": task, "newest": store.paths()[0], "store": store,
+            "val_loss": board.val_loss}
 
 
 def _main(*argv: object) -> int:
@@ -82,8 +145,9 @@ def test_export_reloads_bit_for_bit_with_the_documented_three_lines(run, tmp_pat
     assert all(torch.equal(original[name], value) for name, value in model.state_dict().items())  # type: ignore[attr-defined]
     plain = torch.load(out / "model.pt", weights_only=True)
     assert all(torch.equal(original[name], value) for name, value in plain.items())
-    for expected in ("unit-run@abc", "| optimizer epochs | 5 |", "| samples (this node's count) | 60 |",
-                     "2.5000 nats/byte", "| contributing peers | 3 |", "2023-11-14"):
+    for expected in ("| run | unit-run@abc |", "| optimizer epochs | 5 |", "| samples (this node's count) | 60 |",
+                     "| samples this node contributed | 60 |", f"{run['val_loss']:.4f} nats/byte",
+                     "| contributing peers (seen by this node) | 3 |", "2023-11-14"):
         assert expected in card
     config = json.loads((out / "config.json").read_text())
     assert config["task"]["seq_len"] == 24 and config["model_args"]["d_model"] == 32
