@@ -291,20 +291,104 @@ def test_a_checkpoint_of_another_model_is_refused(run, tmp_path: Path, capsys) -
     assert "but this config builds" in capsys.readouterr().err
 
 
-def test_a_user_task_without_hooks_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "configs" / "examples"))
+EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
+#: A variant of the example task for the failure cases: no hooks, or hooks that fail in given ways.
+VARIANT = """
+import dataclasses
+import user_task
+
+def build(context):
+    task = user_task.build(context)
+    how = context.options.get("variant")
+    if how == "no-hooks":
+        return dataclasses.replace(task, sample=None, evaluate=None)
+    if how == "raising":
+        def broken(model, arg):
+            raise RuntimeError("the hook's own bug\\nsecond line")
+        return dataclasses.replace(task, sample=broken, evaluate=broken)
+    return dataclasses.replace(task, sample=lambda model, request: 42,
+                               evaluate=lambda model, data: {"loss": "low", "rmse": float("nan")})
+"""
+
+
+def _user_model(tmp_path: Path, monkeypatch, entrypoint: str, variant: str = "") -> Path:
+    """A node config of a user task and a checkpoint of its (untrained) model; returns the config."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "variant_task.py").write_text(VARIANT)
     config_path = tmp_path / "user.toml"
-    config_path.write_text(f'[node]\nstate_dir = "{tmp_path}"\n[task]\nentrypoint = "user_task:build"\n')
+    options = f'\n[task.options]\nvariant = "{variant}"\n' if variant else "\n"
+    config_path.write_text(f'[node]\nstate_dir = "{tmp_path}"\n[task]\nentrypoint = "{entrypoint}"{options}')
     config = load_config(config_path, environ={})
     task = build_task(config.task, config.training, peer_seed=0)
     CheckpointStore(config.checkpoint_dir(), keep=1).save(
         {"model": task.model.state_dict(), "epoch": 1, "fingerprint": model_fingerprint(task.model, task.shape_config)})
+    return config_path
+
+
+def test_a_user_tasks_hooks_sample_and_evaluate_its_model(tmp_path: Path, capsys, monkeypatch) -> None:
+    config_path = _user_model(tmp_path, monkeypatch, "user_task:build")
     assert _main("export", "-c", config_path, tmp_path / "m") == 0
     assert from_export(tmp_path / "m").task.entrypoint == "user_task:build"
+    capsys.readouterr()
+    assert _main("sample", tmp_path / "m", "--prompt", "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8 -> ") and "(target " in out
+    assert _main("eval", config_path) == 0
+    report = capsys.readouterr().out
+    loss = float(report.split("loss")[1].split()[0])
+    rmse = float(report.split("rmse")[1].split()[0])
+    assert loss > 0 and abs(rmse - math.sqrt(loss)) < 1e-4
+    # The hook's own refusal of bad input is one line, exit 1.
+    assert _main("sample", tmp_path / "m", "--prompt", "def ") == 1
+    err = capsys.readouterr().err
+    assert err == "p2ptrain sample: the task's sample hook failed: ValueError: --prompt must be 8 comma-separated " \
+                  "numbers, got 'def '\n"
+
+
+def test_a_user_task_without_hooks_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
+    config_path = _user_model(tmp_path, monkeypatch, "variant_task:build", "no-hooks")
+    assert _main("export", "-c", config_path, tmp_path / "m") == 0
     assert _main("sample", tmp_path / "m") == 1
     assert "has no sample hook (Task.sample)" in capsys.readouterr().err
     assert _main("eval", config_path) == 1
     assert "has no evaluate hook (Task.evaluate)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variant, sample_error, eval_error", [
+    ("raising", "the task's sample hook failed: RuntimeError: the hook's own bug",
+     "the task's evaluate hook failed: RuntimeError: the hook's own bug"),
+    ("wrong-types", "the task's sample hook returned a int, not text",
+     "the task's evaluate hook returned 'loss': 'low', not a number"),
+])
+def test_a_failing_user_hook_is_one_line(tmp_path: Path, capsys, monkeypatch, variant: str, sample_error: str,
+                                         eval_error: str) -> None:
+    config_path = _user_model(tmp_path, monkeypatch, "variant_task:build", variant)
+    capsys.readouterr()
+    assert _main("sample", config_path) == 1
+    assert _main("eval", config_path) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"p2ptrain sample: {sample_error}\np2ptrain eval: {eval_error}\n"
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("content", [b"", b"abc", b"x" * 24])
+def test_eval_on_too_little_text_is_one_line(run, tmp_path: Path, capsys, content: bytes) -> None:
+    data = tmp_path / "short.txt"
+    data.write_bytes(content)
+    assert _main("eval", run["config"], "--data", data) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"p2ptrain eval: --data {data} holds {len(content):,} bytes: too little to score "
+                            "(the model needs more than task.seq_len = 24 bytes)\n")
+
+
+def test_export_of_a_checkpoint_directory_says_what_to_pass(run, tmp_path: Path, capsys) -> None:
+    directory = Path(run["newest"]).parent
+    assert _main("export", "-c", run["config"], "--checkpoint", directory, tmp_path / "m") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--checkpoint {directory} is a directory: name a checkpoint file" in err
+    assert not (tmp_path / "m").exists()
 
 
 def test_a_damaged_export_is_one_model_error(run, tmp_path: Path) -> None:
