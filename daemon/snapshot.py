@@ -88,7 +88,8 @@ class DataFigures:
 
     data_pass: int = 0
     shards_consumed: int = 0
-    last_pass_shards: int = 0
+    #: Shards read in the passes before the current one, newest first.
+    past_passes: tuple[int, ...] = ()
     shards_total: int = 0
     source: str = ""
 
@@ -98,10 +99,10 @@ def data_figures(stream: object) -> DataFigures:
     says; a stream that does not, or says something odd, gives zeros."""
     try:
         coverage = stream.coverage()  # type: ignore[attr-defined]
-        last_pass = getattr(stream, "last_pass_coverage", lambda: None)()
+        past = getattr(stream, "past_pass_shards", lambda: ())()
         figures = DataFigures(
             data_pass=_count(coverage.pass_number), shards_consumed=_count(len(coverage.consumed)),
-            last_pass_shards=_count(len(last_pass.consumed)) if last_pass is not None else 0,
+            past_passes=tuple(_count(c) for c in past),
             shards_total=_count(coverage.shards_total), source=str(getattr(stream, "source", ""))[:32])
     except Exception:  # a user stream's coverage is optional; its errors must not cost the snapshot
         return DataFigures()
@@ -145,7 +146,7 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
     return StatusSnapshot(
         samples_contributed_total=credit.contributed, samples_not_averaged_total=credit.not_averaged,
         data_pass=data.data_pass, data_shards_consumed=data.shards_consumed,
-        data_last_pass_shards=data.last_pass_shards, data_shards_total=data.shards_total, data_source=data.source,
+        data_past_pass_shards=data.past_passes, data_shards_total=data.shards_total, data_source=data.source,
         loss_history_epochs=history.epochs, loss_history=history.losses, val_loss_history_epochs=history.val_epochs,
         val_loss_history=history.val_losses,
         **dataclasses.asdict(run),

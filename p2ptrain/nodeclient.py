@@ -102,7 +102,7 @@ def _sanitize(obj: _D) -> _D:
         changes["visible_maddrs"] = tuple(a for a in obj.visible_maddrs if isinstance(a, str))
         changes["recent_round_durations"] = tuple(
             float(d) for d in obj.recent_round_durations if _finite_or_none(d) is not None)
-        for name in ("round_duration_bucket_counts", "received_fraction_bucket_counts"):
+        for name in ("round_duration_bucket_counts", "received_fraction_bucket_counts", "data_past_pass_shards"):
             changes[name] = tuple(c for c in getattr(obj, name) if isinstance(c, int))
         for epochs, values in (("loss_history_epochs", "loss_history"),
                                ("val_loss_history_epochs", "val_loss_history")):

@@ -40,9 +40,10 @@ MAX_SAMPLES_CONTRIBUTED = 10**15
 MAX_DATA_PASS = 10**6
 MAX_SHARDS = 10**7
 CREDIT_COUNTS: dict[str, int] = {"samples_contributed": MAX_SAMPLES_CONTRIBUTED, "data_pass": MAX_DATA_PASS,
-                                 "shards_consumed": MAX_SHARDS, "last_pass_shards": MAX_SHARDS,
-                                 "shards_total": MAX_SHARDS}
+                                 "shards_consumed": MAX_SHARDS, "shards_total": MAX_SHARDS}
 MAX_DATA_SOURCE_CHARS = 32
+#: Passes before the current one whose shard counts a record carries (``past_pass_shards``).
+MAX_PAST_PASSES = 7
 
 
 class PeerRecordModel(pyd.BaseModel):
@@ -81,8 +82,12 @@ def credit_problem(value: dict[str, Any]) -> str:
     source = value.get("data_source", "")
     if not isinstance(source, str) or len(source) > MAX_DATA_SOURCE_CHARS:
         return "data_source is not a short string"
+    past = value.get("past_pass_shards", [])
+    if not isinstance(past, list | tuple) or len(past) > MAX_PAST_PASSES or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in past):
+        return f"past_pass_shards is not a list of up to {MAX_PAST_PASSES} counts"
     total = value.get("shards_total", 0)
-    if max(value.get("shards_consumed", 0), value.get("last_pass_shards", 0)) > total:
+    if max([value.get("shards_consumed", 0), *past]) > total:
         return "claims more shards read than there are"
     return ""
 

@@ -90,7 +90,7 @@ def build_report(status: StatusSnapshot, view: SwarmView, url: str) -> dict[str,
                      "swarm_coverage": _finite(view.data_coverage),
                      "swarm_last_pass_coverage": _finite(view.data_last_pass_coverage),
                      "node_pass": status.data_pass, "node_shards_consumed": status.data_shards_consumed,
-                     "node_last_pass_shards": status.data_last_pass_shards},
+                     "node_past_pass_shards": list(status.data_past_pass_shards)},
     }
 
 
@@ -158,8 +158,9 @@ def render_text(report: dict[str, Any]) -> str:
         if cover["swarm_last_pass_coverage"] is not None:
             text += f"; pass {cover['swarm_pass'] - 1}: {cover['swarm_last_pass_coverage']:.0%}"
         lines.append(text)
+        past = cover["node_past_pass_shards"]
         lines.append(f"      this node is in its pass {cover['node_pass']}, {cover['node_shards_consumed']:,} shards "
-                     f"read (last pass {cover['node_last_pass_shards']:,})")
+                     f"read" + (f" (its last pass: {past[0]:,})" if past else ""))
     return "\n".join(lines) + "\n"
 
 

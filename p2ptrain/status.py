@@ -99,10 +99,11 @@ class PeerRecord:
     #: in a swarm view, the claim as credited (capped at what the run allows for its epoch).
     samples_contributed: int = 0
     #: The node's place in its data stream: its pass over the shards, shards read through this pass and
-    #: in the last one, of how many, and which shard list (``data_source``, empty: no sharded data).
+    #: in the passes before it (newest first, a few), of how many, and which shard list (``data_source``,
+    #: empty: no sharded data).
     data_pass: int = 0
     shards_consumed: int = 0
-    last_pass_shards: int = 0
+    past_pass_shards: tuple[int, ...] = ()
     shards_total: int = 0
     data_source: str = ""
 
@@ -111,7 +112,11 @@ class PeerRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PeerRecord:
-        return _from_dict(cls, data)
+        past = data.get("past_pass_shards") if isinstance(data, dict) else None
+        record = _from_dict(cls, data)
+        if isinstance(past, list | tuple) and all(isinstance(c, int) and not isinstance(c, bool) for c in past):
+            record = dataclasses.replace(record, past_pass_shards=tuple(past))
+        return record
 
     @classmethod
     def from_status(cls, status: StatusSnapshot) -> PeerRecord:
@@ -237,10 +242,11 @@ class StatusSnapshot:
     samples_contributed_total: int = 0
     samples_not_averaged_total: int = 0
     #: This node's walk over sharded training data (all 0/"" for data that is not sharded): its pass,
-    #: shards read through this pass and in the last completed one, of how many, and which shard list.
+    #: shards read through this pass and in the passes before it (newest first, a few), of how many, and
+    #: which shard list.
     data_pass: int = 0
     data_shards_consumed: int = 0
-    data_last_pass_shards: int = 0
+    data_past_pass_shards: tuple[int, ...] = ()
     data_shards_total: int = 0
     data_source: str = ""
     #: The loss curve, oldest first: (epoch, training loss) as each epoch was reached and (epoch,
@@ -280,13 +286,13 @@ class StatusSnapshot:
 
 _LIST_FIELDS = ("visible_maddrs", "recent_round_durations", "round_duration_bucket_counts",
                 "received_fraction_bucket_counts", "loss_history_epochs", "loss_history",
-                "val_loss_history_epochs", "val_loss_history")
+                "val_loss_history_epochs", "val_loss_history", "data_past_pass_shards")
 
 
 def _credit_fields(status: StatusSnapshot) -> dict[str, Any]:
     """What a node's record says about its contribution and its data, from its snapshot."""
     return dict(samples_contributed=status.samples_contributed_total, data_pass=status.data_pass,
-                shards_consumed=status.data_shards_consumed, last_pass_shards=status.data_last_pass_shards,
+                shards_consumed=status.data_shards_consumed, past_pass_shards=status.data_past_pass_shards,
                 shards_total=status.data_shards_total, data_source=status.data_source)
 
 

@@ -12,10 +12,11 @@ bounds, more shards read than there are); here each claim is also held to what t
   node's are combined; the swarm's pass is the lower median of their passes (one peer far ahead or
   behind moves nothing); each count is at most ``shards_total`` and so is their sum.
 
-Coverage of a pass is the sum of what the peers in it report read, plus what the peers already
-in the next pass read in theirs last.  Rendezvous hashing gives peers that see the same live set
-disjoint shares, so the sum is the union; when the live set changed during the pass (a peer
-joined or left) a shard may be read twice, and the figure can run ahead of the truth until the
+Peers' pass counters drift apart (their shares of a pass differ in size), so a record carries the
+shards read in its current pass and in each of the few passes before it; the coverage of pass X is
+the sum of what every peer reports for X.  Rendezvous hashing gives peers that see the same live set
+disjoint shares of a pass, so the sum is the union; when the live set changed during the pass (a
+peer joined or left) a shard may be read twice, and the figure can run ahead of the truth until the
 pass ends.  Standard library only.
 """
 
@@ -69,7 +70,9 @@ def credited_view(view: SwarmView, samples_per_epoch: int, own_peer: str = "") -
 def coverage_of(peers: Sequence[PeerRecord], own_peer: str = "") -> tuple[int, float | None, float | None, int]:
     """(the swarm's pass, share of it read, share of the pass before read, shards) over ``peers``.
 
+    The swarm's pass is the lower median of the peers' passes: the pass the swarm is still finishing.
     The shard list is this node's (``own_peer``) if it has one in view, else the one most peers read.
+    A peer too far ahead to still report a pass counts nothing for it (the figure is then low).
     """
     sharded = [p for p in peers if p.shards_total > 0 and p.data_source]
     if not sharded:
@@ -82,9 +85,13 @@ def coverage_of(peers: Sequence[PeerRecord], own_peer: str = "") -> tuple[int, f
     current = passes[(len(passes) - 1) // 2]
 
     def read(pass_number: int) -> int:
-        now = sum(min(p.shards_consumed, total) for p in same if p.data_pass == pass_number)
-        before = sum(min(p.last_pass_shards, total) for p in same if p.data_pass == pass_number + 1)
-        return min(total, now + before)
+        counts = 0
+        for p in same:
+            reported = (p.shards_consumed, *p.past_pass_shards)
+            behind = p.data_pass - pass_number
+            if 0 <= behind < len(reported):
+                counts += min(reported[behind], total)
+        return min(total, counts)
 
     last = read(current - 1) / total if current > 0 else None
     return current, read(current) / total, last, total

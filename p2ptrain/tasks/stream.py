@@ -9,6 +9,10 @@ the shards already read this pass is the whole state: a restarted node continues
 
 A shard that cannot be read (I/O error, download given up) is skipped and a malformed one is
 abandoned, each with one warning line and a count; both are tried again next pass.
+
+For the swarm's coverage figures the stream also remembers how many shards it read in each of its
+last few passes (``past_pass_shards``, kept in the position): peers' passes drift apart (their
+shares differ in size), and a pass is only covered once every peer has read its share of it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from p2ptrain.tasks.sources import ShardRef
 log = logging.getLogger(__name__)
 
 POSITION_FORMAT = "shards-1"
+#: Completed passes whose shard counts are remembered (newest first).
+PAST_PASSES = 7
 #: Passes in a row that produce no window at all before the stream gives up (bad data, not weather).
 EMPTY_PASSES_LIMIT = 2
 
@@ -135,6 +141,7 @@ class ShardStream:
         self.skipped_total = self.malformed_total = self.bad_records_total = 0
         self._empty_passes = 0
         self._last_pass: Coverage | None = None
+        self._past: list[int] = []
         self._reset(0)
 
     # ------------------------------------------------------------------ the BatchStream interface
@@ -149,7 +156,7 @@ class ShardStream:
             "lanes": [[lane.shard or "", lane.offset, lane.index] for lane in self.lanes], "draws": self.draws,
             "windows": self._windows_this_pass,
             "skipped_total": self.skipped_total, "malformed_total": self.malformed_total,
-            "bad_records_total": self.bad_records_total,
+            "bad_records_total": self.bad_records_total, "past_pass_shards": list(self._past),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -171,6 +178,8 @@ class ShardStream:
                         state["source"], self.source, self.pass_number)
             return
         self._reset(state["pass"])
+        past = state.get("past_pass_shards", [])  # positions saved before it existed have none
+        self._past = [c for c in past if _is_count(c)][:PAST_PASSES] if isinstance(past, list) else []
         self.done = [shard for shard in state["done"] if shard in self._shards]
         self.failed = [shard for shard in state["failed"] if shard in self._shards]
         self._seen = set(self.done) | set(self.failed)
@@ -193,6 +202,15 @@ class ShardStream:
     def last_pass_coverage(self) -> Coverage | None:
         """The coverage of the pass this node completed last (since it started), or None."""
         return self._last_pass
+
+    def past_pass_shards(self) -> tuple[int, ...]:
+        """Shards read through in each of the last completed passes, newest first (kept across restarts)."""
+        return tuple(self._past)
+
+    @property
+    def shard_ids(self) -> tuple[str, ...]:
+        """The training shards' IDs, sorted (the same on every node of the run)."""
+        return tuple(self._ids)
 
     # ------------------------------------------------------------------ walking the shards
 
@@ -317,6 +335,7 @@ class ShardStream:
                 f"({self.skipped_total} shard reads skipped, {self.malformed_total} malformed; see the warnings above)"
             )
         self._last_pass = self.coverage()
+        self._past = [len(self.done), *self._past][:PAST_PASSES]
         log.info("pass %d done: %d shards read, %d skipped; starting pass %d",
                  self.pass_number, len(self.done), len(self.failed), self.pass_number + 1)
         self._reset(self.pass_number + 1)

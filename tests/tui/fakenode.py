@@ -42,7 +42,8 @@ def swarm_view(now: float = NOW) -> SwarmView:
         PeerRecord(peer_id=pid, version=ver, state=state, epoch=epoch, samples_per_second=sps, loss=loss,
                    val_loss=None if loss is None else loss + 0.08, reachability=reach,
                    uptime_seconds=3600.0 + i * 600, published_at=now - ago, samples_contributed=credit,
-                   data_pass=3, shards_consumed=2, last_pass_shards=4, shards_total=20, data_source="0123456789abcdef")
+                   data_pass=3, shards_consumed=2, past_pass_shards=(4, 4, 3), shards_total=20,
+                   data_source="0123456789abcdef")
         for i, (pid, (state, epoch, sps, loss, reach, ago, ver, credit)) in enumerate(zip(PEER_IDS, rows,
                                                                                            strict=True))
     )
@@ -69,7 +70,7 @@ def status_script(now: float = NOW) -> list[StatusSnapshot]:
         bytes_sent_total=734_003_200, bytes_received_total=1_288_490_188,
         checkpoint_writes_ok_total=7, last_checkpoint_time=now - 192, uptime_seconds=7385.0,
         started_at=now - 7385.0, samples_contributed_total=1_046_400, samples_not_averaged_total=2_304,
-        data_pass=3, data_shards_consumed=2, data_last_pass_shards=4, data_shards_total=20,
+        data_pass=3, data_shards_consumed=2, data_past_pass_shards=(4, 4, 3), data_shards_total=20,
         data_source="0123456789abcdef", loss_history_epochs=tuple(range(0, 43, 2)),
         loss_history=tuple(5.5 - 3.2 * (1 - 0.9 ** e) for e in range(0, 43, 2)),
         val_loss_history_epochs=(0, 10, 20, 30, 40), val_loss_history=(5.6, 3.9, 3.0, 2.6, 2.4),

@@ -38,7 +38,7 @@ def populated_status(now: float | None = None) -> StatusSnapshot:
         received_fraction_bucket_counts=(0, 1, 2, 0, 0, 0, 9, 0), received_fraction_sum=10.8333,
         median_received_fraction=1.0, cpu_limit_percent=25.0, cpu_used_percent=24.5, cpu_idle_seconds_total=31.5,
         samples_contributed_total=11_904, samples_not_averaged_total=256, data_pass=2, data_shards_consumed=5,
-        data_last_pass_shards=9, data_shards_total=20, data_source="0123456789abcdef",
+        data_past_pass_shards=(9, 11), data_shards_total=20, data_source="0123456789abcdef",
     )
 
 

@@ -95,15 +95,21 @@ def test_a_peer_is_credited_at_most_what_the_run_allows_for_its_epoch() -> None:
 def test_coverage_sums_the_shares_of_a_pass_across_peers_and_lagging_peers() -> None:
     data = {"data_source": "abc", "shards_total": 10}
     peers = (
-        _peer("a", data_pass=1, shards_consumed=2, last_pass_shards=6, **data),  # already in the next pass
+        _peer("a", data_pass=1, shards_consumed=2, past_pass_shards=(6,), **data),  # already in the next pass
         _peer("b", data_pass=0, shards_consumed=3, **data),
         _peer("c", data_pass=0, shards_consumed=1, **data),
     )
     # The swarm's pass is the lower median: pass 0, read by b and c and (all of its share) by a.
     assert coverage_of(peers) == (0, 1.0, None, 10)
-    everyone_on = tuple(dataclasses.replace(p, data_pass=1, shards_consumed=1, last_pass_shards=p.last_pass_shards
-                                            or 2) for p in peers)
+    everyone_on = tuple(dataclasses.replace(p, data_pass=1, shards_consumed=1, past_pass_shards=p.past_pass_shards
+                                            or (2,)) for p in peers)
     assert coverage_of(everyone_on) == (1, 0.3, 1.0, 10)  # last pass: 6 + 2 + 2 read of 10
+    # Passes drift apart: a peer two passes ahead still reports what it read in the swarm's passes.
+    drifted = (_peer("fast", data_pass=4, shards_consumed=1, past_pass_shards=(5, 6, 4), **data),
+               _peer("slow", data_pass=2, shards_consumed=3, past_pass_shards=(6,), **data))
+    assert coverage_of(drifted) == (2, 0.9, 1.0, 10)  # pass 2: 3 + 6; pass 1: 6 + 4 read
+    gone = (_peer("far", data_pass=40, shards_consumed=1, past_pass_shards=(5,), **data), drifted[1])
+    assert coverage_of(gone)[1] == 0.3  # too far ahead to report pass 2: only what is known counts
 
 
 def test_coverage_ignores_other_shard_lists_and_is_never_over_one() -> None:
@@ -122,7 +128,7 @@ def test_coverage_ignores_other_shard_lists_and_is_never_over_one() -> None:
 
 @pytest.mark.parametrize("fields, problem", [
     ({}, ""),
-    ({"samples_contributed": 10, "shards_total": 5, "shards_consumed": 5, "last_pass_shards": 2,
+    ({"samples_contributed": 10, "shards_total": 5, "shards_consumed": 5, "past_pass_shards": [2, 5],
       "data_pass": 3, "data_source": "ab" * 8}, ""),
     ({"samples_contributed": -1}, "samples_contributed"),
     ({"samples_contributed": 2.5}, "samples_contributed"),
@@ -130,7 +136,10 @@ def test_coverage_ignores_other_shard_lists_and_is_never_over_one() -> None:
     ({"samples_contributed": 10**16}, "samples_contributed"),
     ({"shards_total": MAX_SHARDS + 1}, "shards_total"),
     ({"shards_total": 3, "shards_consumed": 4}, "more shards"),
-    ({"last_pass_shards": 1}, "more shards"),
+    ({"past_pass_shards": [1]}, "more shards"),
+    ({"shards_total": 9, "past_pass_shards": [1] * 8}, "past_pass_shards"),
+    ({"shards_total": 9, "past_pass_shards": [1, -1]}, "past_pass_shards"),
+    ({"shards_total": 9, "past_pass_shards": "1"}, "past_pass_shards"),
     ({"data_source": "x" * 33}, "data_source"),
     ({"data_source": 7}, "data_source"),
 ])
@@ -141,20 +150,19 @@ def test_record_credit_fields_are_bounded(fields: dict[str, object], problem: st
 
 def test_a_nodes_record_carries_its_credit_and_data_position_in_strict_types() -> None:
     status = StatusSnapshot(peer_id="me", samples_contributed_total=480, data_pass=2, data_shards_consumed=3,
-                            data_last_pass_shards=5, data_shards_total=6, data_source="0123456789abcdef",
+                            data_past_pass_shards=(5, 6), data_shards_total=6, data_source="0123456789abcdef",
                             taken_at=1.0)
     wire = to_wire(PeerRecord.from_status(status))
-    assert (wire["samples_contributed"], wire["data_pass"], wire["shards_consumed"], wire["last_pass_shards"],
-            wire["shards_total"], wire["data_source"]) == (480, 2, 3, 5, 6, "0123456789abcdef")
+    assert (wire["samples_contributed"], wire["data_pass"], wire["shards_consumed"], wire["past_pass_shards"],
+            wire["shards_total"], wire["data_source"]) == (480, 2, 3, [5, 6], 6, "0123456789abcdef")
     assert credit_problem(wire) == ""
     assert PeerRecord.from_dict(wire) == PeerRecord.from_status(status)
 
 
 def test_data_figures_come_from_a_coverage_stream_and_zero_otherwise() -> None:
     coverage = SimpleNamespace(pass_number=2, consumed=("a", "b"), shards_total=9)
-    stream = SimpleNamespace(coverage=lambda: coverage, source="src",
-                             last_pass_coverage=lambda: SimpleNamespace(consumed=("a", "b", "c")))
-    assert data_figures(stream) == DataFigures(2, 2, 3, 9, "src")
+    stream = SimpleNamespace(coverage=lambda: coverage, source="src", past_pass_shards=lambda: (3, 4))
+    assert data_figures(stream) == DataFigures(2, 2, (3, 4), 9, "src")
     assert data_figures(object()) == DataFigures()
 
     def broken() -> object:
