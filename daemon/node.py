@@ -131,6 +131,12 @@ class Node:
         kept, self._not_admitted = filter_view(view, self.plan.gate.is_admitted)
         return kept
 
+    def _peer_passes(self) -> list[tuple[str, int]]:
+        """(shard list, pass) of the other peers training now, from their records."""
+        own = self.latest.status().peer_id
+        return [(peer.data_source, peer.data_pass) for peer in self.latest.swarm().peers
+                if peer.state == NodeState.TRAINING and peer.peer_id != own and peer.data_source]
+
     def _run_figures(self) -> RunFigures:
         if self.keeper is None:
             return RunFigures()
@@ -247,6 +253,8 @@ class Node:
         credit = self.swarm_stats.credit
         self.board.credit, self.board.note_contributors = credit.figures, credit.note_contributors
         self.board.data = lambda: data_figures(parts.task.train_batches)
+        if hasattr(parts.task.train_batches, "swarm_passes"):  # a shard stream keeps in step with its peers
+            parts.task.train_batches.swarm_passes = self._peer_passes
         self.board.credit_bound = lambda: epoch_samples_bound(self.current_config().training)
 
     def _sync_with_swarm(self, parts: TrainingParts) -> None:

@@ -10,9 +10,13 @@ the shards already read this pass is the whole state: a restarted node continues
 A shard that cannot be read (I/O error, download given up) is skipped and a malformed one is
 abandoned, each with one warning line and a count; both are tried again next pass.
 
-For the swarm's coverage figures the stream also remembers how many shards it read in each of its
-last few passes (``past_pass_shards``, kept in the position): peers' passes drift apart (their
-shares differ in size), and a pass is only covered once every peer has read its share of it.
+Peers' passes drift apart: their shares of a pass differ in size, and a node that trained alone
+for a while (the first one) is passes ahead of those that joined later.  Shares are disjoint per
+pass number, so the swarm still covers every pass, just not at the same time; to keep the swarm in
+step, a node that finds itself more than one pass behind the other peers on the same shard list
+(the lower median of their passes, ``swarm_passes``) moves on to their pass when its own ends.  For
+the swarm's coverage figures the stream also remembers how many shards it read in each of its last
+few passes (``past_pass_shards``, kept in the position).
 """
 
 from __future__ import annotations
@@ -142,6 +146,9 @@ class ShardStream:
         self._empty_passes = 0
         self._last_pass: Coverage | None = None
         self._past: list[int] = []
+        #: The other training peers' (shard list, pass) as their records say; set by the node (None:
+        #: this stream follows nobody).
+        self.swarm_passes: Callable[[], Sequence[tuple[str, int]]] | None = None
         self._reset(0)
 
     # ------------------------------------------------------------------ the BatchStream interface
@@ -336,9 +343,28 @@ class ShardStream:
             )
         self._last_pass = self.coverage()
         self._past = [len(self.done), *self._past][:PAST_PASSES]
-        log.info("pass %d done: %d shards read, %d skipped; starting pass %d",
-                 self.pass_number, len(self.done), len(self.failed), self.pass_number + 1)
-        self._reset(self.pass_number + 1)
+        following = self._swarm_pass()
+        if following > self.pass_number + 1:
+            log.info("pass %d done: %d shards read, %d skipped; the other peers are at pass %d: moving on to it",
+                     self.pass_number, len(self.done), len(self.failed), following)
+            self._past = [0] * min(PAST_PASSES, following - self.pass_number - 1) + self._past  # passes not read
+            self._past = self._past[:PAST_PASSES]
+        else:
+            following = self.pass_number + 1
+            log.info("pass %d done: %d shards read, %d skipped; starting pass %d",
+                     self.pass_number, len(self.done), len(self.failed), following)
+        self._reset(following)
+
+    def _swarm_pass(self) -> int:
+        """The lower median of the other peers' passes over this shard list (0 when none is known)."""
+        if self.swarm_passes is None:
+            return 0
+        try:
+            passes = sorted(p for source, p in self.swarm_passes() if source == self.source and _is_count(p))
+        except Exception as exc:  # the swarm view is the node's business: go on by ourselves
+            log.debug("peers' passes unavailable (%r)", exc)
+            return 0
+        return passes[(len(passes) - 1) // 2] if passes else 0
 
 
 def _check_position(state: dict[str, Any], lanes: int) -> None:

@@ -89,6 +89,36 @@ def test_the_counts_of_past_passes_are_kept_newest_first_and_survive_a_restart(t
     assert stream.shard_ids == tuple(sorted(stream.shard_ids)) and len(stream.shard_ids) == 20
 
 
+def test_a_node_passes_behind_its_peers_moves_on_to_their_pass(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    root = _corpus(tmp_path / "c")
+    stream = _stream(root, "peer-b", ("peer-a", "peer-b"))
+    others: list[tuple[str, int]] = [(stream.source, 1), ("another shard list", 90)]
+    stream.swarm_passes = lambda: others
+    _run_pass(stream)  # one pass behind is the normal drift: no jump
+    assert stream.pass_number == 1
+    others[0] = (stream.source, 5)
+    with caplog.at_level(logging.INFO):
+        while stream.pass_number == 1:
+            stream.next()
+    assert stream.pass_number == 5
+    assert "the other peers are at pass 5: moving on to it" in caplog.text
+    assert stream.past_pass_shards()[:3] == (0, 0, 0)  # passes 2-4: nothing read by this node
+    assert stream.past_pass_shards()[3] > 0
+    stream.swarm_passes = lambda: [(stream.source, 99), (stream.source, 2), (stream.source, 3)]
+    while stream.pass_number == 5:
+        stream.next()
+    assert stream.pass_number == 6  # one peer far ahead is not the swarm (the lower median is)
+
+    def broken() -> list[tuple[str, int]]:
+        raise RuntimeError("no swarm view")
+
+    stream.swarm_passes = broken
+    while stream.pass_number == 6:
+        stream.next()
+    assert stream.pass_number == 7
+
+
 def test_same_peer_same_batches_other_peer_other_batches(tmp_path: Path) -> None:
     root = _corpus(tmp_path / "c")
     one, two, other = _stream(root), _stream(root), _stream(root, peer_seed=8)
