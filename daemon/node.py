@@ -111,6 +111,12 @@ class Node:
         """Peer IDs training now, as the latest swarm view has them (our own included once published)."""
         return [peer.peer_id for peer in self.latest.swarm().peers if peer.state == NodeState.TRAINING]
 
+    def _peer_passes(self) -> list[tuple[str, int]]:
+        """(shard list, pass) of the other peers training now, from their records."""
+        own = self.latest.status().peer_id
+        return [(peer.data_source, peer.data_pass) for peer in self.latest.swarm().peers
+                if peer.state == NodeState.TRAINING and peer.peer_id != own and peer.data_source]
+
     def initial_peers(self) -> list[str]:
         return list(dict.fromkeys([*self.current_config().swarm.initial_peers, *self.extra_peers]))
 
@@ -130,12 +136,6 @@ class Node:
 
         kept, self._not_admitted = filter_view(view, self.plan.gate.is_admitted)
         return kept
-
-    def _peer_passes(self) -> list[tuple[str, int]]:
-        """(shard list, pass) of the other peers training now, from their records."""
-        own = self.latest.status().peer_id
-        return [(peer.data_source, peer.data_pass) for peer in self.latest.swarm().peers
-                if peer.state == NodeState.TRAINING and peer.peer_id != own and peer.data_source]
 
     def _run_figures(self) -> RunFigures:
         if self.keeper is None:
