@@ -11,6 +11,7 @@ own counters: when every peer trains it waits ``--warmup`` seconds, counts sampl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -23,6 +24,7 @@ from p2ptrain.daemon.hooks import NodeHooks, SwarmPresence
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.service import ServiceHooks
 from p2ptrain.daemon.systemd import SystemdNotifier
+from p2ptrain.waiting import WaitTimeout, wait_until
 
 #: How long a peer waits for the others before it gives up (the harness kills it later anyway).
 BARRIER_TIMEOUT = 180.0
@@ -31,12 +33,13 @@ POLL = 0.01
 
 
 def _wait_for_files(paths: list[Path], timeout: float, node: Node) -> bool:
-    deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
-        if time.monotonic() > deadline or node.stopper.is_set():
-            return False
-        time.sleep(0.1)
-    return True
+    """True once every file exists; False at the deadline or when the node is asked to stop."""
+    try:
+        wait_until(lambda: node.stopper.is_set() or all(p.exists() for p in paths), timeout, "barrier files",
+                   interval=0.1, sleep=node.stopper.wait)
+    except WaitTimeout:
+        return False
+    return not node.stopper.is_set()
 
 
 def _publish_address(node: Node, run_dir: Path) -> None:
@@ -56,8 +59,8 @@ def _step_edges(node: Node, seconds: float) -> tuple[tuple[int, float], tuple[in
     trainer = node.parts.trainer
     deadline = time.monotonic() + seconds
     seen = trainer.samples_processed
-    while trainer.samples_processed == seen and time.monotonic() < deadline:
-        time.sleep(POLL)
+    with contextlib.suppress(WaitTimeout):  # no step in the whole window: the result says 0
+        wait_until(lambda: trainer.samples_processed != seen, seconds, "a step", interval=POLL)
     first = (trainer.samples_processed, time.monotonic())
     last = first
     while time.monotonic() < deadline:
@@ -111,12 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     join: list[str] = []
     if args.rank > 0:
         addr = Path(args.run_dir) / "peer0.addr"
-        deadline = time.monotonic() + BARRIER_TIMEOUT
-        while not addr.exists():
-            if time.monotonic() > deadline:
-                print("benchmark peer: the first peer never published its address", file=sys.stderr)
-                return 1
-            time.sleep(0.1)
+        try:
+            wait_until(addr.exists, BARRIER_TIMEOUT, "address of the first peer", interval=0.1)
+        except WaitTimeout:
+            print("benchmark peer: the first peer never published its address", file=sys.stderr)
+            return 1
         join = addr.read_text(encoding="utf-8").split()
     node = Node(config, extra_peers=join, hooks=hooks)
     on_ready = hooks.ready

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from benchmarks.peers import kill_group, wait_for_peers
 from p2ptrain.daemon.auth import TOKEN_FILE
 from p2ptrain.localswarm import local_node_config
+from p2ptrain.nodeclient import NodeClient, NodeError
 
 REPO = Path(__file__).resolve().parent.parent
 #: What Prometheus reads from every node, and what ``p2ptrain top`` reads from the node it watches.
@@ -46,11 +46,10 @@ def _read(state_dirs: list[Path], paths: tuple[str, ...]) -> int:
             token = (state_dir / TOKEN_FILE).read_text(encoding="utf-8").strip()
         except OSError:
             continue
+        client = NodeClient(url, token, timeout=2.0)
         for path in paths:
-            request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {token}"})
-            with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=2.0) as response:
-                response.read()
-                answered += response.status == 200
+            with contextlib.suppress(NodeError):
+                answered += client.request("GET", path).status == 200
     return answered
 
 

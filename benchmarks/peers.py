@@ -6,9 +6,10 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
+
+from p2ptrain.waiting import WaitTimeout, wait_until
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -26,13 +27,13 @@ def wait_for_peers(procs: list[subprocess.Popen[bytes]], timeout: float, what: s
     Stops early when one peer fails (the others would only wait for it); ``tick`` runs about every
     0.1 s while waiting.
     """
-    deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        if any(p.poll() not in (None, 0) for p in procs):
-            break
+    def settled() -> bool:
         if tick is not None:
             tick()
-        time.sleep(0.1)
+        return all(p.poll() is not None for p in procs) or any(p.poll() not in (None, 0) for p in procs)
+
+    with contextlib.suppress(WaitTimeout):  # a peer still running at the deadline is reported below
+        wait_until(settled, timeout, what, interval=0.1)
     failed = [(rank, p.poll()) for rank, p in enumerate(procs) if p.poll() != 0]
     if failed:
         tail = log_of(failed[0][0]).read_text(errors="replace")[-1500:]

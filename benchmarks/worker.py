@@ -21,17 +21,14 @@ from p2ptrain.cpushare import CpuShare, default_cpu_source
 from p2ptrain.optim import ClippedAdamW, build_optimizer
 from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks.loader import build_task
+from p2ptrain.waiting import wait_until
 
 MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco")
 BARRIER_TIMEOUT = 180.0
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_until(predicate, timeout, what, interval=0.05)  # WaitTimeout is a TimeoutError
 
 
 def barrier(run_dir: Path, name: str, rank: int, world: int) -> None:

@@ -13,10 +13,12 @@ browser).  Every error is a JSON ``{"error": ...}`` with a 4xx/5xx status.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import json
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +32,7 @@ from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
 from p2ptrain.daemon.httpserver import HttpServer, Limits, Request, Response, error_response, json_response
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.ratelimit import ClientLimiter
+from p2ptrain.errors import ConfigError
 from p2ptrain.status import LatestSnapshot
 
 logger = logging.getLogger(__name__)
@@ -119,6 +122,27 @@ class RenderCache:
         return response
 
 
+#: Bind errors that mean "this host is not one of this machine's addresses" (an unknown name,
+#: a name without addresses, someone else's address).  EAI_AGAIN (DNS down) may pass: not here.
+_NOT_HERE = frozenset({errno.EADDRNOTAVAIL, socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME),
+                       getattr(socket, "EAI_ADDRFAMILY", socket.EAI_NONAME)})
+
+
+def _bind_error(error: OSError, host: str, port: int) -> Exception:
+    """A failed bind as the error that says what to do.  A host that does not resolve or is not
+    an address of this machine, or a port this user may not take, is the config's fault and stays
+    so however often systemd restarts the node: ConfigError (exit 78).  A port in use may free up:
+    OSError (exit 1, restarted)."""
+    # socket.create_server re-raises a failed lookup as a plain OSError carrying the EAI_* code.
+    reason = (error.strerror or str(error)).split(" (while attempting to bind")[0]
+    if isinstance(error, socket.gaierror) or error.errno in _NOT_HERE:
+        return ConfigError(f"api.host: cannot listen on {host!r}: not an address of this machine ({reason}); "
+                           "use 127.0.0.1 (or 0.0.0.0 for every interface)")
+    if error.errno == errno.EACCES:
+        return ConfigError(f"api.port: cannot listen on port {port}: {reason} (ports below 1024 need privileges)")
+    return OSError(f"api.host/api.port: cannot listen on {host}:{port}: {reason}")
+
+
 class ApiServer:
     """Owns the listening socket and its thread; the node calls :meth:`start` and :meth:`stop`."""
 
@@ -166,8 +190,7 @@ class ApiServer:
             # Binding happens here so a bad address or a taken port fails the node's start, naming the field.
             self._server = HttpServer(host, port, self._handle, limits, logger)
         except OSError as error:
-            reason = error.strerror or str(error)
-            raise OSError(f"api.host/api.port: cannot listen on {host}:{port}: {reason}") from None
+            raise _bind_error(error, host, port) from None
 
     @property
     def port(self) -> int:

@@ -11,19 +11,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from p2ptrain.checkpoint import CheckpointStore
-from p2ptrain.config import NodeConfig
+from p2ptrain.config import ConfigError, NodeConfig
 from p2ptrain.daemon.checkpointer import Checkpointer
 from p2ptrain.daemon.faults import with_faults
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.fingerprint import model_fingerprint
+from p2ptrain.manifest_source import fetch_before_join
 from p2ptrain.optim import bandwidth_hint, build_optimizer
-from p2ptrain.ownedrun import RunKeeper, RunPlan, prepare_run
+from p2ptrain.ownedrun import RunKeeper, RunPlan, prepare_run, settle
 from p2ptrain.rejoin import Rejoiner
 from p2ptrain.rollback import NonFiniteRollback
 from p2ptrain.swarm import (
@@ -112,6 +114,18 @@ class NodeBuilder:
         """
         return prepare_run(config, identity_path(state_dir))
 
+    def fetch_manifest(self, plan: RunPlan, initial_peers: Sequence[str], stopper: Stopper) -> RunPlan:
+        """The one-line join: the run's manifest fetched from the swarm and settled into the plan
+        before the node writes anything, so a config it contradicts leaves the state dir untouched."""
+        if not initial_peers:
+            raise ConfigError(f"swarm.initial_peers: run {plan.ref} has no manifest here (swarm.manifest, or one this "
+                              "node kept from an earlier start) and no peer to fetch it from: give --join ADDR "
+                              "(or swarm.initial_peers), or the manifest file with --manifest FILE")
+        manifest = fetch_before_join(plan.ref, initial_peers, timeout=plan.config.swarm.bootstrap_timeout,
+                                     stop=stopper, dht_options=plan.dht_kwargs(), invited=plan.authorizer is not None)
+        logger.info("run %s: fetched manifest version %d from the swarm", plan.ref, manifest.version)
+        return settle(plan, manifest)
+
     def join(self, config: NodeConfig, state_dir: Path, initial_peers: Callable[[], Sequence[str]],
              validators: list[Any], stopper: Stopper, wall_clock: Callable[[], float],
              plan: RunPlan | None = None) -> JoinedSwarm:
@@ -139,12 +153,13 @@ class NodeBuilder:
 
     def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *,
                        live_peers: Callable[[], Sequence[str]], wall_clock: Callable[[], float],
-                       long_operation: Callable[[float], None], run: RunKeeper | None = None) -> TrainingParts:
+                       long_operation: Callable[[float], None], run: RunKeeper | None = None,
+                       wait: Callable[[float], object] = time.sleep) -> TrainingParts:
         """Task, optimizer (resumed from the local checkpoint if there is one), trainer and guards.
 
         ``live_peers`` names the peers training now: the data is shared out among them. In an owned
         run (``run``) the model must match the manifest's fingerprint, and the averagers take part
-        only with the peers its admission gate admits.
+        only with the peers its admission gate admits.  ``wait`` is the node's stop event's wait.
         """
         task = build_task(config.task, config.training, peer_seed(swarm.peer_id), peer_id=swarm.peer_id,
                           live_peers=live_peers, cache_dir=config.task.cache_dir or swarm.state_dir / "data-cache")
@@ -167,7 +182,7 @@ class NodeBuilder:
                                     client_mode=config.swarm.client_mode, stats=stats,
                                     bandwidth=bandwidth_hint(config.volunteer.upload_kbps,
                                                              config.volunteer.download_kbps),
-                                    admission=run.plan.gate if run is not None else None)
+                                    admission=run.plan.gate if run is not None else None, wait=wait)
         trainer = Trainer(task, optimizer, config.training.batch_size)
         if restored is not None:
             optimizer.restore(restored)

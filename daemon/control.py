@@ -6,14 +6,20 @@ steps and acts.  That keeps every state change on the node's own thread.
 A signal handler runs on the main thread between two bytecodes, possibly while that same thread
 is inside :meth:`ControlQueue.drain`; a queue guarded by a lock would then deadlock the node.
 ``queue.SimpleQueue`` is documented as reentrant (its ``put`` is safe in signal handlers), and
-nothing here takes a lock of its own.
+nothing here takes a lock of its own.  For the same reason a refused request is only counted
+where it is refused; :meth:`ControlQueue.drain`, on the loop's thread, says so in one line.  A
+reload is never lost to a full queue: one reload reads the config file as it is by then, so a
+refused one is kept as a flag and handed out with the next drain.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import queue
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 
 class Command(enum.StrEnum):
@@ -42,18 +48,33 @@ class ControlQueue:
     def __init__(self, maxsize: int = 64) -> None:
         self._queue: queue.SimpleQueue[ControlRequest] = queue.SimpleQueue()
         self._maxsize = maxsize
+        # Plain attributes, written by producers (signal handlers included) and read by drain().
+        self._refused = 0
+        self._reload_refused: ControlRequest | None = None
 
     def submit(self, request: ControlRequest) -> bool:
         """Enqueue without blocking (from any thread, or a signal handler); False when full."""
         if self._queue.qsize() >= self._maxsize:
+            self._refused += 1
+            if request.command is Command.RELOAD:
+                self._reload_refused = request
             return False
         self._queue.put(request)
         return True
 
     def drain(self) -> list[ControlRequest]:
+        """Every request waiting, oldest first; a reload refused while the queue was full comes last."""
         requests: list[ControlRequest] = []
         while True:
             try:
                 requests.append(self._queue.get_nowait())
             except queue.Empty:
-                return requests
+                break
+        refused, self._refused = self._refused, 0
+        reload, self._reload_refused = self._reload_refused, None
+        if reload is not None:
+            requests.append(reload)
+        if refused:
+            logger.warning("control: %d request%s refused, the queue was full%s", refused, "s" * (refused > 1),
+                           f"; the {reload.source or 'refused'} reload runs now" if reload is not None else "")
+        return requests

@@ -5,8 +5,9 @@ connection costs a sleeping coroutine, not a thread, and is dropped when the who
 headers, body) has not arrived within one total deadline, however slowly it trickles in.  Open
 connections are capped in total (over the cap: ``503`` at once, nothing read) and per client
 address (over it, a connection gets a short deadline and the handler decides: the API still
-answers ``/healthz``).  Heads and bodies are size-capped; every protocol error is a JSON answer.
-What a request means is the handler's business (:mod:`p2ptrain.daemon.api`).
+answers ``/healthz``); all of loopback counts as one address, since any local process can
+connect from any of 127.0.0.0/8's sixteen million.  Heads and bodies are size-capped; every
+protocol error is a JSON answer.  What a request means is the handler's business (:mod:`p2ptrain.daemon.api`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
+import ipaddress
 import json
 import logging
 import re
@@ -197,6 +199,16 @@ def _encode(response: Response, head_only: bool) -> bytes:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+def client_group(address: str) -> str:
+    """The name a client's open connections are counted under: its address, except that every
+    loopback address (127.0.0.0/8, ::1) is the one client "loopback"."""
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address
+    return "loopback" if loopback else address
+
+
 class HttpServer:
     """Binds at construction (a taken port fails there, with a clear OSError); serves after :meth:`start`."""
 
@@ -269,31 +281,33 @@ class HttpServer:
         peer = writer.get_extra_info("peername")
         client = str(peer[0]) if peer else "?"
         client = client.removeprefix("::ffff:")  # an IPv4 client of a dual-stack socket is that IPv4 address
-        self._open[client] += 1
+        group = client_group(client)
+        self._open[group] += 1
         self._open_total += 1
         try:
-            await self._serve(reader, writer, client)
+            await self._serve(reader, writer, client, group)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # the client went away, or the server is stopping: nothing to answer
         except Exception:
             self.log.exception("API connection from %s failed", client)
         finally:
-            self._open[client] -= 1
+            self._open[group] -= 1
             self._open_total -= 1
-            if self._open[client] <= 0:
-                del self._open[client]
+            if self._open[group] <= 0:
+                del self._open[group]
             if not writer.is_closing():
                 writer.transport.abort()
             if task is not None:
                 self._tasks.discard(task)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str,
+                     group: str) -> None:
         limits = self.limits
         if self._open_total > limits.max_connections:
             # Refuse before reading anything: this costs the server nothing.
             await self._send(writer, error_response(503, "too many connections", {"Retry-After": "1"}), None)
             return
-        over_cap = self._open[client] > limits.max_client_connections
+        over_cap = self._open[group] > limits.max_client_connections
         head = _HeadReader(reader, limits)
         try:
             async with asyncio.timeout(limits.over_cap_timeout if over_cap else limits.request_timeout):

@@ -1,15 +1,15 @@
 """The node's life: STARTING -> JOINING -> SYNCING -> TRAINING (the loop) -> STOPPING -> STOPPED.
 
 :class:`Node` joins the swarm and builds its parts through a builder (``daemon.builder``), syncs
-with the swarm, hands over to the training loop (``daemon.loop``), and on the way out writes a
-final checkpoint and takes everything down within a deadline.  In an owned run it settles the
-run's plan before anything is written, takes the run's settings from its signed manifest once
-joined, and follows new manifest versions (``daemon.runfollow``).  It maps every way a node can
-end to an exit code: 0 clean stop; 78 (EX_CONFIG) bad configuration, a bad manifest or invite,
-a model that does not match the run, or this node banned from it; 75 (EX_TEMPFAIL) another node
-holds the state directory, or a new manifest version needs a restart; 1 the swarm (or the run's
-manifest in it) could not be reached, or the node failed.  Swarm trouble is normal weather and
-never ends a node.
+with the swarm (``daemon.sync``), hands over to the training loop (``daemon.loop``), and on the
+way out writes a final checkpoint and takes everything down within a deadline (``daemon.shutdown``).
+In an owned run it settles the run's plan before anything is written, takes the run's settings
+from its signed manifest once joined, and follows new manifest versions (``daemon.runfollow``).
+It maps every way a node can end to an exit code: 0 clean stop; 78 (EX_CONFIG) bad
+configuration, a bad manifest or invite, a model that does not match the run, or this node banned
+from it; 75 (EX_TEMPFAIL) another node holds the state directory, or a new manifest version needs
+a restart; 1 the swarm (or the run's manifest in it) could not be reached, or the node failed.
+Swarm trouble is normal weather and never ends a node.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,11 +30,13 @@ from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.loop import PAUSED_WAIT, TrainingLoop
 from p2ptrain.daemon.runfollow import RunFollower, describe_figures
+from p2ptrain.daemon.shutdown import close_within_deadline, land_round_in_flight
 from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures, data_figures
 from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.daemon.sync import sync_with_swarm
+from p2ptrain.errors import error_line
 from p2ptrain.manifest_source import SourceUnavailable
 from p2ptrain.ownedrun import RunKeeper, RunPlan
-from p2ptrain.proc import descendants, signal_all
 from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
 from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
 from p2ptrain.swarmcredit import epoch_samples_bound
@@ -45,11 +45,6 @@ from p2ptrain.swarmstats import SwarmStats
 logger = logging.getLogger(__name__)
 
 EX_TEMPFAIL = 75
-#: How long a newcomer waits to read the swarm's progress before deciding whether it is behind.
-SYNC_WAIT = 10.0
-#: A stop that takes longer than this (hivemind waiting on a round) is cut short; the final
-#: checkpoint is already on disk by then, so nothing is lost.
-SHUTDOWN_DEADLINE = 20.0
 
 
 class Node:
@@ -67,6 +62,7 @@ class Node:
         wall_clock: Callable[[], float] = time.time,
         set_threads: Callable[[int], None] | None = None,
         paused_wait: float = PAUSED_WAIT,
+        cpu_share: CpuShare | None = None,
     ) -> None:
         self.config = config
         self.extra_peers = list(extra_peers)
@@ -81,8 +77,8 @@ class Node:
         self.latest = LatestSnapshot()
         self.swarm_stats = SwarmStats()
         self.board = StatusBoard(self.latest, config.training.target_batch_size, clock=clock, wall_clock=wall_clock)
-        self.cpu_share = CpuShare(config.volunteer.max_cpu_percent, cpu_seconds=default_cpu_source(), clock=clock,
-                                  wait=self.stopper.wait)
+        self.cpu_share = cpu_share or CpuShare(config.volunteer.max_cpu_percent, cpu_seconds=default_cpu_source(),
+                                               clock=clock, wait=self.stopper.wait)
         self.board.view = self._swarm_view
         self.board.stats = self.swarm_stats.view
         self.board.rounds = self.swarm_stats.rounds.figures
@@ -148,8 +144,11 @@ class Node:
         """Run the node to its end; the exit code says how it ended (one line on stderr if badly)."""
         try:
             state_dir = self.config.state_dir()
-            # An owned run's manifest file and invite are checked before anything is written.
+            # An owned run's manifest and invite are checked before anything is written: the file
+            # (or the version kept from an earlier start), else the swarm's, fetched for it.
             self.plan = self.builder.prepare(self.config, state_dir)
+            if self.plan is not None and self.plan.manifest is None:
+                self.plan = self.builder.fetch_manifest(self.plan, self.initial_peers(), self.stopper)
             if self.plan is not None:
                 self._use_config(self.plan.config)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -158,7 +157,7 @@ class Node:
             try:
                 code = self._run(state_dir)
             finally:
-                self._shutdown()
+                self._close()
                 lock.release()
             if code:
                 print(f"p2ptrain: {self._exit_reason}", file=sys.stderr)
@@ -199,7 +198,8 @@ class Node:
 
         self.parts = parts = self.builder.build_training(cfg, swarm, self.swarm_stats, live_peers=self.training_peers,
                                                          wall_clock=self.wall_clock,
-                                                         long_operation=self.hooks.long_operation, run=self.keeper)
+                                                         long_operation=self.hooks.long_operation, run=self.keeper,
+                                                         wait=self.stopper.wait)
         self._watch(parts)
         follower = None
         if self.keeper is not None:
@@ -216,7 +216,9 @@ class Node:
                                  paused_wait=self.paused_wait, poll_run=follower.poll if follower else None)
 
         self.board.set_state(NodeState.SYNCING)
-        self._sync_with_swarm(parts)
+        training = cfg.training
+        sync_with_swarm(parts.optimizer, self.stopper, self.clock, before_download=lambda: self.hooks.long_operation(
+            training.load_state_timeout * training.load_state_attempts))
         if not self.stopper.is_set():  # a stop during the sync skips straight to the final checkpoint
             self.loop.validate()
             self.board.set_state(NodeState.TRAINING)
@@ -225,7 +227,9 @@ class Node:
 
         self.board.set_state(NodeState.STOPPING)
         logger.info("stopping (%s): writing a final checkpoint", self.stopper.reason)
-        self._land_round_in_flight(parts)
+        training = self.current_config().training
+        self.hooks.long_operation(training.averaging_timeout + training.matchmaking_time)
+        land_round_in_flight(parts.optimizer)
         if self.loop.checkpoint():
             self._forced_exit_code = self.exit_code
         return self.exit_code
@@ -257,60 +261,20 @@ class Node:
             parts.task.train_batches.swarm_passes = self._peer_passes
         self.board.credit_bound = lambda: epoch_samples_bound(self.current_config().training)
 
-    def _sync_with_swarm(self, parts: TrainingParts) -> None:
-        """If the swarm is ahead of us, download its state (bounded); else go on from what we have."""
-        optimizer = parts.optimizer
-        deadline = self.clock() + SYNC_WAIT
-        while not optimizer.global_progress().known and self.clock() < deadline:
-            if self.stopper.wait(0.2):
-                return
-        swarm_epoch = optimizer.global_progress().epoch
-        if swarm_epoch > optimizer.local_epoch:
-            logger.info("swarm is at epoch %d, we are at %d: downloading state from peers",
-                        swarm_epoch, optimizer.local_epoch)
-            cfg = self.config.training
-            self.hooks.long_operation(cfg.load_state_timeout * cfg.load_state_attempts)
-            optimizer.load_state_from_peers()
-            logger.info("now at epoch %d", optimizer.local_epoch)
-        else:
-            logger.info("in sync with the swarm at epoch %d", optimizer.local_epoch)
-
-    def _land_round_in_flight(self, parts: TrainingParts) -> None:
-        """An overlapped round still in flight is this node's share of the swarm's last update: let
-        it land (bounded by the averaging timeout) so the final checkpoint holds it."""
-        self.hooks.long_operation(self.config.training.averaging_timeout + self.config.training.matchmaking_time)
-        try:
-            parts.optimizer.flush()
-        except Exception as exc:  # the swarm's trouble must not cost the final checkpoint
-            logger.warning("the last averaging round did not land (%r); checkpointing local progress", exc)
-
-    def _shutdown(self) -> None:
-        deadline = threading.Timer(SHUTDOWN_DEADLINE, self._force_exit)
-        deadline.daemon = True
-        deadline.start()
-        self.hooks.stopping()
+    def _close(self) -> None:
+        """Take down what the node owns; a hang past the deadline ends the process (helpers and all)."""
+        closers = [self.hooks.stopping]
         if self.parts is not None:
-            self.parts.close()
+            closers.append(self.parts.close)
         if self.swarm is not None:
-            self.swarm.close()
-        deadline.cancel()
+            closers.append(self.swarm.close)
+        close_within_deadline(closers, lambda: self._forced_exit_code)
         self.board.set_state(NodeState.STOPPED)
         self.stopper.close()
 
-    def _force_exit(self) -> None:
-        """Runs on a timer thread when shutting down hangs: stop every helper, then the process."""
-        helpers = descendants()
-        logger.warning("leaving the swarm took over %.0fs: stopping %d helper processes and exiting",
-                       SHUTDOWN_DEADLINE, len(helpers))
-        signal_all(helpers, signal.SIGTERM)
-        time.sleep(1.0)
-        signal_all(descendants(), signal.SIGKILL)
-        logging.shutdown()
-        os._exit(self._forced_exit_code)
-
 
 def _fail(error: BaseException, code: int) -> int:
-    print(f"p2ptrain: {error}", file=sys.stderr)
+    print(error_line(error), file=sys.stderr)
     return code
 
 

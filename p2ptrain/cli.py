@@ -3,7 +3,8 @@
 Each command's implementation is imported only when that command runs, so ``p2ptrain top``
 and ``p2ptrain config check`` never load torch or hivemind.  Handlers take the parsed
 arguments and return an exit code; a :class:`ConfigError` anywhere becomes one line on
-stderr and exit code 78.
+stderr and exit code 78, and a reader that stops reading (``p2ptrain run init ... | head``)
+ends the command quietly.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from p2ptrain import __version__
-from p2ptrain.errors import EX_CONFIG, ConfigError  # not p2ptrain.config: no pydantic at start-up
+from p2ptrain.errors import EX_CONFIG, ConfigError, error_line  # not p2ptrain.config: no pydantic at start-up
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -251,12 +252,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         args = build_parser().parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a reader that left (``| head``) shows here, not at interpreter exit
+        return code
     except ConfigError as error:
-        print(f"p2ptrain: config error: {error}", file=sys.stderr)
+        print(error_line(error), file=sys.stderr)
         return EX_CONFIG
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # SIGPIPE stays ignored (the node writes to sockets); a closed stdout is the reader's choice.
+        _discard_stdout()
+        return EX_BROKEN_PIPE
+
+
+#: What a shell reports for a command killed by SIGPIPE (128 + 13).
+EX_BROKEN_PIPE = 141
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so flushing it again at exit does not raise a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (tests): nothing left to flush there
+        pass
 
 
 if __name__ == "__main__":

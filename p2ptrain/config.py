@@ -9,17 +9,17 @@ one line and exit with ``EX_CONFIG`` (78) instead of a traceback.
 from __future__ import annotations
 
 import os
-import re
 import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from p2ptrain.config_checks import check_host, missing_data_path, unusable_directory
+from p2ptrain import config_checks as checks
+from p2ptrain.config_checks import missing_data_path, unusable_directory
+from p2ptrain.config_checks import parse_multiaddr as parse_multiaddr
 
 # Re-exported (the "as" form): callers keep importing both from p2ptrain.config.
 from p2ptrain.errors import EX_CONFIG as EX_CONFIG
@@ -43,23 +43,6 @@ class _Section(BaseModel):
     # is finite.  Paths opt out of strictness field by field, since TOML spells them as strings.
     model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True,
                               strict=True, allow_inf_nan=False)
-
-
-def parse_multiaddr(text: str, *, need_peer_id: bool = False) -> Multiaddr:
-    """Parse ``text`` with py-multiaddr; ``need_peer_id`` demands a trailing ``/p2p/<id>``."""
-    try:
-        addr = Multiaddr(text)
-    except Exception as exc:  # py-multiaddr raises several unrelated exception types
-        raise ValueError(f"not a valid multiaddr {text!r} ({exc})") from None
-    if need_peer_id and "/p2p/" not in str(addr):
-        raise ValueError(f"multiaddr {text!r} has no /p2p/<peer id> part; copy it from the first node's log")
-    return addr
-
-
-def _check_maddrs(values: list[str], *, need_peer_id: bool) -> list[str]:
-    for value in values:
-        parse_multiaddr(value, need_peer_id=need_peer_id)
-    return values
 
 
 class NodeSection(_Section):
@@ -121,44 +104,11 @@ class SwarmSection(_Section):
     invite: str | None = None
     """Invite token for a private (invite-only) run, from: p2ptrain run invite <run> <this node's peer id>."""
 
-    @field_validator("run_id")
-    @classmethod
-    def _run_id_is_a_name(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", value):
-            raise ValueError("must be 1-64 characters of letters, digits, '_' and '-' "
-                             "(hivemind keys cannot contain '.')")
-        return value
-
-    @field_validator("run")
-    @classmethod
-    def _run_is_a_reference(cls, value: str | None) -> str | None:
-        from p2ptrain.runref import RunRef  # stdlib only
-
-        if value is not None:
-            try:
-                RunRef.parse(value)
-            except ConfigError:
-                raise ValueError("not a run reference; expected NAME@<26 characters a-z2-7>, "
-                                 "as printed by p2ptrain run init") from None
-        return value
-
-    @field_validator("invite")
-    @classmethod
-    def _invite_shape(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"p2ptrain-invite-v1\.[A-Za-z0-9_.-]{1,4000}", value.strip()):
-            raise ValueError("not an invite token (expected p2ptrain-invite-v1.<...>, "
-                             "as printed by p2ptrain run invite)")
-        return value.strip() if value is not None else None
-
-    @field_validator("initial_peers")
-    @classmethod
-    def _initial_peers_are_multiaddrs(cls, values: list[str]) -> list[str]:
-        return _check_maddrs(values, need_peer_id=True)
-
-    @field_validator("listen_addrs", "announce_addrs")
-    @classmethod
-    def _addrs_are_multiaddrs(cls, values: list[str]) -> list[str]:
-        return _check_maddrs(values, need_peer_id=False)
+    _run_id = field_validator("run_id")(checks.run_id)
+    _run = field_validator("run")(checks.run_reference)
+    _invite = field_validator("invite")(checks.invite_token)
+    _initial_peers = field_validator("initial_peers")(checks.peer_multiaddrs)
+    _addrs = field_validator("listen_addrs", "announce_addrs")(checks.multiaddrs)
 
 
 class TaskSection(_Section):
@@ -222,30 +172,9 @@ class TaskSection(_Section):
     options: dict[str, Any] = {}
     """Free-form options passed to a user task's entrypoint."""
 
-    @field_validator("data_path", mode="before")
-    @classmethod
-    def _data_path_text(cls, value: object) -> object:
-        # A Path (tests, Python callers) is as good as a string; URLs cannot be Paths ("//" collapses).
-        return os.fspath(value) if isinstance(value, os.PathLike) else value
-
-    @field_validator("data_path")
-    @classmethod
-    def _data_path_shape(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not value.strip() or "\x00" in value:
-            raise ValueError("must be a path, a glob or an http(s):// URL")
-        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", value)
-        if scheme and scheme[1].lower() not in ("http", "https"):
-            raise ValueError(f"only http:// and https:// URLs can be read, got a {scheme[1]}:// URL")
-        return value
-
-    @field_validator("entrypoint")
-    @classmethod
-    def _entrypoint_shape(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
-            raise ValueError(f"must look like 'package.module:function', got {value!r}")
-        return value
+    _data_path_text = field_validator("data_path", mode="before")(checks.path_as_text)
+    _data_path = field_validator("data_path")(checks.data_path_shape)
+    _entrypoint = field_validator("entrypoint")(checks.entrypoint)
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> TaskSection:
@@ -311,9 +240,9 @@ class TrainingSection(_Section):
 
     mode: Literal["gradient", "diloco"] = "gradient"
     """gradient: average gradients with the swarm every optimizer epoch (hivemind.Optimizer); best on
-    fast links. diloco: train alone for inner_steps steps with AdamW, then average the parameter change
-    (pseudo-gradient) with the swarm and apply an outer Nesterov SGD step; ~inner_steps times less
-    traffic, the mode for home-internet volunteers. All peers of a run must use the same mode."""
+    fast links. diloco: train alone with AdamW for a round (about inner_steps steps), then average the
+    parameters with the swarm and apply an outer Nesterov SGD step towards that average; ~inner_steps
+    times less traffic, the mode for home-internet volunteers. All peers of a run must use the same mode."""
 
     grad_compression: Literal["none", "fp16", "8bit"] = "fp16"
     """Wire format of what is averaged each round (gradients, or in DiLoCo mode parameters): none (fp32),
@@ -348,7 +277,8 @@ class TrainingSection(_Section):
     multiple of batch_size); larger batches pay the optimizer step less often. 0: batch_size."""
 
     outer_lr: Annotated[float, Field(gt=0, le=100)] = 0.7
-    """DiLoCo mode: learning rate of the outer SGD step applied to the averaged pseudo-gradient."""
+    """DiLoCo mode: learning rate of the outer SGD step (its gradient: the outer parameters less the
+    swarm's average)."""
 
     outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     """DiLoCo mode: momentum of the outer SGD step."""
@@ -390,10 +320,7 @@ class ApiSection(_Section):
     port: Annotated[int, Field(ge=0, le=65535)] = DEFAULT_API_PORT
     """TCP port; 0 picks a free one (written to <state_dir>/api.url)."""
 
-    @field_validator("host")
-    @classmethod
-    def _host_syntax(cls, value: str) -> str:
-        return check_host(value)
+    _host = field_validator("host")(checks.check_host)
 
 
 class VolunteerSection(_Section):

@@ -1,6 +1,8 @@
-"""Checks on config values that types alone cannot express: host syntax and the local filesystem.
+"""Checks on config values that types alone cannot express: names, references, addresses, hosts,
+data paths and the local filesystem.
 
-The host check is pure and runs as a field validator.  The path checks look at the filesystem,
+The value checks are pure and run as the config sections' field validators (each returns the
+value or raises ValueError saying why; pydantic names the field and the value).  The path checks look at the filesystem,
 so they run when a config is loaded (``p2ptrain config check``, ``p2ptrain run``, a reload), not
 whenever a section object is built: a config is judged on the machine that will use it, before
 the node joins anything, instead of failing minutes later after it joined the swarm.
@@ -9,9 +11,14 @@ the node joins anything, instead of failing minutes later after it joined the sw
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import stat
 from pathlib import Path
+
+from multiaddr import Multiaddr
+
+from p2ptrain.errors import ConfigError
 
 _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
 _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
@@ -19,6 +26,78 @@ _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
 _DOTTED_NUMBERS = re.compile(r"[0-9.]+")
 _URL_SCHEMES = ("http://", "https://")
 _GLOB_CHARACTERS = frozenset("*?[")
+
+
+def run_id(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", value):
+        raise ValueError("must be 1-64 characters of letters, digits, '_' and '-' "
+                         "(hivemind keys cannot contain '.')")
+    return value
+
+
+def run_reference(value: str | None) -> str | None:
+    from p2ptrain.runref import RunRef  # stdlib only
+
+    if value is not None:
+        try:
+            RunRef.parse(value)
+        except ConfigError:
+            raise ValueError("not a run reference; expected NAME@<26 characters a-z2-7>, "
+                             "as printed by p2ptrain run init") from None
+    return value
+
+
+def invite_token(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"p2ptrain-invite-v1\.[A-Za-z0-9_.-]{1,4000}", value.strip()):
+        raise ValueError("not an invite token (expected p2ptrain-invite-v1.<...>, "
+                         "as printed by p2ptrain run invite)")
+    return value.strip() if value is not None else None
+
+
+def parse_multiaddr(text: str, *, need_peer_id: bool = False) -> Multiaddr:
+    """Parse ``text`` with py-multiaddr; ``need_peer_id`` demands a trailing ``/p2p/<id>``."""
+    try:
+        addr = Multiaddr(text)
+    except Exception as exc:  # py-multiaddr raises several unrelated exception types
+        raise ValueError(f"not a valid multiaddr {text!r} ({exc})") from None
+    if need_peer_id and "/p2p/" not in str(addr):
+        raise ValueError(f"multiaddr {text!r} has no /p2p/<peer id> part; copy it from the first node's log")
+    return addr
+
+
+def multiaddrs(values: list[str]) -> list[str]:
+    for value in values:
+        parse_multiaddr(value)
+    return values
+
+
+def peer_multiaddrs(values: list[str]) -> list[str]:
+    """Addresses of peers to dial: each must name the peer (``/p2p/<id>``)."""
+    for value in values:
+        parse_multiaddr(value, need_peer_id=True)
+    return values
+
+
+def path_as_text(value: object) -> object:
+    """A Path (tests, Python callers) is as good as a string; URLs cannot be Paths ("//" collapses)."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def data_path_shape(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.strip() or "\x00" in value:
+        raise ValueError("must be a path, a glob or an http(s):// URL")
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", value)
+    if scheme and scheme[1].lower() not in ("http", "https"):
+        raise ValueError(f"only http:// and https:// URLs can be read, got a {scheme[1]}:// URL")
+    return value
+
+
+def entrypoint(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+        raise ValueError(f"must look like 'package.module:function', got {value!r}")
+    return value
 
 
 def check_host(value: str) -> str:

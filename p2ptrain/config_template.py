@@ -102,5 +102,5 @@ def check_command(args: argparse.Namespace) -> int:
         print(f"the manifest of run {plan.ref} is fetched from the swarm when the node joins; to see it now: "
               f"p2ptrain run show {plan.ref} --join ADDR")
     else:
-        print("\n".join(show_lines(plan.manifest, f"file {config.swarm.manifest}")))
+        print("\n".join(show_lines(plan.manifest, plan.source)))
     return 0

@@ -77,10 +77,7 @@ class DemoRun:
                     self.first_val_loss = status.val_loss
 
     def stop_all(self) -> None:
-        for node in self.nodes:
-            node.signal(15)
-        for node in self.nodes:
-            node.stop(timeout=30)
+        LocalNode.stop_all(self.nodes, timeout=30)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -206,7 +203,8 @@ def _churn(run: DemoRun, join: list[str], elapsed: float, duration: float, out: 
         out.write(f"\n>>> {newcomer.name} joins late: it will download the swarm's state and contribute\n")
 
 
-def run_demo(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out if out is not None else sys.stdout  # looked up now: a default is bound at import time
     peers, duration = int(args.peers), float(args.duration)
     if not 1 <= peers <= 8:
         print("p2ptrain demo: --peers must be between 1 and 8", file=sys.stderr)

@@ -10,7 +10,9 @@ node's :class:`~p2ptrain.admission.AdmissionGate`). A stranger cannot borrow an 
 requests needs the private identity key of the peer it names.
 
 A refused request gets no answer (hivemind drops it); the refusal is counted and logged once
-per peer. Every node of an invite run must use the authorizer: the DHT of such a run is closed.
+per peer, a peer without any invite named by the libp2p peer ID it connected with (up to a
+bound; the rest are counted only). Every node of an invite run must use the authorizer: the DHT
+of such a run is closed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import functools
 import hashlib
 import logging
 import multiprocessing as mp
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -115,7 +118,8 @@ class InviteAuthorizer(TokenAuthorizerBase):
         peer_id = known[0] if known is not None else ""
         reason = ""
         if known is None and not key[0]:
-            peer_id, reason = "(unknown)", "it presented no invite (a node outside the run, or not set up for it)"
+            peer_id = _rpc_peer() or "(unknown)"
+            reason = "it presented no invite (a node outside the run, or not set up for it)"
         elif known is None:
             try:
                 peer_id = peer_id_of_public_key(key[1])
@@ -155,9 +159,38 @@ class InviteAuthorizer(TokenAuthorizerBase):
     def _refuse(self, peer_id: str, reason: str) -> None:
         with self._refused.get_lock():
             self._refused.value += 1
-        if peer_id not in self._logged and len(self._logged) < _LOGGED_PEERS:
+        if peer_id in self._logged:
+            return
+        if len(self._logged) < _LOGGED_PEERS:
             self._logged.add(peer_id)
             logger.info("refusing DHT requests of peer %s in invite run %s: %s", peer_id, self._ref, reason)
+        elif len(self._logged) == _LOGGED_PEERS:
+            self._logged.add("")  # said once: from here on refusals are only counted
+            logger.info("refused DHT requests of %d peers in invite run %s; more are counted only "
+                        "(dht_requests_refused_total)", _LOGGED_PEERS, self._ref)
+
+
+def _rpc_peer(depth: int = 4) -> str | None:
+    """The peer ID of the DHT request being authorized, when it can be seen.
+
+    hivemind hands an authorizer the request alone; a peer without an authorizer sends no token,
+    so nothing in it names the sender. The RPC's context (``P2PContext.remote_id``, the peer libp2p
+    authenticated) is an argument of hivemind's ``AuthRPCWrapper`` a frame or two up the await
+    chain. Looked for only when refusing such a peer, and never trusted for anything but a log line.
+    """
+    try:
+        frame = sys._getframe(2)
+        for _ in range(depth):
+            if frame is None:
+                return None
+            args = frame.f_locals.get("args")
+            remote = getattr(args[0], "remote_id", None) if isinstance(args, tuple) and args else None
+            if remote is not None:
+                return str(remote.to_base58())
+            frame = frame.f_back
+    except Exception:  # a different hivemind: the refusal still counts, the peer is just unnamed
+        return None
+    return None
 
 
 async def _forget(peer_ids: frozenset[str], _dht: Any, node: Any) -> int:

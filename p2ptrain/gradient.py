@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import hivemind
@@ -37,8 +38,11 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
     """
 
     def __init__(self, *args: Any, stats: SwarmStats, load_state_attempts: int, retry_sync_after: float,
-                 wire_format: str = "none", admission: Admission | None = None, **kwargs: Any) -> None:
+                 wire_format: str = "none", admission: Admission | None = None,
+                 wait: Callable[[float], object] = time.sleep, **kwargs: Any) -> None:
         self._admission = admission
+        #: Sleeps between download attempts; the node's stop event (True: stop asked, try no more).
+        self._wait = wait
         self.stats = stats
         self._load_state_attempts = load_state_attempts
         self._retry_sync_after = retry_sync_after
@@ -190,9 +194,9 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
                         logger.info("downloaded the swarm's state: now at epoch %d", self.local_epoch)
                         return
                     logger.info("no donor answered (attempt %d/%d)", attempt, self._load_state_attempts)
-                if attempt < self._load_state_attempts:
-                    # A node that has just joined may not see the donors' DHT entries yet.
-                    time.sleep(2.0 * attempt)
+                # A node that has just joined may not see the donors' DHT entries yet.
+                if attempt < self._load_state_attempts and self._wait(2.0 * attempt):
+                    break
             self.stats.download_finished(False, 0.0)
             self._last_failed_sync = time.monotonic()
             logger.warning("could not download state from any peer; continuing with local state")

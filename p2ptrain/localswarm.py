@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,6 +194,22 @@ class LocalNode:
             self.kill()
             code = self.wait(10)
         return code
+
+    @staticmethod
+    def stop_all(nodes: Iterable[LocalNode], timeout: float = 40.0) -> dict[str, int | None]:
+        """Stop several nodes at once: one SIGTERM each (a second one means "exit now", skipping
+        the final checkpoint), then wait for all of them together; SIGKILL what is left."""
+        running = [node for node in nodes if node.running]
+        for node in running:
+            node.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        codes: dict[str, int | None] = {}
+        for node in running:
+            codes[node.name] = node.wait(max(0.0, deadline - time.monotonic()))
+            if codes[node.name] is None:
+                node.kill()
+                node.wait(10)
+        return codes
 
     def kill(self, whole_tree: bool = True) -> None:
         """SIGKILL the node; with ``whole_tree`` also every process it started, as when a machine

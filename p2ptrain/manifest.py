@@ -1,8 +1,10 @@
 """The run manifest: what every peer of a run must share, signed by the run's owner.
 
-A manifest holds the whole ``[task]`` section, the run-wide part of ``[training]``, the admission
-policy (``open`` or ``invite``) with banned and revoked peer IDs, a strictly increasing version,
-the model fingerprint once known, and the owner's public key. The owner signs a canonical JSON
+A manifest holds what is trained and on which data (the run-wide part of ``[task]``: the model,
+the tokenizer, ``seq_len``, the dataset when it lives at http(s) URLs, or the fact that each node
+brings its own copy), the run-wide part of ``[training]``, the admission policy (``open`` or
+``invite``) with banned and revoked peer IDs, a strictly increasing version, the model
+fingerprint once known, and the owner's public key. The owner signs a canonical JSON
 serialization of all of it; the file is the canonical TOML rendering of the same values with the
 signature appended, and is accepted only when it *is* that rendering byte for byte, so any edit
 (a value, a comment, a space) is refused. Anyone may hold and pass on a manifest; only the owner
@@ -47,8 +49,20 @@ RUN_WIDE_TRAINING: tuple[str, ...] = (
     "outer_nesterov",
 )
 LOCAL_TRAINING: tuple[str, ...] = tuple(n for n in TrainingSection.model_fields if n not in RUN_WIDE_TRAINING)
+#: [task] fields every peer of a run must share: the model, how text becomes tokens, and the
+#: dataset's identity. ``data_path`` is among them only as an http(s) URL (a shard or a shard
+#: index): a local path means nothing on another machine, so a run on local data records
+#: ``local_data = true`` instead, and each node names its own copy in its config.
+RUN_WIDE_TASK: tuple[str, ...] = (
+    "name", "entrypoint", "data_path", "data_format", "text_field", "seq_len", "d_model", "n_layers", "n_heads",
+    "validation_fraction", "validation_batches", "options",
+)
+#: [task] fields that are each machine's own: memory for text, the download cache and its limits.
+LOCAL_TASK: tuple[str, ...] = tuple(n for n in TaskSection.model_fields if n not in RUN_WIDE_TASK)
 #: [task] fields that may be left out of a manifest (their default is None).
-OPTIONAL_TASK: tuple[str, ...] = tuple(n for n, f in TaskSection.model_fields.items() if f.default is None)
+OPTIONAL_TASK: tuple[str, ...] = tuple(n for n in RUN_WIDE_TASK if TaskSection.model_fields[n].default is None)
+#: The manifest's own [task] key: the run trains on data each node keeps locally.
+LOCAL_DATA_KEY = "local_data"
 _SECTIONS = ("format", "run", "admission", "task", "training", "signature")
 _HEADER = ("# p2ptrain run manifest, signed by the run's owner. Do not edit: any change breaks the signature.\n"
            "# Change it with: p2ptrain run update <this file> --set training.lr=3e-4 ... (which re-signs it)\n")
@@ -119,6 +133,8 @@ class Manifest:
     banned: tuple[str, ...] = ()
     revoked: tuple[str, ...] = ()
     fingerprint: str | None = None
+    local_data: bool = False
+    """The run's data is a local path on the owner's machine: each node sets ``task.data_path`` itself."""
     signature: bytes = field(default=b"", repr=False)
 
     @property
@@ -139,7 +155,8 @@ class Manifest:
             "run": {k: v for k, v in run.items() if v is not None},
             "admission": {"policy": self.policy, "banned": sorted(set(self.banned)),
                           "revoked": sorted(set(self.revoked))},
-            "task": {k: v for k, v in self.task.items() if v is not None},
+            "task": {k: v for k, v in self.task.items() if v is not None}
+            | ({LOCAL_DATA_KEY: True} if self.local_data else {}),
             "training": dict(self.training),
         }
 
@@ -149,6 +166,9 @@ class Manifest:
     def signed(self, key: OwnerKey) -> Manifest:
         if key.public_key != self.owner_key:
             raise ManifestError(f"owner key is not the key of run {self.ref}")
+        problem = data_problem(self.task.get("data_path"), self.local_data)
+        if problem:
+            raise ManifestError(f"run {self.ref}: {problem}")
         try:
             self.to_toml()  # every value must have a TOML form before it is signed
         except (TypeError, ValueError) as exc:
@@ -191,8 +211,11 @@ def _describe(error: ValidationError, origin: str, section: str) -> str:
 
 
 def _check_keys(data: Mapping[str, Any], required: tuple[str, ...], allowed: tuple[str, ...],
-                origin: str, section: str) -> None:
+                origin: str, section: str, local: tuple[str, ...] = ()) -> None:
     for key in data:
+        if key in local:
+            raise ManifestError(f"{origin}: {section}.{key}: a setting of each node's own config, not part of a "
+                                "run manifest")
         if key not in allowed:
             where = f"{key}: unknown section" if not section else f"{section}.{key}: unknown key"
             raise ManifestError(f"{origin}: {where}")
@@ -230,15 +253,22 @@ def parse_manifest(text: str, origin: str = "manifest") -> Manifest:
     except ValidationError as error:
         section = "run" if error.title == "RunBlock" else "admission"
         raise ManifestError(_describe(error, origin, section)) from None
-    task_data = _section(data, "task", origin)
-    task_required = tuple(n for n in TaskSection.model_fields if n not in OPTIONAL_TASK)
-    _check_keys(task_data, task_required, tuple(TaskSection.model_fields), origin, "task")
+    task_data = dict(_section(data, "task", origin))
+    local_data = task_data.pop(LOCAL_DATA_KEY, False)
+    if type(local_data) is not bool:
+        raise ManifestError(f"{origin}: task.{LOCAL_DATA_KEY}: must be true or false (got {local_data!r:.40})")
+    task_required = tuple(n for n in RUN_WIDE_TASK if n not in OPTIONAL_TASK)
+    _check_keys(task_data, task_required, RUN_WIDE_TASK, origin, "task", local=LOCAL_TASK)
     training_data = _section(data, "training", origin)
-    _check_keys(training_data, RUN_WIDE_TRAINING, RUN_WIDE_TRAINING, origin, "training")
+    _check_keys(training_data, RUN_WIDE_TRAINING, RUN_WIDE_TRAINING, origin, "training",
+                local=LOCAL_TRAINING)
     try:
-        task = TaskSection.model_validate(task_data).model_dump(mode="json")
+        task_all = TaskSection.model_validate(task_data).model_dump(mode="json")
     except ValidationError as error:
         raise ManifestError(_describe(error, origin, "task")) from None
+    problem = data_problem(task_all["data_path"], local_data)
+    if problem:
+        raise ManifestError(f"{origin}: {problem}")
     try:
         training_all = TrainingSection.model_validate(training_data).model_dump(mode="json")
     except ValidationError as error:
@@ -254,7 +284,9 @@ def parse_manifest(text: str, origin: str = "manifest") -> Manifest:
         name=run.name, owner_key=decode_public_key(run.owner_key), version=run.version,
         created_at=run.created_at, updated_at=run.updated_at, fingerprint=run.fingerprint,
         policy=admission.policy, banned=tuple(admission.banned), revoked=tuple(admission.revoked),
-        task=task, training={name: training_all[name] for name in RUN_WIDE_TRAINING}, signature=signature,
+        task={name: task_all[name] for name in RUN_WIDE_TASK},
+        training={name: training_all[name] for name in RUN_WIDE_TRAINING}, local_data=local_data,
+        signature=signature,
     )
     if run.reference != str(manifest.ref):
         raise ManifestError(f"{origin}: run.reference {run.reference!r:.80} is not the reference of its "
@@ -267,11 +299,24 @@ def load_manifest(text: str, origin: str = "manifest", ref: RunRef | None = None
     manifest = parse_manifest(text, origin).verify(ref, origin)
     canonical = manifest.to_toml()
     if text != canonical:
-        line = next((i for i, (a, b) in enumerate(zip(text.splitlines(), canonical.splitlines(), strict=False), 1)
-                     if a != b), min(len(text.splitlines()), len(canonical.splitlines())) + 1)
-        raise ManifestError(f"{origin}: line {line} differs from the signed manifest's canonical form "
-                            "(a manifest is changed only with p2ptrain run update, which re-signs it)")
+        raise ManifestError(f"{origin}: {_first_difference(text, canonical)} (a manifest is changed only with "
+                            "p2ptrain run update, which re-signs it)")
     return manifest
+
+
+def _first_difference(text: str, canonical: str) -> str:
+    """Where ``text`` leaves the canonical bytes, as a user would look for it in an editor."""
+    if text.count("\r\n") == canonical.count("\n") and text.replace("\r\n", "\n") == canonical:
+        return "has Windows (CRLF) line endings where the signed manifest has LF ones; convert it back (dos2unix)"
+    ours, theirs = text.split("\n"), canonical.split("\n")  # a stray \r stays visible in its line
+    for number, (a, b) in enumerate(zip(ours, theirs, strict=False), 1):
+        if a == b + "\r":
+            return f"line {number} ends in a Windows (CRLF) line ending where the signed manifest has LF"
+        if a != b:
+            return f"line {number} differs from the signed manifest's canonical form"
+    if len(ours) < len(theirs):
+        return "ends before the signed manifest does (its last line, or the newline after it, is missing)"
+    return f"has text after the signed manifest's last line ({len(theirs) - 1})"
 
 
 def load_manifest_bytes(raw: bytes, origin: str = "manifest", ref: RunRef | None = None) -> Manifest:
@@ -299,18 +344,51 @@ def read_manifest_file(path: Path, ref: RunRef | None = None) -> Manifest:
     return load_manifest_bytes(raw, f"manifest {path}", ref)
 
 
-def settings_from(task: TaskSection, training: TrainingSection) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The manifest's ``task`` and ``training`` values taken from config sections."""
-    training_all = training.model_dump(mode="json")
-    return task.model_dump(mode="json"), {name: training_all[name] for name in RUN_WIDE_TRAINING}
+def is_data_url(data_path: str | None) -> bool:
+    """Whether ``data_path`` names data at an http(s) URL (the same for every node), not a local path."""
+    return data_path is not None and data_path.lower().startswith(("http://", "https://"))
+
+
+def data_problem(data_path: str | None, local_data: bool) -> str | None:
+    """Why a manifest's data setting is not one a run can share, or None."""
+    if data_path is not None and not is_data_url(data_path):
+        return ("task.data_path: a run manifest names its data only by http(s):// URL; a local path is each "
+                f"node's own (task.data_path in its config, with task.{LOCAL_DATA_KEY} = true here)")
+    if data_path is not None and local_data:
+        return f"task.{LOCAL_DATA_KEY}: cannot be true when task.data_path names the run's data"
+    return None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The manifest's share of a config's ``[task]`` and ``[training]``."""
+
+    task: dict[str, Any]
+    training: dict[str, Any]
+    local_data: bool
+
+
+def settings_from(task: TaskSection, training: TrainingSection) -> RunSettings:
+    """The manifest's ``task`` and ``training`` values taken from config sections.
+
+    Machine-local fields stay out; a local ``data_path`` becomes ``local_data`` (every node then names
+    its own copy), a URL stays in.
+    """
+    task_all, training_all = task.model_dump(mode="json"), training.model_dump(mode="json")
+    values = {name: task_all[name] for name in RUN_WIDE_TASK}
+    local_data = values["data_path"] is not None and not is_data_url(values["data_path"])
+    if local_data:
+        values["data_path"] = None
+    return RunSettings(values, {name: training_all[name] for name in RUN_WIDE_TRAINING}, local_data)
 
 
 def new_manifest(key: OwnerKey, name: str, task: TaskSection, training: TrainingSection, *,
                  policy: Literal["open", "invite"] = "open", clock: float | None = None) -> Manifest:
     """Version 1 of a run, signed."""
-    task_values, training_values = settings_from(task, training)
+    settings = settings_from(task, training)
     now = utc_now(clock)
     manifest = Manifest(name=key.ref(name).name, owner_key=key.public_key, version=1, created_at=now,
-                        updated_at=now, task=task_values, training=training_values, policy=policy)
+                        updated_at=now, task=settings.task, training=settings.training, policy=policy,
+                        local_data=settings.local_data)
     return manifest.signed(key)
 

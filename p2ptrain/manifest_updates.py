@@ -2,10 +2,13 @@
 which version a node holds (never an older one again).
 
 A change is *live* when a running node can apply it at its next epoch boundary without
-rebuilding anything (learning rate and schedule, batch sizes, timeouts, bans and revocations);
-it *needs a restart* when the model, the task, the mode or anything baked into the optimizer when
-it was built changes. The node decides what to do with a restart change (stop with one line and
-let the service manager start it again with the new manifest).
+rebuilding anything (learning rate and schedule, weight decay, clipping, the target batch size,
+how often state is averaged, bans and revocations); it *needs a restart* when the model, the
+task, the mode or anything baked into the optimizer when it was built changes, which includes
+the matchmaking window and the averaging timeout: hivemind's averagers run in forked processes
+that took them (and request timeouts derived from them) at build time. The node decides what to
+do with a restart change (stop with one line and let the service manager start it again with the
+new manifest).
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from p2ptrain.manifest import Manifest
 from p2ptrain.runref import RunRef
 
 #: [training] fields a running node applies at an epoch boundary (not ``batch_size``: the micro-batch
-#: shape is built into the node's data stream, so it needs a restart).
+#: shape is built into the node's data stream; not ``matchmaking_time`` or ``averaging_timeout``:
+#: the averagers' processes hold them, and a window shorter than a request timeout fixed at build
+#: can bring back the matchmaking deadlock p2ptrain.optim works around).
 LIVE_TRAINING = frozenset({
     "target_batch_size", "lr", "weight_decay", "warmup_epochs", "total_epochs", "max_grad_norm",
-    "matchmaking_time", "averaging_timeout", "average_state_every",
+    "average_state_every",
     "seed",  # only shapes a model's initialisation: nothing to do for a node that is already training
 })
 #: Fields of the manifest's other parts that are live (metadata, and who may take part).

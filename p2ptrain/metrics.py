@@ -177,8 +177,9 @@ class P2PTrainCollector(Collector):
         limit = s.cpu_limit_percent if 0 < s.cpu_limit_percent < 100 else 100.0
         yield _g("cpu_share_limit_ratio", "volunteer.max_cpu_percent as a share of the machine (1: no limit).",
                  limit / 100.0)
-        yield from _gauge("cpu_share_used_ratio", "CPU use of the node's process tree over the last seconds, "
-                          "as a share of the machine.", _ratio(s.cpu_used_percent))
+        yield from _gauge("cpu_share_used_ratio", "CPU use of the node's own process (training; not the swarm's "
+                          "helper processes) over the last seconds, as a share of the machine.",
+                          _ratio(s.cpu_used_percent))
         yield _counter("cpu_throttle_seconds", "Seconds the node idled between steps to stay within its CPU share.",
                        s.cpu_idle_seconds_total)
         yield _counter("rejected_peer_records", "Peer records dropped as forged, malformed or oversized.",

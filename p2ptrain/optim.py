@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -82,11 +83,13 @@ def build_optimizer(
     stats: SwarmStats,
     bandwidth: float | None = None,
     admission: Any = None,
+    wait: Callable[[float], object] = time.sleep,
 ) -> SwarmOptimizer:
     """The swarm optimizer for ``cfg.mode``: hivemind gradient averaging, or the DiLoCo outer loop.
 
     ``bandwidth`` is this node's :func:`bandwidth_hint` (None: no hint); ``admission`` an owned
-    run's :class:`~p2ptrain.admission.AdmissionGate` (None: averagers take part with any peer).
+    run's :class:`~p2ptrain.admission.AdmissionGate` (None: averagers take part with any peer);
+    ``wait`` the node's stop event's wait, for pauses between state-download attempts.
     """
     if cfg.mode == "diloco":
         from p2ptrain.diloco import DiLoCoOptimizer  # the gradient path never needs it
@@ -133,4 +136,5 @@ def build_optimizer(
         load_state_attempts=cfg.load_state_attempts,
         retry_sync_after=max(30.0, cfg.averaging_timeout),
         wire_format=cfg.grad_compression,
+        wait=wait,
     )

@@ -1,14 +1,17 @@
 """A node's part in an owned run: what to decide before the DHT starts, and what to keep doing after.
 
 :func:`prepare_run` turns ``swarm.run`` / ``swarm.manifest`` / ``swarm.invite`` into a
-:class:`RunPlan` before anything is started or written: the run id, the merged config when the
-manifest is at hand, the admission gate (created here, before hivemind forks anything) and, for
+:class:`RunPlan` before anything is started or written: the run id, the merged config when a
+manifest is at hand (the file, or the newest version this node accepted before, kept in its
+state directory), the admission gate (created here, before hivemind forks anything) and, for
 an invite run, the DHT authorizer. Every problem is one :class:`ConfigError` line naming the field.
+:func:`settle` takes a manifest fetched later (the one-line join) into the plan the same way.
 
-:class:`RunKeeper` then runs beside the node's loop without ever blocking it: it fetches the
-manifest when the node joined with only a reference, re-publishes the manifest and this node's
-invite, polls the swarm (and the ``swarm.manifest`` file, where the owner runs ``p2ptrain run
-update``) for newer manifest versions, and keeps the gate's lists current.
+:class:`RunKeeper` then runs beside the node's loop without ever blocking it: once joined it
+looks up the swarm's newest manifest version (so an outdated manifest file is never trained
+with), re-publishes the manifest and this node's invite, polls the swarm (and the
+``swarm.manifest`` file, where the owner runs ``p2ptrain run update``) for newer versions, keeps
+the gate's lists current, and remembers the newest version it accepted in the state directory.
 """
 
 from __future__ import annotations
@@ -23,17 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.admission import AdmissionGate
-from p2ptrain.config import ConfigError, NodeConfig, SwarmSection
+from p2ptrain.config import ConfigError, NodeConfig
 from p2ptrain.invite import InviteError, verify_invite
 from p2ptrain.manifest import Manifest
 from p2ptrain.manifest_source import FileSource, SourceUnavailable
+from p2ptrain.manifest_store import ManifestStore
 from p2ptrain.manifest_updates import ManifestTracker, Offer
 from p2ptrain.runconfig import merge_manifest
 from p2ptrain.runref import RunRef
 
 logger = logging.getLogger(__name__)
-
-_DEFAULT_RUN_ID = SwarmSection.model_fields["run_id"].default
 
 
 @dataclass
@@ -42,10 +44,16 @@ class RunPlan:
 
     config: NodeConfig
     ref: RunRef
-    manifest: Manifest | None  # None: fetched from the swarm after joining (the one-line join)
+    manifest: Manifest | None  # None: to be fetched from the swarm (the one-line join)
     gate: AdmissionGate
     authorizer: Any = None  # an InviteAuthorizer in invite runs
     validators: list[Any] = field(default_factory=list)
+    #: The node's own config as loaded: every manifest version is merged into this, never into a
+    #: config merged before (what the node's config sets is what it says).
+    local: NodeConfig | None = None
+    store: ManifestStore | None = None
+    #: Where ``manifest`` came from, in words (``run show`` / ``config check``).
+    source: str = ""
 
     def dht_kwargs(self) -> dict[str, Any]:
         """Extra ``hivemind.DHT`` keyword arguments (the authorizer of an invite run)."""
@@ -74,55 +82,88 @@ def keep_run_settings(local: NodeConfig, running: NodeConfig) -> NodeConfig:
     The manifest decides [task], the run-wide [training] fields and the run id; comparing them
     with a node config that does not hold them would report every one of them as changed.
     """
-    from p2ptrain.manifest import RUN_WIDE_TRAINING
+    from p2ptrain.manifest import LOCAL_TASK, RUN_WIDE_TRAINING
 
     training = local.training.model_copy(update={n: getattr(running.training, n) for n in RUN_WIDE_TRAINING})
-    task = running.task
-    if local.task.data_path is not None:  # the one [task] field that is the machine's own
-        task = task.model_copy(update={"data_path": local.task.data_path})
+    own = {n: getattr(local.task, n) for n in LOCAL_TASK}
+    if local.task.data_path is not None:  # this machine's copy of the run's data
+        own["data_path"] = local.task.data_path
+    task = running.task.model_copy(update=own)
     swarm = local.swarm.model_copy(update={"run_id": running.swarm.run_id, "run": running.swarm.run})
     return local.model_copy(update={"task": task, "training": training, "swarm": swarm})
 
 
-def _check_policy(manifest: Manifest, invite: str | None) -> None:
+def _check_policy(manifest: Manifest, invite: str | None, manifest_file: Path | None = None) -> None:
     where = f"run {manifest.ref} (manifest version {manifest.version})"
     if manifest.policy == "invite" and invite is None:
+        if manifest_file is not None and (manifest_file.parent / "owner.key").exists():
+            raise ConfigError(f"swarm.invite: {where} is invite-only, its owner's nodes too: invite this node with "
+                              f"p2ptrain run invite {manifest_file} PEER_ID (PEER_ID: what p2ptrain run peer-id "
+                              "--config <this node's config> prints) and put the token in swarm.invite")
         raise ConfigError(f"swarm.invite: {where} is invite-only; ask its owner for an invite for this node's peer ID "
                           "(p2ptrain run peer-id prints it)")
     if manifest.policy == "open" and invite is not None:
         raise ConfigError(f"swarm.invite: {where} is open to everyone; remove swarm.invite")
 
 
+def settle(plan: RunPlan, manifest: Manifest) -> RunPlan:
+    """``plan`` with ``manifest`` (verified) taking effect: the merged config, the policy checked
+    against this node's invite, the gate's policy and exclusions. One :class:`ConfigError` line,
+    saying which manifest version it came from, when this node cannot take part with it."""
+    local = plan.local if plan.local is not None else plan.config
+    config = merge_manifest(local, manifest)
+    _check_policy(manifest, local.swarm.invite, local.swarm.manifest)
+    own = plan.authorizer.peer_id if plan.authorizer is not None else None
+    if own is not None and own in manifest.excluded():
+        raise ConfigError(f"swarm.invite: this node ({own}) was banned or its invite revoked in run {manifest.ref} "
+                          f"(manifest version {manifest.version})")
+    plan.gate.update(manifest.policy, (own,) if own else (), manifest.excluded())
+    return dataclasses.replace(plan, config=config, manifest=manifest)
+
+
+def _newest(*manifests: Manifest | None) -> Manifest | None:
+    return max((m for m in manifests if m is not None), key=lambda m: m.version, default=None)
+
+
 def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = None,
                 clock: Callable[[], float] = time.time) -> RunPlan | None:
     """The plan for ``config``'s owned run, or None for a plain run (neither swarm.run nor swarm.manifest).
 
-    Reads the manifest file and the identity; writes nothing.
+    Reads the manifest file, the manifest kept from an earlier start (the newer of the two is
+    used) and the identity; writes nothing.
     """
     swarm = config.swarm
     if swarm.run is None and swarm.manifest is None:
         return None
     ref = RunRef.parse(swarm.run) if swarm.run is not None else None
-    manifest = FileSource(swarm.manifest, ref).fetch() if swarm.manifest is not None else None
+    from_file = FileSource(swarm.manifest, ref).fetch() if swarm.manifest is not None else None
     if ref is None:
+        assert from_file is not None
+        ref = from_file.ref
+    store = ManifestStore(config.state_dir(), ref)
+    manifest = _newest(from_file, store.load())
+    source = f"file {swarm.manifest}" if manifest is not None and manifest is from_file else f"file {store.path}"
+    if from_file is not None and manifest is not from_file:
         assert manifest is not None
-        ref = manifest.ref
+        logger.info("run %s: the manifest file %s holds version %d, this node already followed version %d: "
+                    "using that", ref, swarm.manifest, from_file.version, manifest.version)
+    merged = None
     if manifest is not None:
-        config = merge_manifest(config, manifest)
-        _check_policy(manifest, swarm.invite)
-    else:
-        if swarm.run_id not in (_DEFAULT_RUN_ID, ref.run_id):
-            raise ConfigError(f"swarm.run_id: this node's config says {swarm.run_id!r} but run {ref} uses "
-                              f"{ref.run_id!r}; remove swarm.run_id from the node config")
-        config = config.model_copy(update={"swarm": swarm.model_copy(update={"run_id": ref.run_id,
-                                                                             "run": str(ref)})})
+        merged = merge_manifest(config, manifest)
+        _check_policy(manifest, swarm.invite, swarm.manifest)
+    elif "run_id" in swarm.model_fields_set and swarm.run_id != ref.run_id:
+        raise ConfigError(f"swarm.run_id: this node's config says {swarm.run_id!r} but run {ref} uses "
+                          f"{ref.run_id!r}; remove swarm.run_id from the node config")
+    unmerged = config.model_copy(update={"swarm": swarm.model_copy(update={"run_id": ref.run_id,
+                                                                           "run": str(ref)})})
     excluded = manifest.excluded() if manifest is not None else frozenset()
     policy = manifest.policy if manifest is not None else ("invite" if swarm.invite else "open")
     gate = AdmissionGate(policy)
     gate.update(policy, (), excluded)
     from p2ptrain.rundht import run_validators  # hivemind
 
-    plan = RunPlan(config, ref, manifest, gate, validators=run_validators(ref))
+    plan = RunPlan(merged or unmerged, ref, manifest, gate, validators=run_validators(ref), local=config,
+                   store=store, source=source if manifest is not None else "")
     if swarm.invite is not None:
         current = clock() if now is None else now
         try:
@@ -154,12 +195,14 @@ class RunKeeper:
         # members are looked up more often than the manifest.
         self._members_every = members_every
         self.tracker = ManifestTracker(plan.ref, plan.manifest)
+        self._store = plan.store
         self.invalid_manifests_total = 0
         self.invalid_members_total = 0
         self._file = plan.config.swarm.manifest
         self._file_seen = _file_stamp(self._file)
         self._admitted: frozenset[str] = frozenset({plan.authorizer.peer_id} if plan.authorizer else ())
         self._pending: dict[str, tuple[Any, float]] = {}
+        self._told: set[str] = set()  # excluded peers handed the manifest that excludes them
         self._next_poll = 0.0
         self._next_members = 0.0
         self._next_publish = 0.0
@@ -169,16 +212,22 @@ class RunKeeper:
         return self.tracker.current
 
     def join(self, stop: threading.Event, timeout: float) -> NodeConfig:
-        """Once the DHT is up: the manifest (fetched, with retries, when the plan had none) merged
-        into the config. Raises :class:`SourceUnavailable` after ``timeout`` without one."""
+        """Once the DHT is up: the newest manifest version there is (the swarm's, looked up once
+        even when the plan holds one, so an outdated manifest file is never built with; fetched
+        with retries when the plan has none) merged into the config. Raises
+        :class:`SourceUnavailable` after ``timeout`` without one."""
         from p2ptrain.rundht import fetch_manifest
 
         deadline, delay = self._clock() + timeout, 1.0
-        while self.tracker.current is None:
+        while True:
             found = fetch_manifest(self._dht, self.plan.ref, timeout=self._timeout)
             self.invalid_manifests_total += found.invalid
             if found.manifest is not None:
-                self.tracker.offer(found.manifest)
+                offer = self.tracker.offer(found.manifest)
+                if offer.accepted and self.plan.manifest is not None:
+                    logger.info("run %s: the swarm holds a newer manifest than this node started with: %s",
+                                self.plan.ref, offer.reason)
+            if self.tracker.current is not None:
                 break
             if self._clock() + delay > deadline or stop.wait(delay):
                 raise SourceUnavailable(f"no valid manifest of run {self.plan.ref} found in the swarm within "
@@ -187,13 +236,17 @@ class RunKeeper:
             delay = min(delay * 2, 10.0)
         manifest = self.tracker.current
         assert manifest is not None
-        _check_policy(manifest, self.plan.config.swarm.invite)
-        self.plan = dataclasses.replace(self.plan, config=merge_manifest(self.plan.config, manifest),
-                                        manifest=manifest)
+        self.plan = settle(self.plan, manifest)
+        self._keep(manifest)
         if self.plan.config.swarm.invite is not None:
             self._join_members()
         self._refresh_gate()
         return self.plan.config
+
+    def _keep(self, manifest: Manifest) -> None:
+        """Remember the newest accepted version across restarts (the state directory's copy)."""
+        if self._store is not None:
+            self._store.save(manifest)
 
     def _join_members(self) -> None:
         """An invite run: announce this node's invite now and learn who else is admitted before the
@@ -259,6 +312,7 @@ class RunKeeper:
                 offer = self.tracker.offer(result.manifest)
                 if offer.accepted:
                     logger.info("run %s: %s", self.plan.ref, offer.reason)
+                    self._keep(result.manifest)
                     accepted = offer
                     self._refresh_gate()
                     self._next_publish = now  # every holder spreads a new version at once
@@ -294,6 +348,7 @@ class RunKeeper:
         if not offer.accepted:
             return None
         logger.info("run %s: %s (from %s)", self.plan.ref, offer.reason, self._file)
+        self._keep(manifest)
         self._refresh_gate()
         self._next_publish = self._clock()
         return offer
@@ -317,11 +372,19 @@ class RunKeeper:
         self.plan.gate.update(policy, self._admitted, excluded)  # type: ignore[arg-type]
         if excluded:
             from p2ptrain.dhtauth import forget_peers
+            from p2ptrain.rundht import tell_excluded
 
             try:
                 forget_peers(self._dht, excluded)
             except Exception as exc:  # the DHT's process is busy or gone: the authorizer still refuses them
                 logger.debug("could not drop excluded peers from the routing table: %s", exc)
+            untold = excluded - self._told - ({self.plan.authorizer.peer_id} if self.plan.authorizer else set())
+            if manifest is not None and untold:
+                self._told |= untold
+                try:  # so that a peer our DHT no longer answers still learns it was excluded, and stops
+                    tell_excluded(self._dht, manifest, untold)
+                except Exception as exc:
+                    logger.debug("could not hand the manifest to excluded peers: %s", exc)
 
     def _finished(self, name: str, now: float) -> Any:
         pending = self._pending.get(name)

@@ -91,6 +91,10 @@ def init_command(args: argparse.Namespace) -> int:
     write_atomic(manifest_path, manifest.to_toml())
     ref = manifest.ref
     print(f"created run {ref}")
+    if manifest.local_data:
+        print(f"  data       task.data_path {config.task.data_path} is a path on this machine: it stays out of the "
+              "manifest, and every volunteer must set task.data_path to its own copy of the data (an http(s) URL, "
+              "or a SHA256SUMS index at one, would go into the manifest for all)")
     print(f"  owner key  {key_path}  (keep it private and backed up: whoever holds it owns the run)")
     print(f"  manifest   {manifest_path}  (version 1, {manifest.policy} run)")
     print("start the run's first node with:")
@@ -113,11 +117,21 @@ def show_lines(manifest: Manifest, origin: str) -> list[str]:
         f"fingerprint  {manifest.fingerprint or '(not recorded)'}",
         f"run_id       {ref.run_id}",
         f"owner key    {encode_public_key(manifest.owner_key)}",
+        f"data         {describe_data(manifest)}",
     ]
     for section, values in (("task", manifest.task), ("training", manifest.training)):
         shown = ", ".join(f"{k}={v!r}" for k, v in values.items() if v is not None)
         lines.append(f"[{section}]{' ' * (11 - len(section))}{shown}")
     return lines
+
+
+def describe_data(manifest: Manifest) -> str:
+    """Where a node of the run reads its training data, in words."""
+    if manifest.task.get("data_path") is not None:
+        return f"{manifest.task['data_path']} (the same for every node)"
+    if manifest.local_data:
+        return "each node's own copy: every node must set task.data_path in its config"
+    return "each node's task.data_path (default: the .py files of its Python's standard library)"
 
 
 def show_command(args: argparse.Namespace) -> int:
@@ -142,10 +156,23 @@ def _run_and_manifest(target: str) -> tuple[RunRef, Path | None]:
     return RunRef.parse(target), None
 
 
+def _refuse_open_run(path: Path, ref: RunRef) -> None:
+    """An invite means nothing in an open run, and a node that sets one there is refused."""
+    if not path.is_file():
+        return  # only the reference is known here: the run may well be invite-only
+    manifest = read_manifest_file(path)
+    if manifest.ref == ref and manifest.policy == "open":
+        raise ConfigError(f"run {ref} is open to everyone (manifest version {manifest.version}): nobody needs an "
+                          "invite, and a node that sets one is refused; make the run invite-only first: "
+                          f"p2ptrain run update {path} --private")
+
+
 def invite_command(args: argparse.Namespace) -> int:
     ref, manifest_path = _run_and_manifest(args.target)
     peer_id = check_peer_id(args.peer_id)
-    key = _owner_key(_key_beside(manifest_path, ref, args.key), ref)
+    key_path = _key_beside(manifest_path, ref, args.key)
+    key = _owner_key(key_path, ref)
+    _refuse_open_run(manifest_path or key_path.parent / MANIFEST_FILE, ref)
     token = issue_invite(key, ref, peer_id, args.days)
     print(token)
     print(f"invite for peer {peer_id} to run {ref}, valid {args.days:g} days. In that node's config:\n"
@@ -165,9 +192,14 @@ def update_command(args: argparse.Namespace) -> int:
     changes: dict[str, Any] = {"banned": tuple(sorted(banned)), "revoked": tuple(sorted(revoked))}
     if args.policy is not None:
         changes["policy"] = args.policy
-    if args.fingerprint is not None:
-        changes["fingerprint"] = None if args.fingerprint == "none" else choose_fingerprint(
-            args.fingerprint, NodeConfig.model_validate({"task": updated.task, "training": updated.training}))
+    choice = args.fingerprint
+    if choice is None and old.fingerprint is not None and updated.task != old.task:
+        # A [task] change may change the model: the recorded fingerprint must follow it, or every
+        # node would restart for the new settings and then refuse the run's (stale) fingerprint.
+        choice = "auto"
+    if choice is not None:
+        changes["fingerprint"] = None if choice == "none" else choose_fingerprint(
+            choice, NodeConfig.model_validate({"task": updated.task, "training": updated.training}))
     updated = dataclasses.replace(updated, **changes)
     change = classify(old, updated)
     if not change.changes:

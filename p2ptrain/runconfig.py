@@ -1,114 +1,156 @@
 """How a run manifest and a node's own config combine, and how the owner edits a manifest's settings.
 
-The manifest decides everything run-wide (``[task]`` and the run-wide ``[training]`` fields, the
+The manifest decides everything run-wide (the run-wide ``[task]`` and ``[training]`` fields, the
 run id); the node's config decides local matters (state dir, threads, API, volunteer controls,
-network, and where this machine keeps the run's data, ``task.data_path``). A local value that
-differs from the manifest is a contradiction only when it was changed from the default: a node
-config that never mentions ``training.lr`` simply follows the run.
+network, and the machine's own ``[task]`` fields: memory for text, the download cache and its
+limits, and where this machine keeps the run's data when that is a local path). A local value
+that differs from the manifest is a contradiction only when the node's config sets it: a node
+config that never mentions ``training.lr`` simply follows the run, one that says ``lr = 0.001``
+(even the default) while the run says 0.0003 is told so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from p2ptrain.config import ConfigError, NodeConfig, SwarmSection, TaskSection, TrainingSection
-from p2ptrain.manifest import RUN_WIDE_TRAINING, Manifest
+from p2ptrain.config_checks import missing_data_path
+from p2ptrain.manifest import (
+    LOCAL_DATA_KEY,
+    LOCAL_TASK,
+    RUN_WIDE_TASK,
+    RUN_WIDE_TRAINING,
+    Manifest,
+    is_data_url,
+)
+from p2ptrain.tomlfile import parse_literal
 
-#: [task] fields a node may set for itself: the run's data may live elsewhere on each machine.
-LOCAL_TASK: tuple[str, ...] = ("data_path",)
+__all__ = ["LOCAL_TASK", "apply_settings", "merge_manifest"]
 _DEFAULT_RUN_ID = SwarmSection.model_fields["run_id"].default
 
 
+def _where(manifest: Manifest) -> str:
+    return f"run {manifest.ref} (manifest version {manifest.version})"
+
+
 def _contradiction(field: str, local: Any, wanted: Any, manifest: Manifest) -> ConfigError:
-    return ConfigError(f"{field}: this node's config says {local!r} but run {manifest.ref} "
-                       f"(manifest version {manifest.version}) says {wanted!r}; remove {field} from the node config")
+    return ConfigError(f"{field}: this node's config says {local!r} but {_where(manifest)} says {wanted!r}; "
+                       f"remove {field} from the node config")
 
 
 def _check_section(local: BaseModel, wanted: dict[str, Any], section: str, manifest: Manifest,
                    skip: Iterable[str] = ()) -> None:
+    """Every field the node's config sets (``model_fields_set``: the file's keys and the environment's)
+    must agree with the manifest, the default value included."""
     have = local.model_dump(mode="json")
-    default = type(local)().model_dump(mode="json")
     for name, value in wanted.items():
-        if name in skip:
+        if name in skip or name not in local.model_fields_set:
             continue
-        if have[name] != default[name] and have[name] != value:
+        if have[name] != value:
             raise _contradiction(f"{section}.{name}", have[name], value, manifest)
+
+
+def _data_path(local: TaskSection, manifest: Manifest) -> str | None:
+    """Where this node reads the run's data: the manifest's URL, or this machine's own path."""
+    wanted = manifest.task.get("data_path")
+    if wanted is not None:
+        if "data_path" in local.model_fields_set and local.data_path != wanted:
+            raise _contradiction("task.data_path", local.data_path, wanted, manifest)
+        return str(wanted)
+    if manifest.local_data and local.data_path is None:
+        raise ConfigError(f"task.data_path: {_where(manifest)} trains on data each node keeps itself "
+                          f"(task.{LOCAL_DATA_KEY} = true): set task.data_path in this node's config to where "
+                          "this machine has its copy")
+    return local.data_path
 
 
 def merge_manifest(local: NodeConfig, manifest: Manifest) -> NodeConfig:
     """``local`` with the (already verified) manifest's run-wide settings applied.
 
-    Raises :class:`ConfigError`, one line naming the field and both values, when the node's config
-    explicitly sets a run-wide value the manifest contradicts.
+    ``local`` must be the node's own config as loaded (what it sets is what it says), never a config
+    merged before. Raises :class:`ConfigError`, one line naming the field and both values, when the
+    node's config sets a run-wide value the manifest contradicts, or when the run's data is each
+    node's own and this one names none (or names one that is not there).
     """
     ref = manifest.ref
     if local.swarm.run is not None and local.swarm.run != str(ref):
         raise _contradiction("swarm.run", local.swarm.run, str(ref), manifest)
-    if local.swarm.run_id not in (_DEFAULT_RUN_ID, ref.run_id):
+    if "run_id" in local.swarm.model_fields_set and local.swarm.run_id != ref.run_id:
         raise _contradiction("swarm.run_id", local.swarm.run_id, ref.run_id, manifest)
-    task_wanted = dict(manifest.task)
-    for name in TaskSection.model_fields:
-        task_wanted.setdefault(name, None)  # a field the manifest leaves out is None there
-    _check_section(local.task, task_wanted, "task", manifest, skip=LOCAL_TASK)
+    task_wanted = {name: manifest.task.get(name) for name in RUN_WIDE_TASK}  # left out: None
+    _check_section(local.task, task_wanted, "task", manifest, skip=("data_path",))
     _check_section(local.training, manifest.training, "training", manifest)
+    data_path = _data_path(local.task, manifest)
 
     data = local.model_dump()
     data["swarm"].update(run_id=ref.run_id, run=str(ref))
-    task = {**task_wanted}
-    if local.task.data_path is not None:
-        task["data_path"] = local.task.data_path
-    data["task"] = task
+    data["task"] = {**task_wanted, **{name: data["task"][name] for name in LOCAL_TASK}, "data_path": data_path}
     data["training"] = {**data["training"], **manifest.training}
     try:
-        return NodeConfig.model_validate(data)
+        merged = NodeConfig.model_validate(data)
     except ValidationError as error:  # a verified manifest validated already; this is a guard
         raise ConfigError(f"run {ref}: manifest settings do not validate: {error.errors()[0]['msg']}") from None
-
-
-def _parse_value(raw: str) -> Any:
-    """A TOML literal when it parses as one (numbers, booleans, arrays), else the raw string."""
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
+    # The node's own data was checked when its config was loaded; a URL cannot be checked here.
+    problem = missing_data_path(data_path) if data_path is not None else None
+    if problem:
+        raise ConfigError(f"task.data_path: {problem} (the data of {_where(manifest)})")
+    return merged
 
 
 def apply_settings(manifest: Manifest, assignments: Iterable[str]) -> Manifest:
     """``manifest`` with ``section.field=value`` assignments applied to ``task``/``training`` (unsigned).
 
-    Each problem is one :class:`ConfigError` line naming the assignment.
+    ``task.data_path`` takes an http(s) URL (the run's data for every node); ``task.local_data=true``
+    says each node brings its own copy instead (and drops the URL). Each problem is one
+    :class:`ConfigError` line naming the assignment.
     """
     task, training = dict(manifest.task), dict(manifest.training)
+    local_data = manifest.local_data
     for assignment in assignments:
         key, sep, raw = assignment.partition("=")
         section, _, name = key.strip().partition(".")
         where = f"--set {key.strip()}"
         if not sep or not name:
             raise ConfigError(f"--set {assignment!r}: expected SECTION.FIELD=VALUE, e.g. training.lr=3e-4")
+        value = parse_literal(raw.strip())
         if section == "training":
             if name in TrainingSection.model_fields and name not in RUN_WIDE_TRAINING:
                 raise ConfigError(f"{where}: a local setting (each node's own config), not part of the run manifest")
             if name not in RUN_WIDE_TRAINING:
                 raise ConfigError(f"{where}: unknown key")
-            training[name] = _parse_value(raw.strip())
+            training[name] = value
         elif section == "task":
-            if name not in TaskSection.model_fields:
+            if name == LOCAL_DATA_KEY:
+                if type(value) is not bool:
+                    raise ConfigError(f"{where}: expected true or false")
+                local_data = value
+                if value:
+                    task["data_path"] = None
+            elif name in LOCAL_TASK:
+                raise ConfigError(f"{where}: a local setting (each node's own config), not part of the run manifest")
+            elif name not in TaskSection.model_fields:
                 raise ConfigError(f"{where}: unknown key")
-            task[name] = _parse_value(raw.strip())
+            elif name == "data_path" and not (isinstance(value, str) and is_data_url(value)):
+                raise ConfigError(f"{where}: the manifest names the run's data by http(s):// URL only; for data "
+                                  f"each node keeps locally use --set task.{LOCAL_DATA_KEY}=true")
+            else:
+                task[name] = value
+                if name == "data_path":
+                    local_data = False
         else:
             raise ConfigError(f"{where}: only task.* and training.* settings live in the manifest")
     try:
-        task_values = TaskSection.model_validate(task).model_dump(mode="json")
+        task_all = TaskSection.model_validate(task).model_dump(mode="json")
         training_all = TrainingSection.model_validate(training).model_dump(mode="json")
     except ValidationError as error:
         first = error.errors()[0]
         section = "task" if error.title == "TaskSection" else "training"
         field = ".".join([section, *(str(p) for p in first["loc"])])
         raise ConfigError(f"--set {field}: {first['msg'].removeprefix('Value error, ')}") from None
-    return dataclasses.replace(manifest, task=task_values,
-                               training={name: training_all[name] for name in RUN_WIDE_TRAINING})
+    return dataclasses.replace(manifest, task={name: task_all[name] for name in RUN_WIDE_TASK},
+                               training={name: training_all[name] for name in RUN_WIDE_TRAINING},
+                               local_data=local_data)

@@ -18,6 +18,7 @@ and pick the newest. A bad entry is counted and skipped; nothing here raises on 
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import logging
 import time
@@ -66,6 +67,41 @@ def publish_manifest(dht: Any, manifest: Manifest, *, ttl: float = MANIFEST_TTL)
     raw = manifest.to_toml().encode("utf-8")
     return dht.store(manifest_key(manifest.ref), raw, expiration_time=get_dht_time() + ttl,
                      subkey=manifest_subkey(raw, manifest.version), return_future=True)
+
+
+#: Excluded peers a node hands the excluding manifest to, per manifest version it takes up.
+MAX_TOLD = 64
+
+
+async def _store_on(peer_ids: list[str], key: str, raw: bytes, subkey: str, expiration: float, _dht: Any,
+                    node: Any) -> int:
+    from hivemind.p2p import PeerID
+
+    value = node.protocol.serializer.dumps(raw)
+    told = 0
+    for peer in peer_ids:
+        try:
+            # The reply is the excluded peer's, which our authorizer refuses; what matters is that
+            # its DHT checked the owner's signature and stored the manifest.
+            await node.protocol.call_store(PeerID.from_base58(peer), [DHTID.generate(source=key)], [value],
+                                           expiration, subkeys=[subkey])
+            told += 1
+        except Exception as exc:  # gone, unreachable: it will learn from another node, or never needs to
+            logger.debug("could not hand manifest version to excluded peer %s: %r", peer, exc)
+    return told
+
+
+def tell_excluded(dht: Any, manifest: Manifest, peer_ids: Iterable[str], *, ttl: float = MANIFEST_TTL) -> Any:
+    """Store ``manifest`` directly on each excluded peer (at most :data:`MAX_TOLD`); returns the future.
+
+    An invite run's DHT refuses everything a banned or revoked peer asks, so without this it could
+    never fetch the version that excludes it: it would train on alone, cut off. With the manifest
+    in its own DHT storage its next poll finds it, and it stops with exit 78 and one line.
+    """
+    raw = manifest.to_toml().encode("utf-8")
+    return dht.run_coroutine(functools.partial(_store_on, sorted(peer_ids)[:MAX_TOLD], manifest_key(manifest.ref),
+                                               raw, manifest_subkey(raw, manifest.version), get_dht_time() + ttl),
+                             return_future=True)
 
 
 def publish_membership(dht: Any, ref: RunRef, token: str, *, ttl: float = MEMBER_TTL) -> Any:

@@ -233,7 +233,8 @@ class StatusSnapshot:
     median_received_fraction: float | None = None
     #: volunteer.max_cpu_percent in force (percent of the machine); 0: no limit.
     cpu_limit_percent: float = 0.0
-    #: CPU use of the node's process tree over the last seconds, percent of the machine.
+    #: CPU use of the node's own process (the training; the swarm's helper processes are not
+    #: counted) over the last seconds, percent of the machine.
     cpu_used_percent: float | None = None
     #: Seconds the node idled between steps to stay within cpu_limit_percent.
     cpu_idle_seconds_total: float = 0.0

@@ -34,7 +34,7 @@ FINGERPRINT_TTL = 600.0
 _MAX_BACKOFF = 15.0
 #: What hivemind's DHT raises when initial peers were reached but none answered a ping (e.g. the
 #: closed DHT of an invite run refusing a stranger).
-_BOOTSTRAP_FAILED = "bootstrap failed"
+BOOTSTRAP_FAILED = "bootstrap failed"
 #: Foreign fingerprints looked into (oldest first) and progress entries read per key: a flood of
 #: entries costs a bounded number of lookups.
 _MAX_FOREIGN_FINGERPRINTS = 4
@@ -136,7 +136,7 @@ def start_dht(
             return dht_factory(start=True, record_validators=list(record_validators), **kwargs)
         except (P2PDaemonError, RuntimeError) as exc:
             refused = not isinstance(exc, P2PDaemonError)
-            if refused and _BOOTSTRAP_FAILED not in str(exc):
+            if refused and BOOTSTRAP_FAILED not in str(exc):
                 raise
             if not initial_peers:
                 raise SwarmError(f"cannot start the p2p daemon on {list(cfg.listen_addrs)}: {exc}") from None

@@ -92,8 +92,8 @@ class SwarmOptimizer(Protocol):
 
     def apply_training(self, cfg: TrainingSection) -> None:
         """Adopt the run-wide settings a running node may change (a new manifest version, at an
-        epoch boundary: lr and schedule, weight decay, max_grad_norm, target batch size, averaging
-        timeouts; see ``p2ptrain.manifest_updates.LIVE_TRAINING``).  Keeps the optimizer's state."""
+        epoch boundary: lr and schedule, weight decay, max_grad_norm, target batch size, how often
+        state is averaged; see ``p2ptrain.manifest_updates.LIVE_TRAINING``).  Keeps the optimizer's state."""
         ...
 
     def shutdown(self) -> None:

@@ -34,8 +34,9 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
-def parse_env_value(raw: str) -> Any:
-    """An override is a TOML literal when it parses as one (``8``, ``true``, ``["a"]``), else the text."""
+def parse_literal(raw: str) -> Any:
+    """An override (an environment variable, ``--set``) is a TOML literal when it parses as one
+    (``8``, ``true``, ``["a"]``), else the text."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -58,7 +59,7 @@ def env_overrides(environ: Mapping[str, str],
         if not section or not key:
             raise ConfigError(f"environment variable {name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
         section, key = section.lower(), key.lower()
-        value = parse_env_value(raw)
+        value = parse_literal(raw)
         if not isinstance(value, str) and is_text(section, key):
             value = raw
         overrides.setdefault(section, {})[key] = value

@@ -10,7 +10,7 @@ hash, so each pass hands every peer a fresh mix of the data.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 #: A live-peer list longer than this is cut (sorted first, so every node cuts the same way).
 MAX_PEERS = 4096
@@ -49,8 +49,3 @@ def clean_peers(raw: object, me: str) -> tuple[str, ...]:
     if len(ordered) > MAX_PEERS:
         ordered = sorted([me, *[peer for peer in ordered if peer != me][: MAX_PEERS - 1]])
     return tuple(ordered)
-
-
-def just_me(me: str) -> Callable[[], Sequence[str]]:
-    """The live-peer callable of a node that trains alone (the default)."""
-    return lambda: (me,)

@@ -90,6 +90,4 @@ def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
         return node
 
     yield factory
-    for node in nodes:
-        if node.running:
-            node.stop(timeout=20)
+    LocalNode.stop_all(nodes, timeout=20)

@@ -123,7 +123,12 @@ def run_churn(make_node, chaos_report, scenario: str, churn_seconds: float) -> N
         training(node, 120)
     for node in [anchor, *alive]:
         assert node.running, f"{node.name} died:\n{node.log_tail()}"
-    stop_epoch = max(s.local_epoch for s in statuses([anchor, *alive]).values()) + 3
+    # Partial rounds during the churn leave the replicas apart; every average_state_every epochs the
+    # swarm averages parameters, which heals that drift.  Stop just after the first such repair
+    # that the last newcomer takes part in.
+    repair_every = NodeConfig().training.average_state_every
+    soon = max(s.local_epoch for s in statuses([anchor, *alive]).values()) + 3
+    stop_epoch = (soon // repair_every + 1) * repair_every + 2
     for node in [anchor, *alive]:
         node.overrides = {**node.overrides, "training": {**node.overrides["training"], "max_epochs": stop_epoch}}
         node.write_config()

@@ -7,7 +7,9 @@ stay together.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 
 import pytest
@@ -17,6 +19,7 @@ from p2ptrain.checkpoint import CheckpointStore
 from p2ptrain.config import parse_config
 from p2ptrain.models import consensus_weights
 from p2ptrain.tasks.loader import build_task
+from p2ptrain.waiting import WaitTimeout, wait_until
 from tests.chaos.conftest import TINY_TASK
 from tests.chaos.helpers import training
 
@@ -31,6 +34,8 @@ DILOCO = {"mode": "diloco", "inner_steps": 150, "inner_batch_size": 16, "averagi
 MAX_SPREAD = 0.05
 #: A quarter of one core, as a share of this machine.
 QUARTER_CORE_PERCENT = 25.0 / (os.cpu_count() or 1)
+#: Every way a node logs a DiLoCo round that did not average (scheduling, starting, ending, failing).
+FAILED_ROUND = re.compile(r"could not schedule the DiLoCo round|DiLoCo round \d* ?(could not start|never ended|failed)")
 
 
 def _validation_loss(state: dict) -> float:
@@ -55,13 +60,23 @@ def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, ch
                   "the slow node's first averaged round")
     # From here on, ROUNDS more rounds; both stop on their own at the same one (training.max_epochs,
     # raised at run time by a SIGHUP reload).
-    start = max(fast.status().local_epoch, slow.status().local_epoch)
-    stop_epoch = start + ROUNDS
+    before = {node.name: node.status() for node in (fast, slow)}
+    stop_epoch = max(status.local_epoch for status in before.values()) + ROUNDS
     for node in (fast, slow):
         node.overrides = {**node.overrides, "training": {**node.overrides["training"], "max_epochs": stop_epoch}}
         node.write_config()
         node.signal(signal.SIGHUP)
-    codes = {node.name: node.wait(180) for node in (fast, slow)}
+    last = dict(before)  # each node's latest status, read until it exits
+
+    def both_stopped() -> bool:
+        for node in (fast, slow):
+            if node.running and (seen := node.status(timeout=1.0)) is not None:
+                last[node.name] = seen
+        return not (fast.running or slow.running)
+
+    with contextlib.suppress(WaitTimeout):
+        wait_until(both_stopped, 180, "both nodes stopping at training.max_epochs", interval=0.2)
+    codes = {node.name: node.wait(1) for node in (fast, slow)}
     for node in (fast, slow):
         if codes[node.name] is None:
             node.signal(signal.SIGTERM)
@@ -71,14 +86,18 @@ def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, ch
     spread = abs(losses["fast"] - losses["slow"]) / min(losses.values())
     logs = {n.name: n.log_path.read_text() for n in (fast, slow)}
     # Rounds that failed after the slow node was in (the last one may find its partner gone).
-    failed = {name: sum(1 for line in log.split("reload from SIGHUP", 1)[-1].splitlines()
-                        if "DiLoCo round" in line and ("failed" in line or "never ended" in line))
-              for name, log in logs.items()}
+    failed = {name: len(FAILED_ROUND.findall(log.split("reload from SIGHUP", 1)[-1])) for name, log in logs.items()}
+    # Rounds the slow node averaged in, full or partial, as its status counts them; the round in
+    # flight when it stopped lands after its last status could be read.
+    joined = sum(getattr(last["slow"], f"averaging_rounds_{k}_total") - getattr(before["slow"],
+                 f"averaging_rounds_{k}_total") for k in ("ok", "partial"))
     samples = {name: int(state["samples_processed"]) for name, state in states.items()}
     chaos_report.record("10_heterogeneous_diloco", rounds=ROUNDS, slow_cpu_percent=round(QUARTER_CORE_PERCENT, 2),
-                        samples=samples, failed_rounds=failed, val_loss=losses, val_loss_spread=round(spread, 4))
+                        samples=samples, failed_rounds=failed, slow_rounds_joined=joined, val_loss=losses,
+                        val_loss_spread=round(spread, 4))
     assert states["fast"]["epoch"] == states["slow"]["epoch"] == stop_epoch
     # The slow node trains at a fraction of the fast one's rate, yet averages in (almost) every round.
     assert samples["slow"] < samples["fast"], samples
     assert failed["fast"] <= 1 and failed["slow"] <= 1, failed
+    assert joined >= ROUNDS - 1, (joined, before["slow"], last["slow"])
     assert spread <= MAX_SPREAD, losses

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import signal
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -42,10 +41,4 @@ def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
         return node
 
     yield factory
-    # SIGTERM all first, then wait: nodes leave in parallel instead of one after another.
-    for node in nodes:
-        node.signal(signal.SIGTERM)
-    for node in nodes:
-        if node.running and node.wait(30) is None:  # not stop(): a second SIGTERM means "exit now"
-            node.kill()
-            node.wait(10)
+    LocalNode.stop_all(nodes, timeout=30)

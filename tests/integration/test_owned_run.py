@@ -1,11 +1,12 @@
 """Owned runs end to end: real ``p2ptrain run`` nodes on 127.0.0.1 following an owner-signed manifest.
 
 A volunteer with an empty [task]/[training] joins with ``--join ADDR --run REF`` and trains with the
-owner's settings; forged manifests and fingerprint entries are refused and counted; a manifest
-update reaches running nodes; in an invite run a stranger with the right run id and model is
-refused by the DHT while an invited node joins, and a revoked peer is dropped; the averagers refuse
-a peer the gate does not admit; bad manifests and invites end the node with one line and exit 78
-before anything is written.
+owner's settings, and one whose config contradicts the manifest ends before writing anything;
+forged manifests and fingerprint entries are refused and counted; a manifest update (``p2ptrain
+run update``) reaches running nodes; in an invite run a stranger with the right run id and model
+is refused by the DHT (never reaching the averagers) while an invited node joins, and a revoked
+peer is dropped and stops with exit 78; the averagers refuse a peer the gate does not admit; bad
+manifests and invites end the node with one line and exit 78 before anything is written.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import hivemind
@@ -29,7 +31,7 @@ from p2ptrain.cli import main
 from p2ptrain.config import EX_CONFIG, TaskSection, TrainingSection
 from p2ptrain.localrun import create_local_run
 from p2ptrain.localswarm import LocalNode
-from p2ptrain.manifest import new_manifest
+from p2ptrain.manifest import LOCAL_TRAINING, new_manifest
 from p2ptrain.owner import OwnerKey
 from p2ptrain.rundht import fingerprint_key, manifest_key
 from p2ptrain.status import SwarmView
@@ -64,7 +66,19 @@ def test_one_line_join_forgeries_refused_and_a_live_update(make_node, tmp_path, 
     join = owner.join_addrs()[:1]
     volunteer = make_node("volunteer", owned=True, args=("--run", str(run.ref)))
     volunteer.start(join=join)
-    assert "[task]" not in volunteer.config_path.read_text()  # only local matters in its config
+    own = tomllib.loads(volunteer.config_path.read_text())  # only local matters in its config
+    assert "task" not in own and set(own.get("training", {})) <= set(LOCAL_TRAINING), own
+
+    # A one-line join whose config contradicts the manifest (the default lr, set explicitly) ends
+    # before it writes anything, and says where the other value came from.
+    contrary = _run_node(tmp_path / "contrary", "--join", join[0], "--run", str(run.ref),
+                         config="[training]\nlr = 0.001\n")
+    last = contrary.stderr.strip().splitlines()[-1]
+    assert contrary.returncode == EX_CONFIG and "Traceback" not in contrary.stderr, contrary.stderr
+    assert re.search(rf"^p2ptrain: config error: training\.lr: this node's config says 0\.001 but run "
+                     rf"{re.escape(str(run.ref))} \(manifest version 1\) says 0\.002", last), contrary.stderr
+    assert not (tmp_path / "contrary" / "state").exists()
+
     status = volunteer.wait_for(lambda s: s.state == "training" and s.averaging_rounds_ok_total >= 1, 120,
                                 "a round with the owner")
     assert (status.run_ref, status.manifest_version, status.admission_policy) == (str(run.ref), 1, "open")
@@ -89,7 +103,7 @@ def test_one_line_join_forgeries_refused_and_a_live_update(make_node, tmp_path, 
         forger.shutdown()
     assert all(n.status().manifest_version == 1 and n.status().state == "training" for n in nodes)
 
-    run.update(training={**run.manifest.training, "lr": 5e-4})  # what p2ptrain run update does
+    assert main(["run", "update", str(run.manifest_path), "--set", "training.lr=5e-4"]) == 0
     applied = f"run {run.ref}: applied manifest version 2 at epoch"
     for node in nodes:
         node.wait_for(lambda s: s.manifest_version == 2, 60, "manifest version 2")
@@ -110,6 +124,7 @@ def test_invite_run_refuses_a_stranger_admits_the_invited_and_drops_the_revoked(
                      "a round with the owner")
     invited_id = invited.status().peer_id
     assert owner.status().admission_policy == "invite"
+    averaging_refused_before = owner.status().averaging_refused_total
 
     # Right run id, right model and settings, but no invite: its DHT requests go unanswered.
     stranger = make_node("stranger", run_id=run.ref.run_id, task=TINY_TASK, training=RUN_SETTINGS["training"],
@@ -122,16 +137,22 @@ def test_invite_run_refuses_a_stranger_admits_the_invited_and_drops_the_revoked(
     assert "SYNCING" not in log and "downloaded" not in log and "Traceback" not in log
     status = owner.status()
     assert status.dht_requests_refused_total >= 1 and status.peers_online == 2 and status.last_round_group_size <= 2
-    assert stranger_id not in owner.log_path.read_text()  # it never reached the averagers to be refused there
+    # Refused at the DHT, named once, and so never near the averagers: they refused nobody meanwhile.
+    assert f"refusing DHT requests of peer {stranger_id} in invite run {run.ref}" in owner.log_path.read_text()
+    assert status.averaging_refused_total == averaging_refused_before
     assert {p.peer_id for p in (owner.peers() or SwarmView()).peers} <= {status.peer_id, invited_id}
 
     refused_before = owner.status().dht_requests_refused_total
-    run.update(revoked=(invited_id,))
+    assert main(["run", "update", str(run.manifest_path), "--revoke", invited_id]) == 0
     owner.wait_for(lambda s: s.manifest_version == 2, 60, "manifest version 2")
-    # The revoked peer leaves the owner's swarm view, and everything it asks is refused.
+    # The revoked peer leaves the owner's swarm view, what it asks is refused (but for the manifest
+    # that revoked it), and it stops for good.
     wait_until(lambda: invited_id not in {p.peer_id for p in (owner.peers() or SwarmView()).peers}, 10,
                "the revoked peer out of the swarm view")
     owner.wait_for(lambda s: s.dht_requests_refused_total > refused_before, 60, "the revoked peer refused")
+    assert invited.wait(60) == EX_CONFIG, invited.log_tail()
+    assert (f"run {run.ref} (manifest version 2): this node ({invited_id}) was banned or its invite revoked"
+            in invited.log_path.read_text())
     assert owner.status().state == "training"
 
 
@@ -170,6 +191,7 @@ def test_averagers_refuse_a_peer_the_gate_does_not_admit(tmp_path):
 
 
 def _run_node(tmp_path: Path, *flags: str, config: str = "") -> subprocess.CompletedProcess[str]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "node.toml"
     path.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n{config}')
     return subprocess.run([sys.executable, "-m", "p2ptrain.cli", "run", "--config", str(path), *flags],

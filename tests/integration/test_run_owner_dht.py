@@ -8,7 +8,6 @@ else's) cannot even bootstrap, and a revoked peer is cut off.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,9 @@ from p2ptrain.rundht import (
     members_key,
     publish_manifest,
     publish_membership,
+    tell_excluded,
 )
+from p2ptrain.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -63,13 +64,9 @@ def _maddrs(dht: hivemind.DHT) -> list[str]:
     return [str(addr) for addr in dht.get_visible_maddrs()]
 
 
-def _eventually(check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.3)
+def _eventually(check: Callable[[], Any], what: str) -> Any:
+    """What ``check`` returns once it is truthy: DHT entries take a moment to spread."""
+    return wait_until(check, 15.0, what, interval=0.3)
 
 
 def test_manifest_spreads_forgeries_are_refused_and_it_outlives_the_owner(dhts, capsys):
@@ -82,7 +79,7 @@ def test_manifest_spreads_forgeries_are_refused_and_it_outlives_the_owner(dhts, 
     stranger = dhts(initial_peers=_maddrs(owner))  # checks nothing, stores whatever it is given
 
     assert publish_manifest(owner, v1).result(timeout=10)
-    assert _eventually(lambda: fetch_manifest(volunteer, ref).manifest) == v1
+    assert _eventually(lambda: fetch_manifest(volunteer, ref).manifest, "manifest at the volunteer") == v1
 
     forger = OwnerKey.generate()
     forged = dataclasses.replace(new_manifest(forger, "dht-run", TaskSection(), TrainingSection(lr=9.0)),
@@ -94,7 +91,7 @@ def test_manifest_spreads_forgeries_are_refused_and_it_outlives_the_owner(dhts, 
 
     v2 = dataclasses.replace(v1, version=2, training={**v1.training, "lr": 3e-4}).signed(key)
     assert publish_manifest(owner, v2).result(timeout=10)
-    found = _eventually(lambda: (f := fetch_manifest(volunteer, ref)).manifest == v2 and f)
+    found = _eventually(lambda: (f := fetch_manifest(volunteer, ref)).manifest == v2 and f, "manifest v2")
     assert found and found.manifest.training["lr"] == 3e-4
 
     assert main(["run", "show", str(ref), "--join", _maddrs(volunteer)[0]]) == 0  # what a volunteer would use
@@ -103,7 +100,7 @@ def test_manifest_spreads_forgeries_are_refused_and_it_outlives_the_owner(dhts, 
     assert publish_manifest(volunteer, found.manifest).result(timeout=10)  # every holder re-publishes
     owner.shutdown()
     latecomer = dhts(initial_peers=_maddrs(volunteer), record_validators=[RunEntryValidator(ref)])
-    assert _eventually(lambda: fetch_manifest(latecomer, ref).manifest) == v2
+    assert _eventually(lambda: fetch_manifest(latecomer, ref).manifest, "manifest at the latecomer") == v2
 
 
 class _Borrower(TokenAuthorizerBase):
@@ -144,9 +141,8 @@ def test_invite_run_dht_admits_invited_peers_only_and_cuts_off_revoked_ones(dhts
 
     for dht, name in ((owner, "owner"), (invited, "invited")):
         assert publish_membership(dht, ref, tokens[name]).result(timeout=10)
-    members = _eventually(lambda: admitted_members(invited.get(members_key(ref), latest=True), ref)[0]
-                          == {peers["owner"], peers["invited"]})
-    assert members
+    _eventually(lambda: admitted_members(invited.get(members_key(ref), latest=True), ref)[0]
+                == {peers["owner"], peers["invited"]}, "both members admitted")
 
     with pytest.raises(Exception, match="bootstrap failed"):  # no invite at all: every request refused
         dhts(initial_peers=_maddrs(owner), identity_path=str(identities["stranger"]))
@@ -158,7 +154,7 @@ def test_invite_run_dht_admits_invited_peers_only_and_cuts_off_revoked_ones(dhts
     assert authorizers["owner"].refused_total >= 2
 
     owner.store("secret-ish", b"v1", get_dht_time() + 60)
-    assert _eventually(lambda: invited.get("secret-ish")) is not None
+    _eventually(lambda: invited.get("secret-ish"), "an entry stored by the owner")
 
     gates["owner"].update("invite", [peers["owner"]], [peers["invited"]])  # revoked in a new manifest version
     assert forget_peers(owner, [peers["invited"]]) == 1
@@ -166,3 +162,10 @@ def test_invite_run_dht_admits_invited_peers_only_and_cuts_off_revoked_ones(dhts
     owner.store("after-revocation", b"v2", get_dht_time() + 60)
     assert invited.get("after-revocation", latest=True) is None
     assert authorizers["owner"].refused_total > refused_before
+
+    # Cut off as it is, the revoked peer is handed the version that revokes it, straight into its own
+    # DHT (which checks the owner's signature), so it can stop instead of training on alone.
+    revoking = dataclasses.replace(new_manifest(key, "private-run", TaskSection(), TrainingSection(), policy="invite"),
+                                   revoked=(peers["invited"],)).signed(key)
+    assert tell_excluded(owner, revoking, [peers["invited"]]).result(timeout=15) == 1
+    assert fetch_manifest(invited, ref).manifest == revoking

@@ -18,6 +18,7 @@ from p2ptrain.tui.widgets.dialogs import ConfirmScreen, HelpScreen
 from p2ptrain.tui.widgets.logs import LogPane
 from p2ptrain.tui.widgets.node import run_line
 from p2ptrain.tui.widgets.swarm import TOTAL_KEY
+from p2ptrain.waiting import wait_until_async
 
 MakeApp = Callable[..., TopApp]
 
@@ -31,11 +32,8 @@ def drive(app: TopApp, scenario: Callable[[Pilot[Any]], Awaitable[None]], size: 
 
 
 async def until(pilot: Pilot[Any], condition: Callable[[], object], timeout: float = 20.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if condition():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("condition not met in time")
+    """The shared wait, pausing through the Pilot so the app handles its messages meanwhile."""
+    await wait_until_async(condition, timeout, "screen in the expected state", 0.05, pause=pilot.pause)
 
 
 def text(app: TopApp, selector: str) -> str:

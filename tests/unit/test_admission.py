@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.auth import TokenAuthorizerBase
@@ -189,3 +191,22 @@ def test_strangers_borrowed_tokens_revoked_and_expired_peers_are_refused(run, ke
     now[0] += 31 * 86400  # b's invite expired (cached tokens are re-checked against the clock)
     assert not a.is_token_valid(b_token)
     assert a.refused_total == 6
+
+
+def test_strangers_without_an_invite_are_named_once_each_then_only_counted(run, keys, caplog, monkeypatch):
+    caplog.set_level("INFO", logger="p2ptrain.dhtauth")
+    monkeypatch.setattr("p2ptrain.dhtauth._LOGGED_PEERS", 3)
+    a = _authorizer(run, keys[0])
+    unsigned = dht_pb2.PingRequest()  # a node outside the run sends no token: nothing in it names the sender
+
+    async def rpc(request: dht_pb2.PingRequest, *args: object) -> bool:
+        """What hivemind's AuthRPCWrapper awaits, the RPC's context (its remote peer) in its arguments."""
+        return await a.validate_request(request)
+
+    strangers = [A, B, A, C, _peer(keys[1]), _peer(keys[2])]
+    for peer in strangers:
+        assert not asyncio.run(rpc(unsigned, SimpleNamespace(remote_id=PeerID.from_base58(peer))))
+    lines = [m for m in caplog.messages if "DHT requests of" in m]
+    assert [line.split()[5] for line in lines[:3]] == [A, B, C] and "presented no invite" in lines[0]
+    assert lines[3].startswith("refused DHT requests of 3 peers in invite run ") and len(lines) == 4
+    assert a.refused_total == len(strangers) and "(unknown)" not in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from p2ptrain.daemon.api import ApiServer, host_header_is_loopback, is_loopback
 from p2ptrain.daemon.auth import load_or_create_token, token_matches
 from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
 from p2ptrain.daemon.logbuffer import LogRing
+from p2ptrain.errors import ConfigError
 from p2ptrain.metrics import build_registry
 from p2ptrain.nodeclient import NodeClient
 from p2ptrain.status import SCHEMA_VERSION, LatestSnapshot
@@ -282,8 +284,23 @@ def test_a_bad_bind_names_the_config_fields():
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match=rf"^api.host/api.port: cannot listen on 127.0.0.1:{port}: "):
             Node(port=port)
-    with pytest.raises(OSError, match=r"^api.host/api.port: cannot listen on 192.0.2.1:0: "):
-        Node(host="192.0.2.1")  # a documentation address no machine has
+
+@pytest.mark.parametrize("host", ["192.0.2.1",  # a documentation address no machine has
+                                  "nonexistent.invalid"])  # .invalid never resolves (RFC 6761)
+def test_a_host_this_machine_cannot_listen_on_is_a_config_error(host):
+    # Restarting cannot fix it: exit 78 (EX_CONFIG), not 1, so systemd does not restart it forever.
+    with pytest.raises(ConfigError, match=rf"^api.host: cannot listen on '{host}': not an address of this machine"):
+        Node(host=host)
+
+
+def test_which_bind_errors_are_the_config_s_fault():
+    from p2ptrain.daemon.api import _bind_error
+
+    in_use = _bind_error(OSError(errno.EADDRINUSE, "Address already in use (while attempting to bind on x)"),
+                         "127.0.0.1", 41480)
+    assert type(in_use) is OSError and str(in_use).endswith(":41480: Address already in use")  # may free up
+    privileged = _bind_error(OSError(errno.EACCES, "Permission denied"), "127.0.0.1", 80)
+    assert isinstance(privileged, ConfigError) and str(privileged).startswith("api.port: cannot listen on port 80")
 
 
 def test_is_loopback():

@@ -242,3 +242,37 @@ def test_answers_are_rendered_at_most_once_per_snapshot_and_second() -> None:
         assert counter.collects == 3
     finally:
         api.stop()
+
+
+def test_slow_connections_from_many_loopback_addresses_count_as_one_client() -> None:
+    """Any local process can connect from any 127.x address: 256 slow connections from 256 of them
+    must not take every slot for the whole request deadline.  They share loopback's cap, so all
+    but 64 are cut off after the short over-cap deadline and /healthz answers again."""
+    api = make_server(request_timeout=5.0)
+    hogs = []
+    try:
+        for i in range(256):
+            sock = socket.create_connection(("127.0.0.1", api.port), timeout=5,
+                                            source_address=(f"127.0.{1 + i // 200}.{2 + i % 200}", 0))
+            sock.sendall(STATUS[:5])  # a request begun and never finished
+            hogs.append(sock)
+        time.sleep(1.5)  # past the over-cap deadline (1 s), well inside the request deadline (5 s)
+        code, seconds = timed_healthz(api.port)
+        assert code == 200 and seconds < 1.0, (code, seconds)
+        answers = []
+        for sock in hogs:
+            sock.setblocking(False)  # an answer that came is there already; the 64 still open have none
+            with contextlib.suppress(OSError):
+                answers.append(sock.recv(4096))
+        assert sum(answer.startswith(b"HTTP/1.0 408") for answer in answers) >= 256 - 64
+    finally:
+        for sock in hogs:
+            sock.close()
+        api.stop()
+
+
+def test_loopback_in_any_spelling_is_one_client_other_addresses_their_own() -> None:
+    from p2ptrain.daemon.httpserver import client_group
+
+    assert {client_group(a) for a in ("127.0.0.1", "127.3.2.1", "127.255.255.254", "::1")} == {"loopback"}
+    assert [client_group(a) for a in ("192.168.1.5", "fe80::1", "?")] == ["192.168.1.5", "fe80::1", "?"]

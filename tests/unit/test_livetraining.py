@@ -3,11 +3,16 @@ the optimizer's state is kept, and every live setting lands."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 import torch
 
 from p2ptrain.config import TrainingSection
 from p2ptrain.livetraining import retune
+from p2ptrain.manifest_updates import LIVE_TRAINING
 from p2ptrain.optim import ClippedAdamW, warmup_cosine
 
 
@@ -42,3 +47,43 @@ def test_without_a_schedule_the_lr_is_set_as_it_is():
     optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
     retune(optimizer, None, TrainingSection(lr=0.02, weight_decay=0.01), lambda step: 1.0)
     assert optimizer.param_groups[0]["lr"] == 0.02 and optimizer.param_groups[0]["weight_decay"] == 0.01
+
+
+def _running_gradient_optimizer(cfg: TrainingSection) -> SimpleNamespace:
+    """What ``GradientOptimizer.apply_training`` touches on a running hivemind optimizer: the state
+    averager's torch optimizer and scheduler (in the node's process) and the progress tracker."""
+    _, optimizer, _ = _trained(3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.warmup_epochs, cfg.total_epochs))
+    return SimpleNamespace(state_averager=SimpleNamespace(optimizer=optimizer, scheduler=scheduler),
+                           tracker=SimpleNamespace(target_batch_size=cfg.target_batch_size),
+                           target_batch_size=cfg.target_batch_size, average_state_every=cfg.average_state_every)
+
+
+#: Every live field, a new value for it, and what of the running optimizer it must change. hivemind
+#: reads these at each step (Optimizer.average_state_every and ProgressTracker.target_batch_size are
+#: plain attributes of objects in the node's process), so setting them is taking effect.
+LIVE_EFFECTS: dict[str, tuple[Any, Callable[[SimpleNamespace], Any]]] = {
+    "lr": (2e-2, lambda o: o.state_averager.optimizer.param_groups[0]["lr"]),
+    "weight_decay": (0.5, lambda o: o.state_averager.optimizer.param_groups[0]["weight_decay"]),
+    "max_grad_norm": (0.25, lambda o: o.state_averager.optimizer.max_grad_norm),
+    "warmup_epochs": (0, lambda o: o.state_averager.scheduler.lr_lambdas[0](1)),
+    "total_epochs": (20, lambda o: o.state_averager.scheduler.lr_lambdas[0](15)),
+    "target_batch_size": (999, lambda o: (o.target_batch_size, o.tracker.target_batch_size)),
+    "average_state_every": (7, lambda o: o.average_state_every),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIVE_EFFECTS))
+def test_every_live_field_takes_effect_on_a_running_gradient_optimizer(name):
+    from p2ptrain.gradient import GradientOptimizer
+
+    cfg = TrainingSection(warmup_epochs=5, total_epochs=100)
+    running = _running_gradient_optimizer(cfg)
+    value, probe = LIVE_EFFECTS[name]
+    before = probe(running)
+    GradientOptimizer.apply_training(running, cfg.model_copy(update={name: value}))  # type: ignore[arg-type]
+    assert probe(running) != before
+
+
+def test_no_field_is_called_live_without_a_check_that_it_takes_effect():
+    assert LIVE_TRAINING - {"seed"} == set(LIVE_EFFECTS)  # seed shapes only a model's initialisation

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,24 @@ def test_every_single_byte_change_is_refused(manifest):
             load_manifest_bytes(extra, "m", manifest.ref)
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda raw: raw.replace(b"\n", b"\r\n"), r"^m: has Windows \(CRLF\) line endings where the signed manifest"),
+    (lambda raw: raw + b"\n", r"^m: has text after the signed manifest's last line \((\d+)\)"),
+    (lambda raw: raw[:-1], r"^m: ends before the signed manifest does"),
+    (lambda raw: raw.replace(b"[task]\n", b"[task]\r\n"), r"^m: line (\d+) ends in a Windows \(CRLF\) line ending"),
+    (lambda raw: raw.replace(b"[task]\n", b"[task] \n"), r"^m: line (\d+) differs from the signed manifest's"),
+])
+def test_a_manifest_that_differs_only_in_form_is_told_where(manifest, edit, message):
+    raw = manifest.to_toml().encode()
+    with pytest.raises(ManifestError, match=message) as caught:
+        load_manifest_bytes(edit(raw), "m", manifest.ref)
+    lines = raw.decode().splitlines()
+    numbers = [int(n) for n in re.findall(r"(?:line|last line \() ?(\d+)", str(caught.value))]
+    assert all(1 <= n <= len(lines) for n in numbers)  # a line the file has
+    if "line (" in message:
+        assert lines[numbers[0] - 1] == "[task]"
+
+
 def test_changed_value_fails_the_signature(manifest):
     text = manifest.to_toml().replace("lr = 0.0003", "lr = 0.003")
     with pytest.raises(ManifestError, match=r"^m: signature does not verify") as caught:
@@ -155,7 +174,16 @@ def test_another_owners_manifest_for_the_same_name_is_refused(manifest):
     (lambda t: _drop_line(t, "version = "), r"run\.version: required"),
     (lambda t: _drop_line(t, "seq_len = "), r"task\.seq_len: required"),
     (lambda t: _drop_line(t, "inner_steps = "), r"training\.inner_steps: required"),
-    (lambda t: t.replace("[training]\n", "[training]\nthreads = 4\n"), r"training\.threads: unknown key"),
+    (lambda t: t.replace("[training]\n", "[training]\nthreads = 4\n"),
+     r"training\.threads: a setting of each node's own config, not part of a run manifest"),
+    (lambda t: t.replace("[training]\n", "[training]\nnope = 4\n"), r"training\.nope: unknown key"),
+    (lambda t: t.replace("[task]\n", '[task]\ncache_dir = "/home/owner/cache"\n'),
+     r"task\.cache_dir: a setting of each node's own config"),
+    (lambda t: t.replace("[task]\n", '[task]\ndata_path = "/home/owner/corpus"\n'),
+     r"task\.data_path: a run manifest names its data only by http\(s\):// URL"),
+    (lambda t: t.replace("[task]\n", '[task]\nlocal_data = "yes"\n'), r"task\.local_data: must be true or false"),
+    (lambda t: t.replace("[task]\n", '[task]\nlocal_data = true\ndata_path = "https://x.org/a.txt"\n'),
+     r"task\.local_data: cannot be true when task\.data_path names the run's data"),
     (lambda t: t.replace("[run]\n", "[run]\nextra = 1\n"), r"run\.extra: unknown key"),
     (lambda t: t.replace('policy = "open"', 'policy = "friends"'), r"admission\.policy:"),
     (lambda t: t.replace("banned = []", 'banned = ["nope"]'), r"admission\.banned: .*not a libp2p peer ID"),

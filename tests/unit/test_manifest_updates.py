@@ -31,12 +31,12 @@ def _next(manifest, key, *settings, **fields):
     return dataclasses.replace(edited, version=manifest.version + 1, updated_at="2030-01-01T00:00:00Z").signed(key)
 
 
-def test_lr_batch_timeouts_and_bans_are_live(v1, key):
-    v2 = _next(v1, key, "training.lr=3e-4", "training.target_batch_size=512", "training.averaging_timeout=60",
+def test_lr_batch_and_bans_are_live(v1, key):
+    v2 = _next(v1, key, "training.lr=3e-4", "training.target_batch_size=512", "training.average_state_every=4",
                banned=(PEER,), revoked=(PEER,))
     change = classify(v1, v2)
     assert change.live and change.restart_fields == []
-    assert set(change.fields) == {"training.lr", "training.target_batch_size", "training.averaging_timeout",
+    assert set(change.fields) == {"training.lr", "training.target_batch_size", "training.average_state_every",
                                   "admission.banned", "admission.revoked", "run.updated_at"}
     assert "training.lr 0.001 -> 0.0003" in change.describe()
 
@@ -45,6 +45,9 @@ def test_lr_batch_timeouts_and_bans_are_live(v1, key):
     (("task.d_model=64",), {}, ["task.d_model"]),
     (("training.mode=diloco",), {}, ["training.mode"]),
     (("training.grad_compression=8bit",), {}, ["training.grad_compression"]),
+    # The averagers' processes took these (and request timeouts derived from them) when built.
+    (("training.matchmaking_time=1.0",), {}, ["training.matchmaking_time"]),
+    (("training.averaging_timeout=60",), {}, ["training.averaging_timeout"]),
     (("task.entrypoint=pkg.mod:fn",), {}, ["task.entrypoint"]),
     ((), {"policy": "invite"}, ["admission.policy"]),
 ])

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from p2ptrain.config import ConfigError, NodeConfig, parse_config
+from p2ptrain.cpushare import CpuShare
 from p2ptrain.daemon.builder import JoinedSwarm
 from p2ptrain.daemon.control import Command, ControlRequest
 from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
@@ -177,8 +178,8 @@ class FakeBuilder:
         return self.keeper
 
     def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *, live_peers: Any,
-                       wall_clock: Any, long_operation: Any, run: Any = None) -> Any:
-        self.built_with = {"config": config, "run": run}
+                       wall_clock: Any, long_operation: Any, run: Any = None, wait: Any = None) -> Any:
+        self.built_with = {"config": config, "run": run, "wait": wait}
         if self.fail_build is not None:
             raise self.fail_build
         return self.parts
@@ -319,6 +320,39 @@ def test_sighup_reload_applies_the_new_settings_in_the_loop(tmp_path, caplog):
     assert node.current_config().training.max_epochs == 2
 
 
+def test_a_reloaded_cpu_share_holds_the_loop_and_shows_in_the_snapshot(tmp_path):
+    """volunteer.max_cpu_percent from a SIGHUP reaches the loop's duty cycle: each 0.1 s step (a
+    fully busy core) is then followed by 0.1 s of idling, and status shows the new limit and use."""
+    clock = FakeClock()
+    builder = FakeBuilder(clock, on_step=lambda step: on_step(step))
+    hooks = RecordingHooks(clock)
+
+    def idle(seconds: float) -> bool:
+        clock.now += seconds
+        return node.stopper.is_set()
+
+    share = CpuShare(0.0, cpu_seconds=lambda: builder.parts.trainer.steps * STEP_SECONDS, clock=clock, wait=idle,
+                     cores=1)
+    node = Node(_config(tmp_path), hooks=hooks, builder=builder, clock=clock,  # type: ignore[arg-type]
+                wall_clock=lambda: 1.7e9, set_threads=lambda _: None, paused_wait=0.0, cpu_share=share)
+
+    def on_step(step: int) -> None:
+        if step == 4:
+            assert share.idle_seconds_total == 0.0  # no limit yet
+            node.control.submit(ControlRequest(Command.RELOAD, source="SIGHUP"))
+        if step == 24:
+            node.request_stop("test over")
+
+    hooks.reloaded = node.config.model_copy(update={"volunteer": node.config.volunteer.model_copy(
+        update={"max_cpu_percent": 50.0})})
+    assert node.run() == 0
+    assert share.limit_percent == 50.0
+    assert share.idle_seconds_total == pytest.approx(20 * STEP_SECONDS, abs=STEP_SECONDS)  # 20 steps after it
+    status = node.latest.status()
+    assert status.cpu_limit_percent == 50.0 and status.cpu_used_percent == pytest.approx(50.0, abs=5.0)
+    assert status.cpu_idle_seconds_total == pytest.approx(share.idle_seconds_total)
+
+
 def test_a_refused_reload_keeps_the_running_config(tmp_path):
     def on_step(step: int) -> None:
         if step == 1:
@@ -328,6 +362,13 @@ def test_a_refused_reload_keeps_the_running_config(tmp_path):
     hooks.reloaded = None
     assert node.run() == 0
     assert node.current_config() is node.config and threads == [0]
+
+
+def test_the_optimizer_waits_through_the_node_s_stop_event(tmp_path):
+    """Pauses between state-download attempts end at once on a stop (no plain sleeps)."""
+    node, builder, _, _ = _node(tmp_path, max_epochs=1)
+    assert node.run() == 0
+    assert builder.built_with["wait"] == node.stopper.wait
 
 
 def test_a_newcomer_behind_the_swarm_downloads_its_state_once(tmp_path):
@@ -361,8 +402,24 @@ def test_a_stop_while_syncing_skips_training_but_still_checkpoints(tmp_path, cap
 def test_exit_codes(tmp_path, capsys, where, error, code):
     node, builder, hooks, _ = _node(tmp_path, {where: error})
     assert node.run() == code
-    assert capsys.readouterr().err == f"p2ptrain: {error}\n"
+    label = "config error: " if isinstance(error, ConfigError) else ""  # the CLI's prefix, too
+    assert capsys.readouterr().err == f"p2ptrain: {label}{error}\n"
     assert hooks.calls[-1] == "stopping"  # whatever happened, the services were stopped
+
+
+def test_an_api_host_this_machine_does_not_have_exits_78_before_joining(tmp_path, capsys):
+    from p2ptrain.daemon.service import ServiceHooks
+    from p2ptrain.daemon.systemd import SystemdNotifier
+
+    config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "api": {"host": "nonexistent.invalid"}},
+                          "test")  # passes config check: the name is well formed
+    builder = FakeBuilder(FakeClock())
+    node = Node(config, hooks=ServiceHooks(config, None, SystemdNotifier(None)), builder=builder,  # type: ignore
+                set_threads=lambda _: None)
+    assert node.run() == 78
+    assert capsys.readouterr().err.startswith(
+        "p2ptrain: config error: api.host: cannot listen on 'nonexistent.invalid'")
+    assert builder.swarm is None  # failed before joining anything
 
 
 def test_a_stop_while_joining_is_a_clean_exit(tmp_path, capsys):

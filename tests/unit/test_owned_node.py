@@ -23,9 +23,10 @@ from p2ptrain.daemon.node import Node
 from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity
 from p2ptrain.invite import issue_invite
 from p2ptrain.manifest import new_manifest
-from p2ptrain.ownedrun import RunKeeper, prepare_run
+from p2ptrain.manifest_source import SourceUnavailable
+from p2ptrain.ownedrun import RunKeeper, prepare_run, settle
 from p2ptrain.owner import OwnerKey
-from p2ptrain.rundht import publish_manifest
+from p2ptrain.rundht import fetch_manifest, publish_manifest
 from p2ptrain.status import NodeState, PeerRecord, SwarmView
 from p2ptrain.swarm import PeersRefused, identity_path
 
@@ -52,6 +53,13 @@ class OwnedBuilder(FakeBuilder):
 
     def prepare(self, config: Any, state_dir: Path) -> Any:
         return prepare_run(config, identity_path(state_dir))
+
+    def fetch_manifest(self, plan: Any, initial_peers: Any, stopper: Any) -> Any:
+        """What the real builder does through a short-lived DHT, from the in-memory one."""
+        found = fetch_manifest(self.dht, plan.ref)
+        if found.manifest is None:
+            raise SourceUnavailable(f"no valid manifest of run {plan.ref} found in the swarm within 0s")
+        return settle(plan, found.manifest)
 
     def join(self, *args: Any, **kwargs: Any) -> Any:
         swarm = super().join(*args, **kwargs)
@@ -245,3 +253,25 @@ def test_an_invite_in_a_config_without_a_manifest_asks_for_the_identity_first(tm
     assert node.run() == 78
     assert "has no identity yet" in capsys.readouterr().err and not (tmp_path / "state").exists()
 
+
+
+def test_a_one_line_join_that_contradicts_the_manifest_ends_before_anything_is_written(tmp_path, owner, capsys):
+    _, manifest = owner
+    dht = MemoryDHT()
+    publish_manifest(dht, manifest)
+    node, builder, _ = _node(tmp_path, dht, {"run": str(manifest.ref)}, lr=1e-3)  # the default, set explicitly
+    assert node.run() == 78
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(rf"training\.lr: this node's config says 0\.001 but run {manifest.ref} "
+                                              r"\(manifest version 1\) says 0\.0003", err), err
+    assert not (tmp_path / "state").exists() and builder.joined_with == {}
+
+
+def test_a_one_line_join_without_a_peer_to_ask_is_one_line_and_writes_nothing(tmp_path, owner, capsys):
+    _, manifest = owner
+    config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "swarm": {"run": str(manifest.ref)}}, "t")
+    node = Node(config, hooks=RecordingHooks(FakeClock()), builder=NodeBuilder())
+    assert node.run() == 78
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "swarm.initial_peers: run owned@" in err and "--join ADDR" in err, err
+    assert not (tmp_path / "state").exists()

@@ -14,8 +14,9 @@ import pytest
 from p2ptrain.config import ConfigError, TaskSection, TrainingSection, parse_config
 from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity
 from p2ptrain.invite import issue_invite
-from p2ptrain.manifest import new_manifest
+from p2ptrain.manifest import new_manifest, read_manifest_file
 from p2ptrain.manifest_source import SourceUnavailable
+from p2ptrain.manifest_store import ManifestStore
 from p2ptrain.ownedrun import RunKeeper, apply_run_flags, prepare_run
 from p2ptrain.owner import OwnerKey
 from p2ptrain.rundht import manifest_key, members_key, publish_manifest
@@ -31,6 +32,7 @@ class MemoryDHT:
     def __init__(self) -> None:
         self.data: dict[str, dict[Any, Any]] = {}
         self.gets = 0
+        self.coroutines: list[Any] = []
 
     @staticmethod
     def _done(value: Any) -> Future:
@@ -48,6 +50,7 @@ class MemoryDHT:
         return self._done(found) if return_future else found
 
     def run_coroutine(self, coro, return_future=False):
+        self.coroutines.append(coro)
         return 0
 
 
@@ -176,6 +179,11 @@ def test_keeper_fetches_merges_follows_updates_and_members(tmp_path, owner):
     offer = keeper.poll()
     assert offer is not None and offer.change.fields == ["admission.revoked"]
     assert not plan.gate(OTHER) and plan.gate(me)
+    told = [c for c in dht.coroutines if getattr(c, "func", None) is not None and c.func.__name__ == "_store_on"]
+    assert len(told) == 1 and told[0].args[0] == [OTHER]  # handed the manifest that revokes it, once
+    keeper._refresh_gate()
+    assert len([c for c in dht.coroutines if getattr(c, "func", None) is not None
+                and c.func.__name__ == "_store_on"]) == 1
 
 
 def test_command_line_flags_win_over_the_config(tmp_path, owner):
@@ -258,3 +266,66 @@ def test_an_invited_newcomer_knows_the_members_before_it_first_averages(tmp_path
     RunKeeper(plan, dht).join(threading.Event(), timeout=5.0)
     assert plan.gate(OTHER) and plan.gate(me)
     assert me in dht.data[members_key(manifest.ref)]  # announced at once, for the others' gates
+
+
+def test_an_outdated_manifest_file_is_not_built_with_when_the_swarm_has_a_newer_version(tmp_path, owner, caplog):
+    caplog.set_level("INFO")
+    key, manifest = owner
+    plan = prepare_run(_config(tmp_path, manifest=_write(tmp_path, manifest)), tmp_path / "id.key")
+    v2 = dataclasses.replace(manifest, version=2, task={**manifest.task, "d_model": 32}).signed(key)  # not live
+    dht = MemoryDHT()
+    publish_manifest(dht, v2)
+    keeper = RunKeeper(plan, dht)
+    config = keeper.join(threading.Event(), timeout=5.0)
+    assert keeper.manifest == v2 and config.task.d_model == 32  # built with v2: no restart to take it up
+    assert keeper.poll() is None  # and nothing left to apply
+    assert any("the swarm holds a newer manifest than this node started with" in m for m in caplog.messages)
+
+
+def test_the_newest_accepted_version_outlives_a_restart(tmp_path, owner):
+    key, manifest = owner
+    path = _write(tmp_path, manifest)
+    config = _config(tmp_path, manifest=path)
+    (tmp_path / "state").mkdir()
+    dht = MemoryDHT()
+    keeper = RunKeeper(prepare_run(config, tmp_path / "id.key"), dht, poll_every=0.0)
+    keeper.join(threading.Event(), timeout=1.0)
+    stored = tmp_path / "state" / f"{manifest.ref.run_id}.manifest.toml"
+    assert read_manifest_file(stored, manifest.ref) == manifest  # kept once the node runs
+    v2 = dataclasses.replace(manifest, version=2, training={**manifest.training, "lr": 1e-4}).signed(key)
+    publish_manifest(dht, v2)
+    keeper.poll()
+    assert keeper.poll() is not None and read_manifest_file(stored).version == 2
+    assert not list((tmp_path / "state").glob(".*.tmp"))
+
+    # Restarted with the same (now outdated) file: version 2 it is, and version 1 is never taken back.
+    plan = prepare_run(config, tmp_path / "id.key")
+    assert plan.manifest == v2 and plan.config.training.lr == 1e-4
+    restarted = RunKeeper(plan, MemoryDHT())
+    restarted.join(threading.Event(), timeout=1.0)
+    assert not restarted.tracker.offer(manifest).accepted and restarted.manifest == v2
+    assert ManifestStore(tmp_path / "state", manifest.ref).save(manifest) is False
+    assert read_manifest_file(stored).version == 2
+
+
+def test_a_stored_manifest_that_does_not_verify_is_ignored_with_a_warning(tmp_path, owner, caplog):
+    _, manifest = owner
+    state = tmp_path / "state"
+    state.mkdir()
+    stored = state / f"{manifest.ref.run_id}.manifest.toml"
+    stored.write_text(manifest.to_toml().replace("lr = 0.0003", "lr = 0.3"))
+    plan = prepare_run(_config(tmp_path, manifest=_write(tmp_path, manifest)), tmp_path / "id.key")
+    assert plan.manifest == manifest
+    assert "ignoring the stored manifest of run owned@" in caplog.text and "signature does not verify" in caplog.text
+    assert ManifestStore(state, manifest.ref).save(manifest) and read_manifest_file(stored) == manifest
+
+
+def test_the_owner_s_own_node_in_an_invite_run_is_told_how_to_invite_itself(tmp_path, owner):
+    key, manifest = owner
+    private = dataclasses.replace(manifest, policy="invite").signed(key)
+    path = _write(tmp_path, private)
+    key.save(tmp_path / "owner.key")  # the run's directory, as p2ptrain run init leaves it
+    with pytest.raises(ConfigError, match=rf"^swarm\.invite: run owned@\w+ \(manifest version 1\) is invite-only, its "
+                                          rf"owner's nodes too: invite this node with p2ptrain run invite {path} "
+                                          r"PEER_ID \(PEER_ID: what p2ptrain run peer-id --config"):
+        prepare_run(_config(tmp_path, manifest=path), tmp_path / "id.key")

@@ -23,3 +23,11 @@ def test_torch_floor_has_the_weights_only_fixes() -> None:
     floor = re.search(r">=\s*(\d+)\.(\d+)", spec)
     assert floor is not None and (int(floor[1]), int(floor[2])) >= (2, 10), spec
     assert "<3" in spec
+
+
+def test_license_is_an_spdx_expression_with_a_setuptools_that_reads_it() -> None:
+    # The table form ({ text = ... }) is deprecated and warned about on every install.
+    assert PROJECT["project"]["license"] == "Apache-2.0"
+    [spec] = [r for r in PROJECT["build-system"]["requires"] if r.startswith("setuptools")]
+    floor = re.search(r">=\s*(\d+)", spec)
+    assert floor is not None and int(floor[1]) >= 77, spec  # PEP 639 license expressions: setuptools 77

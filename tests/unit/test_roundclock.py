@@ -1,13 +1,70 @@
-"""DiLoCo's round clock pieces that need no swarm: the LR schedule position and its O(1) jump."""
+"""DiLoCo's round clock without a swarm: the round target that grows with the peers reporting
+progress, the LR schedule position and its O(1) jump."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from hivemind.utils import ValueWithExpiration, get_dht_time
 
 from p2ptrain.config import ConfigError, parse_config
 from p2ptrain.optim import warmup_cosine
-from p2ptrain.roundclock import schedule_position, set_schedule_position
+from p2ptrain.roundclock import SwarmRoundTracker, schedule_position, set_schedule_position
+
+PER_PEER = 800  # inner_steps x inner_batch_size
+
+
+class _NoDht:
+    """Just what the tracker's constructor touches; with start=False it never reaches the DHT again."""
+
+    client_mode = False
+    peer_id = type("PeerId", (), {"to_bytes": lambda self: b"self"})()
+
+    def add_validators(self, validators: object) -> None: ...
+
+    def get(self, key: str, latest: bool = False) -> None:
+        return None
+
+
+def _tracker() -> SwarmRoundTracker:
+    return SwarmRoundTracker(_NoDht(), "run_x", per_peer_samples=PER_PEER, start=False)  # type: ignore[arg-type]
+
+
+def _entries(*peers: tuple[float, bool] | None) -> dict[bytes, ValueWithExpiration]:
+    """Progress entries: (samples per second, client mode) per peer; None: a withdrawn (paused) entry."""
+    now = get_dht_time()
+    found = {}
+    for i, peer in enumerate(peers):
+        value = None if peer is None else {"peer_id": b"p%d" % i, "epoch": 0, "samples_accumulated": 0,
+                                           "samples_per_second": peer[0], "time": now, "client_mode": peer[1]}
+        found[b"key%d" % i] = ValueWithExpiration(value, now + 60)
+    return found
+
+
+def test_the_round_target_is_the_per_peer_length_times_the_peers_reporting() -> None:
+    tracker = _tracker()
+    assert tracker.target_batch_size == PER_PEER  # alone (nobody reported yet): one peer's round
+    progress = tracker._parse_swarm_progress_data(_entries((10.0, False), (2.5, False), (5.0, True)))
+    # Three peers, a client-mode one among them (it trains too): three peers' worth of samples.
+    assert tracker.target_batch_size == progress.target_batch_size == 3 * PER_PEER
+    assert progress.num_peers == 3
+
+
+def test_paused_peers_withdrawn_entries_do_not_count_and_the_target_shrinks_back() -> None:
+    tracker = _tracker()
+    tracker._parse_swarm_progress_data(_entries((10.0, False), (10.0, False), (10.0, False)))
+    assert tracker.target_batch_size == 3 * PER_PEER
+    tracker._parse_swarm_progress_data(_entries((10.0, False), None, None))
+    assert tracker.target_batch_size == PER_PEER
+    tracker._parse_swarm_progress_data({})  # nobody left, not even our own entry yet: never a zero target
+    assert tracker.target_batch_size == PER_PEER
+
+
+def test_fast_and_slow_peers_see_one_end_of_round() -> None:
+    """The end of round comes from the swarm's totals: 2 x 800 samples at 16 + 4 samples/s is 80 s,
+    whichever of the two peers computes it."""
+    progress = _tracker()._parse_swarm_progress_data(_entries((16.0, False), (4.0, False)))
+    assert progress.eta_next_epoch - get_dht_time() == pytest.approx(2 * PER_PEER / 20.0, abs=1.0)
 
 
 def _scheduler() -> torch.optim.lr_scheduler.LambdaLR:

@@ -64,6 +64,25 @@ def test_init_records_the_model_fingerprint(tmp_path: Path, monkeypatch, capsys)
     assert manifest.task["d_model"] == 16 and manifest.training["lr"] == 3e-4 and "threads" not in manifest.training
 
 
+def test_a_task_update_records_the_new_model_s_fingerprint(tmp_path: Path, monkeypatch, capsys):
+    from p2ptrain.config import NodeConfig
+    from p2ptrain.run_cli import choose_fingerprint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "node.toml").write_text('[task]\nd_model = 16\nn_layers = 1\nn_heads = 2\nseq_len = 16\n')
+    assert main(["run", "init", "fp", "--from-config", "node.toml"]) == 0
+    path = tmp_path / "fp" / "manifest.toml"
+    before = read_manifest_file(path).fingerprint
+    capsys.readouterr()
+    assert main(["run", "update", str(path), "--set", "task.d_model=32"]) == 0
+    after = read_manifest_file(path)
+    expected = choose_fingerprint("auto", NodeConfig.model_validate({"task": after.task, "training": after.training}))
+    assert before is not None and after.fingerprint == expected != before
+    assert f"run.fingerprint: {before!r} -> {expected!r}  (nodes restart to apply it)" in capsys.readouterr().out
+    assert main(["run", "update", str(path), "--set", "training.lr=1e-4"]) == 0  # the model stays: so does it
+    assert read_manifest_file(path).fingerprint == expected
+
+
 def test_init_bad_input_writes_nothing(tmp_path: Path, monkeypatch, capsys, run_dir):
     (tmp_path / "bad.toml").write_text("[training]\nlr = -1\n")
     before = _snapshot(tmp_path)
@@ -96,6 +115,10 @@ def test_show_bad_input(run_dir: Path, capsys):
 
 def test_invite_prints_a_token_that_verifies(run_dir: Path, capsys):
     ref = _ref(run_dir)
+    _fails(["run", "invite", str(ref), PEER], capsys, rf"^p2ptrain: config error: run {ref} is open to everyone "
+           r"\(manifest version 1\): nobody needs an invite.*p2ptrain run update demo/manifest\.toml --private$")
+    assert main(["run", "update", "demo", "--private"]) == 0
+    capsys.readouterr()
     assert main(["run", "invite", str(ref), PEER, "--days", "2"]) == 0  # the key found at ./demo/owner.key
     captured = capsys.readouterr()
     token = captured.out.strip()
@@ -106,6 +129,8 @@ def test_invite_prints_a_token_that_verifies(run_dir: Path, capsys):
 
 def test_invite_bad_input(run_dir: Path, tmp_path: Path, capsys):
     ref = _ref(run_dir)
+    assert main(["run", "update", "demo", "--private"]) == 0
+    capsys.readouterr()
     _fails(["run", "invite", "demo", "not-a-peer"], capsys, r"peer ID 'not-a-peer': not a libp2p peer ID")
     _fails(["run", "invite", "demo", PEER, "--days", "-1"], capsys, r"--days -1: must be more than 0")
     _fails(["run", "invite", str(ref), PEER, "--key", "nope.key"], capsys, r"owner key nope.key: no such file")
@@ -185,4 +210,25 @@ def test_config_check_shows_the_manifest_a_node_would_use(run_dir: Path, tmp_pat
     _fails(["config", "check", str(node)], capsys,
            r"^p2ptrain: config error: training\.lr: this node's config says 0\.5 "
            rf"but run {re.escape(str(ref))} \(manifest version 1\) says 0\.001")
+    assert not (tmp_path / "state").exists()
+
+
+def test_config_check_runs_the_node_s_data_checks_on_the_merged_config(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("the owner's data\n" * 50)
+    (tmp_path / "owner.toml").write_text('[task]\ndata_path = "corpus.txt"\ncache_dir = "/owner/cache"\n')
+    assert main(["run", "init", "ld", "--from-config", "owner.toml", "--fingerprint", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "every volunteer must set task.data_path to its own copy" in out
+    manifest = read_manifest_file(tmp_path / "ld" / "manifest.toml")
+    assert manifest.local_data and "/owner/cache" not in (tmp_path / "ld" / "manifest.toml").read_text()
+
+    node = tmp_path / "node.toml"
+    node.write_text('[node]\nstate_dir = "state"\n[swarm]\nmanifest = "ld/manifest.toml"\n')
+    _fails(["config", "check", str(node)], capsys, r"^p2ptrain: config error: task\.data_path: run ld@\w+ \(manifest "
+           r"version 1\) trains on data each node keeps itself .*set task\.data_path in this node's config")
+    (tmp_path / "mine.txt").write_text("a volunteer's copy\n" * 50)
+    node.write_text(node.read_text() + '[task]\ndata_path = "mine.txt"\ncache_dir = "cache"\n')
+    assert main(["config", "check", str(node)]) == 0
+    assert "data         each node's own copy" in capsys.readouterr().out
     assert not (tmp_path / "state").exists()

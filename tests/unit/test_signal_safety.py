@@ -7,6 +7,7 @@ node for good.  The storm runs in a child process so a deadlock shows up as a ti
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -56,3 +57,20 @@ def test_sighup_storm_while_control_requests_flow_never_deadlocks() -> None:
     assert done.returncode == 0, done.stderr
     words = done.stdout.split()
     assert int(words[1]) > 0 and int(words[3]) > 0, done.stdout  # both producers got through
+
+
+def test_a_sighup_refused_by_a_full_queue_is_said_once_and_still_reloads(caplog) -> None:
+    from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
+
+    control = ControlQueue(maxsize=2)
+    for _ in range(2):
+        assert control.submit(ControlRequest(Command.CHECKPOINT, source="api"))
+    assert not control.submit(ControlRequest(Command.CHECKPOINT, source="api"))
+    for _ in range(3):  # what the SIGHUP handler submits
+        assert not control.submit(ControlRequest(Command.RELOAD, source="SIGHUP"))
+    drained = control.drain()
+    assert [r.command for r in drained] == [Command.CHECKPOINT, Command.CHECKPOINT, Command.RELOAD]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "control: 4 requests refused, the queue was full; the SIGHUP reload runs now")]
+    caplog.clear()
+    assert control.drain() == [] and caplog.records == []  # said once, handed out once

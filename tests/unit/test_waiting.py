@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from p2ptrain.waiting import WaitTimeout, wait_until
+from p2ptrain.waiting import WaitTimeout, wait_until, wait_until_async
 
 
 class FakeClock:
@@ -46,3 +48,19 @@ def test_an_exception_from_the_predicate_stops_the_wait() -> None:
     with pytest.raises(RuntimeError, match="exited"):
         wait_until(dead, 10, "x", clock=clock, sleep=clock.sleep)
     assert clock.sleeps == []
+
+
+def test_the_async_wait_awaits_its_pause_and_shares_the_deadline() -> None:
+    clock = FakeClock()
+    paused: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        paused.append(seconds)
+        clock.now += seconds
+
+    answers = iter([None, None, "ready"])
+    found = asyncio.run(wait_until_async(lambda: next(answers), 10, "x", interval=0.5, pause=pause, clock=clock))
+    assert found == "ready" and paused == [0.5, 0.5]
+    with pytest.raises(WaitTimeout, match=r"^no screen within 1 s$"):
+        asyncio.run(wait_until_async(lambda: None, 1, "screen", interval=0.4, pause=pause, clock=clock))
+    assert paused[2:] == [0.4, 0.4, pytest.approx(0.2)]

@@ -1,0 +1,39 @@
+"""A node's catch-up before it trains: if the swarm is ahead, download its state; else go on.
+
+The swarm's epoch comes from ``optimizer.global_progress()``, which already prefers what several
+peers agree on (``p2ptrain.robustprogress``); the wait for it is bounded and watches the stopper.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.swarm_optimizer import SwarmOptimizer
+
+logger = logging.getLogger(__name__)
+
+#: How long a newcomer waits to read the swarm's progress before deciding whether it is behind.
+SYNC_WAIT = 10.0
+
+
+def sync_with_swarm(optimizer: SwarmOptimizer, stopper: Stopper, clock: Callable[[], float], *,
+                    before_download: Callable[[], None]) -> None:
+    """If the swarm is ahead of us, download its state (bounded); else go on from what we have.
+
+    ``before_download`` runs just before a download starts (the node tells the watchdog a long
+    operation is coming)."""
+    deadline = clock() + SYNC_WAIT
+    while not optimizer.global_progress().known and clock() < deadline:
+        if stopper.wait(0.2):
+            return
+    swarm_epoch = optimizer.global_progress().epoch
+    if swarm_epoch > optimizer.local_epoch:
+        logger.info("swarm is at epoch %d, we are at %d: downloading state from peers",
+                    swarm_epoch, optimizer.local_epoch)
+        before_download()
+        optimizer.load_state_from_peers()
+        logger.info("now at epoch %d", optimizer.local_epoch)
+    else:
+        logger.info("in sync with the swarm at epoch %d", optimizer.local_epoch)
