@@ -188,15 +188,18 @@ class NodeBuilder:
             optimizer.restore(restored)
             optimizer.apply_training(config.training)  # the settings in force, not the checkpoint's
             trainer.samples_processed = int(restored.get("samples_processed", 0))
+            stats.credit.restore(restored)
         return TrainingParts(task, optimizer, trainer, NonFiniteRollback(optimizer.guard_targets()), checkpointer,
                              fingerprint)
 
 
 def checkpoint_state(trainer: Trainer, optimizer: SwarmOptimizer) -> dict[str, Any]:
-    """Model, optimizer and data position: everything a restart needs to go on exactly here."""
+    """Model, optimizer and data position: everything a restart needs to go on exactly here; and the
+    credit (this node's contributed samples, the contributors it has seen) for restarts and model cards."""
     return {
         "model": trainer.task.model.state_dict(),
         **optimizer.checkpoint_state(),
         "data_position": trainer.task.train_batches.state_dict(),
         "samples_processed": trainer.samples_processed,
+        **optimizer.stats.credit.checkpoint_fields(),
     }

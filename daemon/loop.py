@@ -126,12 +126,15 @@ class TrainingLoop:
                 self.stopper.request("max_epochs reached")
 
     def checkpoint(self) -> bool:
-        """A checkpoint with the run facts an export's model card shows."""
-        return self.parts.save_checkpoint(val_loss=self.board.val_loss, run_ref=self.board.identity.run_id)
+        """A checkpoint with the run facts an export's model card shows (an owned run by its reference,
+        NAME@hash; a plain run by its id)."""
+        run_ref = self.board.run().run_ref or self.board.identity.run_id
+        return self.parts.save_checkpoint(val_loss=self.board.val_loss, run_ref=run_ref)
 
     def validate(self) -> None:
-        self.board.val_loss = self.parts.trainer.validation_loss()
-        logger.info("epoch %d: validation loss %.4f", self.parts.trainer.epoch, self.board.val_loss)
+        epoch = self.parts.trainer.epoch
+        self.board.validated(epoch, self.parts.trainer.validation_loss())
+        logger.info("epoch %d: validation loss %.4f", epoch, self.board.val_loss)
 
     # ------------------------------------------------------------------ one pass
 

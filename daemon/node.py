@@ -31,7 +31,7 @@ from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.loop import PAUSED_WAIT, TrainingLoop
 from p2ptrain.daemon.runfollow import RunFollower, describe_figures
 from p2ptrain.daemon.shutdown import close_within_deadline, land_round_in_flight
-from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures
+from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures, data_figures
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.daemon.sync import sync_with_swarm
 from p2ptrain.errors import error_line
@@ -39,6 +39,7 @@ from p2ptrain.manifest_source import SourceUnavailable
 from p2ptrain.ownedrun import RunKeeper, RunPlan
 from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
 from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
+from p2ptrain.swarmcredit import epoch_samples_bound
 from p2ptrain.swarmstats import SwarmStats
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,12 @@ class Node:
     def training_peers(self) -> list[str]:
         """Peer IDs training now, as the latest swarm view has them (our own included once published)."""
         return [peer.peer_id for peer in self.latest.swarm().peers if peer.state == NodeState.TRAINING]
+
+    def _peer_passes(self) -> list[tuple[str, int]]:
+        """(shard list, pass) of the other peers training now, from their records."""
+        own = self.latest.status().peer_id
+        return [(peer.data_source, peer.data_pass) for peer in self.latest.swarm().peers
+                if peer.state == NodeState.TRAINING and peer.peer_id != own and peer.data_source]
 
     def initial_peers(self) -> list[str]:
         return list(dict.fromkeys([*self.current_config().swarm.initial_peers, *self.extra_peers]))
@@ -247,6 +254,12 @@ class Node:
                                                       parts.trainer.nonfinite_skips, parts.rollback.rollbacks)
         self.board.progress = parts.optimizer.global_progress
         self.board.checkpoints = lambda: parts.checkpointer.figures
+        credit = self.swarm_stats.credit
+        self.board.credit, self.board.note_contributors = credit.figures, credit.note_contributors
+        self.board.data = lambda: data_figures(parts.task.train_batches)
+        if hasattr(parts.task.train_batches, "swarm_passes"):  # a shard stream keeps in step with its peers
+            parts.task.train_batches.swarm_passes = self._peer_passes
+        self.board.credit_bound = lambda: epoch_samples_bound(self.current_config().training)
 
     def _close(self) -> None:
         """Take down what the node owns; a hang past the deadline ends the process (helpers and all)."""

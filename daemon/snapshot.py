@@ -16,10 +16,13 @@ from dataclasses import dataclass
 
 from p2ptrain import __version__
 from p2ptrain.cpushare import CpuShareFigures
+from p2ptrain.credit import CreditFigures
+from p2ptrain.daemon.history import LossCurve
 from p2ptrain.daemon.smoothing import Ema, WindowRate
 from p2ptrain.roundstats import RoundFigures
 from p2ptrain.status import LatestSnapshot, NodeState, PauseReason, Reachability, StatusSnapshot, SwarmView
 from p2ptrain.swarm_optimizer import GlobalProgress
+from p2ptrain.swarmcredit import credited_view
 from p2ptrain.swarmstats import SwarmStatsView
 
 #: State changes are the node's story: their log lines carry the node's name, wherever they are made.
@@ -80,6 +83,47 @@ class RunFigures:
 
 
 @dataclass(frozen=True)
+class DataFigures:
+    """Where the node is in its sharded training data (all zero for a stream without coverage)."""
+
+    data_pass: int = 0
+    shards_consumed: int = 0
+    #: Shards read in the passes before the current one, newest first.
+    past_passes: tuple[int, ...] = ()
+    shards_total: int = 0
+    source: str = ""
+
+
+def data_figures(stream: object) -> DataFigures:
+    """What a stream that reports coverage (``p2ptrain.tasks.CoverageSource``, e.g. ``ShardStream``)
+    says; a stream that does not, or says something odd, gives zeros."""
+    try:
+        coverage = stream.coverage()  # type: ignore[attr-defined]
+        past = getattr(stream, "past_pass_shards", lambda: ())()
+        figures = DataFigures(
+            data_pass=_count(coverage.pass_number), shards_consumed=_count(len(coverage.consumed)),
+            past_passes=tuple(_count(c) for c in past),
+            shards_total=_count(coverage.shards_total), source=str(getattr(stream, "source", ""))[:32])
+    except Exception:  # a user stream's coverage is optional; its errors must not cost the snapshot
+        return DataFigures()
+    return figures if figures.shards_total else DataFigures()
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass(frozen=True)
+class LossFigures:
+    """The loss curve so far (see ``daemon.history``)."""
+
+    epochs: tuple[int, ...] = ()
+    losses: tuple[float, ...] = ()
+    val_epochs: tuple[int, ...] = ()
+    val_losses: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class LiveFigures:
     """What the loop measures as it goes."""
 
@@ -94,9 +138,17 @@ class LiveFigures:
 def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: NodeIdentity,
                   training: TrainingFigures, live: LiveFigures, progress: GlobalProgress, rounds: RoundFigures,
                   stats: SwarmStatsView, cpu: CpuShareFigures, checkpoints: CheckpointFigures, view: SwarmView,
-                  target_batch_size: int, taken_at: float, run: RunFigures = RunFigures()) -> StatusSnapshot:
+                  target_batch_size: int, taken_at: float, run: RunFigures = RunFigures(),
+                  credit: CreditFigures | None = None, data: DataFigures = DataFigures(),
+                  history: LossFigures = LossFigures()) -> StatusSnapshot:
     """The node's status from plain figures; no I/O, no clock."""
+    credit = credit if credit is not None else CreditFigures()
     return StatusSnapshot(
+        samples_contributed_total=credit.contributed, samples_not_averaged_total=credit.not_averaged,
+        data_pass=data.data_pass, data_shards_consumed=data.shards_consumed,
+        data_past_pass_shards=data.past_passes, data_shards_total=data.shards_total, data_source=data.source,
+        loss_history_epochs=history.epochs, loss_history=history.losses, val_loss_history_epochs=history.val_epochs,
+        val_loss_history=history.val_losses,
         **dataclasses.asdict(run),
         version=__version__, state=state.value, pause_reason=pause_reason.value,
         peer_id=identity.peer_id, visible_maddrs=identity.maddrs, reachability=identity.reachability().value,
@@ -155,6 +207,14 @@ class StatusBoard:
         self._last_progress: float | None = None
         self._started_mono = clock()
         self._started_wall = wall_clock()
+        #: Credit (the swarm stats' ledger), where the node is in its data, and the most samples one
+        #: peer may put into an epoch (0: records' credit taken as claimed); set by the node.
+        self.credit: Callable[[], CreditFigures] = CreditFigures
+        self.data: Callable[[], DataFigures] = DataFigures
+        self.credit_bound: Callable[[], int] = lambda: 0
+        #: Called with the peers a swarm view credits with samples (the ledger remembers them).
+        self.note_contributors: Callable[[list[str]], None] = lambda peers: None
+        self._losses, self._val_losses = LossCurve(), LossCurve()
 
     def set_state(self, state: NodeState) -> None:
         if state is not self.state:
@@ -170,19 +230,30 @@ class StatusBoard:
             self._rate.add(now, samples)
             self._loss.add(loss)
 
+    def validated(self, epoch: int, loss: float) -> None:
+        """A validation finished: the loss the node shows, and a point of its loss curve."""
+        self.val_loss = loss
+        self._val_losses.add(epoch, loss)
+
     def snapshot(self) -> StatusSnapshot:
         now = self.clock()
         view = self.view()
         if view is not None:
-            self._last_view = view
+            self._last_view = credited_view(view, self.credit_bound(), self.identity.peer_id)
+            self.note_contributors([p.peer_id for p in self._last_view.peers if p.samples_contributed > 0])
+        training = self.training()
+        self._losses.add(training.epoch, self._loss.value)
+        history = LossFigures(self._losses.epochs, self._losses.values, self._val_losses.epochs,
+                              self._val_losses.values)
         live = LiveFigures(
             samples_per_second=self._rate.rate(now), loss=self._loss.value, val_loss=self.val_loss,
             seconds_since_progress=None if self._last_progress is None else now - self._last_progress,
             uptime_seconds=now - self._started_mono, started_at=self._started_wall)
         return make_snapshot(state=self.state, pause_reason=self.pause_reason, identity=self.identity,
-                             training=self.training(), live=live, progress=self.progress(), rounds=self.rounds(),
+                             training=training, live=live, progress=self.progress(), rounds=self.rounds(),
                              stats=self.stats(), cpu=self.cpu(), checkpoints=self.checkpoints(), view=self._last_view,
-                             target_batch_size=self.target_batch_size, taken_at=self.wall_clock(), run=self.run())
+                             target_batch_size=self.target_batch_size, taken_at=self.wall_clock(), run=self.run(),
+                             credit=self.credit(), data=self.data(), history=history)
 
     def publish(self) -> None:
         self.latest.publish(self.snapshot(), self._last_view)

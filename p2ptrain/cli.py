@@ -147,6 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flag(top)
     top.set_defaults(handler=_lazy("p2ptrain.tui.app:main"))
 
+    report = sub.add_parser("report", help="a running node's summary of the run: loss chart, contributors, "
+                            "data coverage (or the same as JSON)")
+    report.add_argument("--json", type=Path, metavar="FILE",
+                        help="also write the report as JSON to FILE ('-': print JSON instead of text)")
+    report.add_argument("--url", metavar="URL", help="node API URL (default: <state_dir>/api.url, "
+                        "else http://127.0.0.1:41480)")
+    report.add_argument("--token-file", type=Path, metavar="PATH",
+                        help="token file, for a node that wants it on reads (default: <state_dir>/api.token)")
+    _add_config_flag(report)
+    report.set_defaults(handler=_lazy("p2ptrain.report:main"))
+
     service = sub.add_parser("service", help="run the node as a systemd service")
     service_sub = service.add_subparsers(dest="service_command", metavar="ACTION", required=True)
     install = service_sub.add_parser("install", help="write the systemd unit (and a config if none exists)")

@@ -253,6 +253,8 @@ class DiLoCoOptimizer:
         started = time.perf_counter()
         pseudo = self.outer.pseudo_gradients(self.params)
         control = self._begin_average([p.detach().float() for p in self.params])
+        # Credit (p2ptrain.credit): this round's samples; alone in the swarm, no round will report on them.
+        self.stats.epoch_closed(self.samples_this_round, round_started=control is not _ALONE, alone=control is _ALONE)
         if control is _ALONE or control is None or not self.cfg.overlap:
             group = control if control is _ALONE or control is None else self._await(control)
             self._finish_round(group, pseudo, None, started)

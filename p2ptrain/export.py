@@ -47,6 +47,8 @@ class CardInfo:
     contributors: int | None = None
     saved_at: float | None = None
     checkpoint: str = ""
+    #: Samples this node contributed to the swarm's model (see p2ptrain.credit).
+    samples_contributed: int | None = None
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], run_id: str, checkpoint: str = "") -> CardInfo:
@@ -62,6 +64,7 @@ class CardInfo:
             contributors=_number(contributors, int),
             saved_at=_number(state.get("saved_at"), float),
             checkpoint=checkpoint,
+            samples_contributed=_number(state.get("samples_contributed"), int),
         )
 
 
@@ -192,8 +195,9 @@ def render_card(config: Mapping[str, Any], name: str) -> str:
         f"| run | {run['run_ref']} |\n"
         f"| optimizer epochs | {_or_unknown(run.get('epoch'))} |\n"
         f"| samples (this node's count) | {_or_unknown(run.get('samples'), ',')} |\n"
+        f"| samples this node contributed | {_or_unknown(run.get('samples_contributed'), ',')} |\n"
         f"| validation loss | {val_text} |\n"
-        f"| contributing peers | {_or_unknown(run.get('contributors'))} |\n"
+        f"| contributing peers (seen by this node) | {_or_unknown(run.get('contributors'))} |\n"
         f"| checkpoint | {run.get('checkpoint') or 'not recorded'}, saved {_when(run.get('saved_at'))} |\n"
         f"| exported | {config['exported_at']} |\n"
         f"| model fingerprint | {config['fingerprint']} |\n"

@@ -143,6 +143,14 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
     def _maybe_schedule_state_averaging(self) -> None:
         return
 
+    def _begin_averaging_gradients(self, grad_scaler: Any) -> bool:
+        # Credit (p2ptrain.credit): the epoch's samples, as hivemind weighs them in the round, go to
+        # the round begun here; with no round they are the swarm's update only if nobody else trains.
+        samples = int(self.grad_averager.local_samples_accumulated)
+        began = bool(super()._begin_averaging_gradients(grad_scaler))
+        self.stats.epoch_closed(samples, round_started=began, alone=self.tracker.global_progress.num_peers <= 1)
+        return began
+
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Any) -> None:
         started = time.perf_counter()
         super()._average_gradients_and_load_into_optimizer(maybe_step_control)

@@ -31,6 +31,7 @@ from p2ptrain.status import (
     NodeState,
     PauseReason,
     StatusSnapshot,
+    SwarmView,
 )
 
 _P = "p2ptrain_"
@@ -184,6 +185,29 @@ class P2PTrainCollector(Collector):
         yield _counter("rejected_peer_records", "Peer records dropped as forged, malformed or oversized.",
                        max(s.rejected_records_total, swarm.rejected_records_total))
         yield from _run(s)
+        yield from _credit(s, swarm)
+
+
+def _credit(s: StatusSnapshot, swarm: SwarmView) -> Iterator[Metric]:
+    """Contribution and data coverage: this node's own counters, and the swarm's figures over its
+    records (each peer's claim bounded, see p2ptrain.swarmcredit); per-peer detail is in the JSON API."""
+    yield _counter("samples_contributed", "Samples of this node's epochs that went into the swarm's model "
+                   "(averaged with another peer, or trained alone).", s.samples_contributed_total)
+    yield _counter("samples_not_averaged", "Samples of this node's epochs whose averaging round failed "
+                   "(applied on this node only).", s.samples_not_averaged_total)
+    yield _g("swarm_samples_contributed", "Samples the swarm's live peers report contributed, as credited.",
+             swarm.samples_contributed)
+    yield _g("swarm_contributors", "Live peers that report contributed samples.",
+             sum(1 for p in swarm.peers if p.samples_contributed > 0))
+    if s.data_shards_total > 0:
+        yield _g("data_pass", "This node's pass over its share of the training shards.", s.data_pass)
+        yield _g("data_shards", "Training shards in the dataset.", s.data_shards_total)
+        yield _g("data_shards_consumed", "Shards this node has read through in its current pass.",
+                 s.data_shards_consumed)
+    yield from _gauge("data_coverage_ratio", "Share of the swarm's current pass over the training shards that "
+                      "its peers report read.", swarm.data_coverage)
+    yield from _gauge("data_last_pass_coverage_ratio", "Share of the swarm's previous pass over the training "
+                      "shards that its peers report read.", swarm.data_last_pass_coverage)
 
 
 def _run(s: StatusSnapshot) -> Iterator[Metric]:

@@ -55,6 +55,9 @@ def build_model(task: TaskSection, training: TrainingSection) -> tuple[torch.nn.
 def from_checkpoint(config: NodeConfig, checkpoint: Path | None, say: Say) -> LoadedModel:
     """The model in ``checkpoint``, or in the newest checkpoint of ``config`` that loads."""
     if checkpoint is not None:
+        if checkpoint.is_dir():
+            raise ModelError(f"--checkpoint {checkpoint} is a directory: name a checkpoint file in it (ckpt-*.pt), "
+                             "or leave --checkpoint out for the newest in the config's checkpoint.dir")
         if not checkpoint.is_file():
             raise ModelError(f"checkpoint {checkpoint} does not exist")
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -101,8 +102,14 @@ def _sanitize(obj: _D) -> _D:
         changes["visible_maddrs"] = tuple(a for a in obj.visible_maddrs if isinstance(a, str))
         changes["recent_round_durations"] = tuple(
             float(d) for d in obj.recent_round_durations if _finite_or_none(d) is not None)
-        for name in ("round_duration_bucket_counts", "received_fraction_bucket_counts"):
+        for name in ("round_duration_bucket_counts", "received_fraction_bucket_counts", "data_past_pass_shards"):
             changes[name] = tuple(c for c in getattr(obj, name) if isinstance(c, int))
+        for epochs, values in (("loss_history_epochs", "loss_history"),
+                               ("val_loss_history_epochs", "val_loss_history")):
+            points = [(e, float(v)) for e, v in zip(getattr(obj, epochs), getattr(obj, values), strict=False)
+                      if isinstance(e, int) and not isinstance(e, bool) and _finite_or_none(v) is not None
+                      and math.isfinite(v)]
+            changes[epochs], changes[values] = tuple(e for e, _ in points), tuple(v for _, v in points)
     return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
 
 
@@ -192,7 +199,7 @@ class NodeClient:
         except (TypeError, ValueError) as error:
             raise NodeProtocolError(f"/api/v1/peers: malformed swarm view ({error})") from None
         peers: tuple[PeerRecord, ...] = tuple(_sanitize(p) for p in view.peers)
-        return dataclasses.replace(view, peers=peers)
+        return dataclasses.replace(_sanitize(view), peers=peers)
 
     def logs(self, since: int) -> tuple[list[dict[str, Any]], int]:
         """Lines with ``seq > since`` (each with str level/logger/message, float time, int seq) and

@@ -34,6 +34,16 @@ _BINDING_CACHE = 4096
 #: Why records are dropped, in the order of the shared counters.
 REJECT_REASONS: tuple[str, ...] = ("size", "signature", "schema", "not_a_key", "unbound", "wrong_identity",
                                    "stale", "future", "over_cap")
+#: Credit and coverage fields.  They travel as extras (not in :class:`PeerRecordModel`: hivemind's
+#: schema check would refuse older records that lack them) and are checked when a view is built.
+MAX_SAMPLES_CONTRIBUTED = 10**15
+MAX_DATA_PASS = 10**6
+MAX_SHARDS = 10**7
+CREDIT_COUNTS: dict[str, int] = {"samples_contributed": MAX_SAMPLES_CONTRIBUTED, "data_pass": MAX_DATA_PASS,
+                                 "shards_consumed": MAX_SHARDS, "shards_total": MAX_SHARDS}
+MAX_DATA_SOURCE_CHARS = 32
+#: Passes before the current one whose shard counts a record carries (``past_pass_shards``).
+MAX_PAST_PASSES = 7
 
 
 class PeerRecordModel(pyd.BaseModel):
@@ -61,6 +71,25 @@ class PeerRecordModel(pyd.BaseModel):
         # identity binding (``identity_key``, ``key_proof``) and ``model_fingerprint`` travel as such
         # extras, checked when the view is built, so older nodes still store newer records.
         extra = pyd.Extra.allow
+
+
+def credit_problem(value: dict[str, Any]) -> str:
+    """Why a record's credit and coverage fields are refused ("" when absent or in bounds)."""
+    for name, bound in CREDIT_COUNTS.items():
+        count = value.get(name, 0)
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= bound:
+            return f"{name} is not a count up to {bound}"
+    source = value.get("data_source", "")
+    if not isinstance(source, str) or len(source) > MAX_DATA_SOURCE_CHARS:
+        return "data_source is not a short string"
+    past = value.get("past_pass_shards", [])
+    if not isinstance(past, list | tuple) or len(past) > MAX_PAST_PASSES or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in past):
+        return f"past_pass_shards is not a list of up to {MAX_PAST_PASSES} counts"
+    total = value.get("shards_total", 0)
+    if max([value.get("shards_consumed", 0), *past]) > total:
+        return "claims more shards read than there are"
+    return ""
 
 
 def binding_message(run_id: str, record_key: bytes) -> bytes:
@@ -100,6 +129,9 @@ class RecordChecker:
             return "unbound", "record carries no identity binding"
         if len(identity_key) > MAX_PUBLIC_KEY_BYTES or len(proof) > 1024:
             return "size", "identity binding is oversized"
+        problem = credit_problem(value)
+        if problem:
+            return "schema", problem
         fingerprint = value.get("model_fingerprint")
         if fingerprint is not None and (not isinstance(fingerprint, str) or len(fingerprint) > 64):
             return "schema", "model_fingerprint is not a short string"

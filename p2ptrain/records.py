@@ -35,6 +35,9 @@ from hivemind.utils.crypto import RSAPrivateKey
 from p2ptrain.identity import NodeIdentity
 from p2ptrain.recordcheck import (  # noqa: F401 - re-exported: the record's rules live there
     CLOCK_SKEW_SECONDS,
+    CREDIT_COUNTS,
+    MAX_DATA_SOURCE_CHARS,
+    MAX_PAST_PASSES,
     MAX_RECORD_BYTES,
     MAX_RECORDS_PER_VIEW,
     REJECT_REASONS,
@@ -164,6 +167,12 @@ def to_wire(record: PeerRecord) -> dict[str, Any]:
     for name in ("loss", "val_loss"):
         value = _finite_or_none(data[name])
         data[name] = float(value) if value is not None else None
+    for name, bound in CREDIT_COUNTS.items():
+        data[name] = min(max(0, int(data[name])), bound)
+    data["shards_consumed"] = min(data["shards_consumed"], data["shards_total"])
+    data["past_pass_shards"] = [min(max(0, int(c)), data["shards_total"])
+                                for c in data["past_pass_shards"][:MAX_PAST_PASSES]]
+    data["data_source"] = str(data["data_source"])[:MAX_DATA_SOURCE_CHARS]
     return data
 
 

@@ -95,18 +95,33 @@ class PeerRecord:
     pause_reason: str = ""
     #: Unix time the record was published (filled by the publisher).
     published_at: float = 0.0
+    #: Samples of this node's epochs that went into the swarm's model (see :mod:`p2ptrain.credit`);
+    #: in a swarm view, the claim as credited (capped at what the run allows for its epoch).
+    samples_contributed: int = 0
+    #: The node's place in its data stream: its pass over the shards, shards read through this pass and
+    #: in the passes before it (newest first, a few), of how many, and which shard list (``data_source``,
+    #: empty: no sharded data).
+    data_pass: int = 0
+    shards_consumed: int = 0
+    past_pass_shards: tuple[int, ...] = ()
+    shards_total: int = 0
+    data_source: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PeerRecord:
-        return _from_dict(cls, data)
+        past = data.get("past_pass_shards") if isinstance(data, dict) else None
+        record = _from_dict(cls, data)
+        if isinstance(past, list | tuple) and all(isinstance(c, int) and not isinstance(c, bool) for c in past):
+            record = dataclasses.replace(record, past_pass_shards=tuple(past))
+        return record
 
     @classmethod
     def from_status(cls, status: StatusSnapshot) -> PeerRecord:
         """What a node says about itself, taken from its latest snapshot."""
-        return cls(peer_id=status.peer_id, version=status.version, state=status.state,
+        return cls(**_credit_fields(status), peer_id=status.peer_id, version=status.version, state=status.state,
                    epoch=status.local_epoch, samples_per_second=status.local_samples_per_second,
                    loss=status.loss, val_loss=status.val_loss, reachability=status.reachability,
                    uptime_seconds=status.uptime_seconds, pause_reason=status.pause_reason,
@@ -120,6 +135,15 @@ class SwarmView:
     peers: tuple[PeerRecord, ...] = ()
     swarm_samples_per_second: float = 0.0
     global_epoch: int = 0
+    #: Credit and coverage over the records (:func:`p2ptrain.swarmcredit.credited_view`): the peers'
+    #: samples contributed as credited, the swarm's pass over the data (the lower median of the peers'
+    #: passes), the share of that pass and of the one before that the peers report read (None: no
+    #: sharded data in view, or no pass before), and the shard count they agree on.
+    samples_contributed: int = 0
+    data_pass: int = 0
+    data_coverage: float | None = None
+    data_last_pass_coverage: float | None = None
+    shards_total: int = 0
     slowest_peer: str = ""
     fastest_peer: str = ""
     rejected_records_total: int = 0
@@ -214,6 +238,24 @@ class StatusSnapshot:
     cpu_used_percent: float | None = None
     #: Seconds the node idled between steps to stay within cpu_limit_percent.
     cpu_idle_seconds_total: float = 0.0
+    #: Credit (:mod:`p2ptrain.credit`): samples of this node's epochs that went into the swarm's model,
+    #: and those of epochs whose round failed (applied on this node only); restored from checkpoints.
+    samples_contributed_total: int = 0
+    samples_not_averaged_total: int = 0
+    #: This node's walk over sharded training data (all 0/"" for data that is not sharded): its pass,
+    #: shards read through this pass and in the passes before it (newest first, a few), of how many, and
+    #: which shard list.
+    data_pass: int = 0
+    data_shards_consumed: int = 0
+    data_past_pass_shards: tuple[int, ...] = ()
+    data_shards_total: int = 0
+    data_source: str = ""
+    #: The loss curve, oldest first: (epoch, training loss) as each epoch was reached and (epoch,
+    #: validation loss) at each validation; bounded, thinned evenly over the run when full.
+    loss_history_epochs: tuple[int, ...] = ()
+    loss_history: tuple[float, ...] = ()
+    val_loss_history_epochs: tuple[int, ...] = ()
+    val_loss_history: tuple[float, ...] = ()
     #: Owned runs: manifests ignored (bad signature, another owner, older), invalid member invites,
     #: DHT entries refused (forged manifests; unsigned fingerprint entries counted apart), DHT and
     #: averaging/state requests of non-admitted peers refused, records of non-admitted peers in view.
@@ -244,7 +286,15 @@ class StatusSnapshot:
 
 
 _LIST_FIELDS = ("visible_maddrs", "recent_round_durations", "round_duration_bucket_counts",
-                "received_fraction_bucket_counts")
+                "received_fraction_bucket_counts", "loss_history_epochs", "loss_history",
+                "val_loss_history_epochs", "val_loss_history", "data_past_pass_shards")
+
+
+def _credit_fields(status: StatusSnapshot) -> dict[str, Any]:
+    """What a node's record says about its contribution and its data, from its snapshot."""
+    return dict(samples_contributed=status.samples_contributed_total, data_pass=status.data_pass,
+                shards_consumed=status.data_shards_consumed, past_pass_shards=status.data_past_pass_shards,
+                shards_total=status.data_shards_total, data_source=status.data_source)
 
 
 @dataclass

@@ -5,7 +5,8 @@ background thread of its own, and the DiLoCo averager's rounds land from the tra
 state downloads run on the training thread.  Readers (the snapshot the node publishes twice a
 second) must never see a round half-recorded, so rounds go to :class:`~p2ptrain.roundstats.RoundStats`
 (locked, read as one :class:`~p2ptrain.roundstats.RoundFigures`) and traffic and downloads are kept
-under this class's lock and read as one immutable :class:`SwarmStatsView`.
+under this class's lock and read as one immutable :class:`SwarmStatsView`.  Credit (the samples
+this node contributed, :mod:`p2ptrain.credit`) is settled by the same round outcomes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 
+from p2ptrain.credit import CreditLedger
 from p2ptrain.roundstats import RoundOutcome, RoundReport, RoundStats
 
 
@@ -33,6 +35,7 @@ class SwarmStats:
     """What the optimizers record as rounds end and downloads run; every method locks."""
 
     rounds: RoundStats = field(default_factory=RoundStats)
+    credit: CreditLedger = field(default_factory=CreditLedger)
     _view: SwarmStatsView = field(default_factory=SwarmStatsView)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -47,6 +50,8 @@ class SwarmStats:
         peer send and receive (n-1)/n of the tensors, twice (reduce-scatter, then all-gather).
         """
         outcome = self.rounds.record(report)
+        # Credit: the epoch's samples count when the round averaged them with at least one other peer.
+        self.credit.round_ended(averaged=outcome is not RoundOutcome.FAILED and report.group_size >= 2)
         if report.ok:
             group = max(report.group_size, 1)
             moved = int(2 * payload_bytes * (group - 1) / group)
@@ -55,6 +60,11 @@ class SwarmStats:
                 self._view = replace(old, bytes_sent=old.bytes_sent + moved,
                                      bytes_received=old.bytes_received + moved)
         return outcome
+
+    def epoch_closed(self, samples: int, *, round_started: bool, alone: bool) -> None:
+        """An epoch's samples were handed to its round (or, with no round, applied): see
+        :meth:`p2ptrain.credit.CreditLedger.epoch_closed`.  Called before that round can end."""
+        self.credit.epoch_closed(samples, round_started=round_started, alone=alone)
 
     def download_started(self) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +94,35 @@ def sample_command(args: argparse.Namespace) -> int:
     if hook is None:
         say(f"the task {loaded.task.entrypoint} has no sample hook (Task.sample); nothing to generate")
         return 1
-    text = hook(loaded.model, request)
+    try:
+        text = hook(loaded.model, request)
+    except Exception as error:  # a user task's code: its failure is one line, not a traceback
+        say(f"the task's sample hook failed: {_one_line(error)}")
+        return 1
+    if not isinstance(text, str):
+        say(f"the task's sample hook returned a {type(text).__name__}, not text")
+        return 1
     sys.stdout.write(request.prompt + text + ("" if text.endswith("\n") else "\n"))
     return 0
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _check_metrics(metrics: object) -> dict[str, float]:
+    """What an evaluate hook returned, as named finite numbers; ModelError naming what is wrong."""
+    if not isinstance(metrics, Mapping) or not metrics:
+        raise ModelError(f"the task's evaluate hook returned {type(metrics).__name__}, not named numbers")
+    checked = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, int | float):
+            raise ModelError(f"the task's evaluate hook returned {name!r}: {value!r}, not a number")
+        if not math.isfinite(value):
+            raise ModelError(f"the task's evaluate hook returned {name} = {value} (no data scored?)")
+        checked[name] = float(value)
+    return checked
 
 
 def eval_command(args: argparse.Namespace) -> int:
@@ -108,7 +135,12 @@ def eval_command(args: argparse.Namespace) -> int:
         if hook is None:
             say(f"the task {loaded.task.entrypoint} has no evaluate hook (Task.evaluate); nothing to report")
             return 1
-        metrics = hook(loaded.model, None if args.data is None else str(args.data))
+        try:
+            metrics = _check_metrics(hook(loaded.model, None if args.data is None else str(args.data)))
+        except (ModelError, ConfigError, OSError):
+            raise
+        except Exception as error:  # a user task's code: its failure is one line, not a traceback
+            raise ModelError(f"the task's evaluate hook failed: {_one_line(error)}") from None
     except ModelError as error:
         say(str(error))
         return 1
@@ -151,7 +183,12 @@ def _evaluate_hook(loaded: LoadedModel) -> Any:
 
     def evaluate(model: Any, data_path: str | None) -> dict[str, float]:
         if data_path is not None:
-            return lm_metrics(model, file_batches(Path(data_path), cfg.seq_len, batch_size))
+            batches = file_batches(Path(data_path), cfg.seq_len, batch_size)
+            if not batches:
+                size = Path(data_path).stat().st_size
+                raise ModelError(f"--data {data_path} holds {size:,} bytes: too little to score (the model needs "
+                                 f"more than task.seq_len = {cfg.seq_len} bytes)")
+            return lm_metrics(model, batches)
         data = build_text_data(cfg, batch_size=batch_size, peer_seed=0, peer_id="eval", live_peers=lambda: ["eval"],
                                cache_dir=loaded.cache_dir)
         return lm_metrics(model, data.validation)

@@ -27,6 +27,7 @@ from textual.worker import get_current_worker
 from p2ptrain.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
 from p2ptrain.nodeclient import NodeClient, NodeError, NodeUnreachable
 from p2ptrain.status import SCHEMA_VERSION, StatusSnapshot, SwarmView
+from p2ptrain.tui.widgets.contributors import ContributorsPanel
 from p2ptrain.tui.widgets.dialogs import ConfirmScreen, HelpScreen
 from p2ptrain.tui.widgets.format import age
 from p2ptrain.tui.widgets.logs import LocalTime, LogPane
@@ -83,6 +84,7 @@ class TopApp(App[int]):
         Binding("1", "view('node')", "Node", show=False),
         Binding("2", "view('swarm')", "Swarm", show=False),
         Binding("3", "view('logs')", "Logs", show=False),
+        Binding("4", "view('contributors')", "Contributors", show=False),
     ]
 
     def __init__(self, client: NodeClient, token_file: Path | None, *, poll_interval: float = 1.0,
@@ -111,6 +113,7 @@ class TopApp(App[int]):
         self._node = NodePanel(id="node-panel")
         self._swarm_panel = SwarmPanel(id="swarm-panel")
         self._logs = LogPane(local_time=local_time, id="log-pane")
+        self._contributors = ContributorsPanel(id="contributors-panel")
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -122,6 +125,8 @@ class TopApp(App[int]):
                 yield self._swarm_panel
             with TabPane("Logs", id="logs"):
                 yield self._logs
+            with TabPane("Contributors", id="contributors"):
+                yield self._contributors
         yield Footer()
 
     def on_mount(self) -> None:
@@ -219,6 +224,7 @@ class TopApp(App[int]):
         now = self.clock()
         self._node.show(status, self.history, now)
         self._swarm_panel.show(message.swarm, status.peer_id, now)
+        self._contributors.show(message.swarm, status)
         if was_down:
             self.notify("reconnected to the node", title="p2ptrain")
 

@@ -22,17 +22,24 @@ It returns a ``Task(model, loss_fn, train_batches, validation_batches, shape_con
 * ``validation_batches()`` the same bounded batches on every node, every call;
 * ``shape_config``        JSON-serialisable dict of whatever shapes the model (fingerprinted).
 
+Two optional hooks make the trained model usable from the shell: ``sample(model, request)`` for
+``p2ptrain sample`` (here: the model's output for the inputs given as ``--prompt "0.1,0.2,..."``)
+and ``evaluate(model, data_path)`` for ``p2ptrain eval`` (named metrics, ``"loss"`` among them).
+An exception in a hook is shown as one line.
+
 Raise ``p2ptrain.config.ConfigError("task.options.<key>: ...")`` for bad options: the node then
 prints that one line and exits with code 78.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from p2ptrain.config import ConfigError
-from p2ptrain.tasks import IndexedStream, Task, TaskContext, stable_seed
+from p2ptrain.tasks import IndexedStream, SampleRequest, Task, TaskContext, stable_seed
 
 VALIDATION_BATCHES = 4
 
@@ -76,10 +83,29 @@ def build(context: TaskContext) -> Task:
     # Training batch i of this node depends only on (peer_seed, i): resumable and per-node.
     train = IndexedStream(lambda i: make_batch(stable_seed("train", context.peer_seed, i)))
     validation = [make_batch(stable_seed("validation", k)) for k in range(VALIDATION_BATCHES)]
+    @torch.no_grad()
+    def evaluate(model: nn.Module, data_path: str | None) -> dict[str, float]:
+        if data_path is not None:
+            raise ValueError("this task scores its own validation batches; --data is not supported")
+        mse = sum(float(loss_fn(model, batch)) for batch in validation) / len(validation)
+        return {"loss": mse, "rmse": math.sqrt(mse)}
+
+    @torch.no_grad()
+    def sample(model: nn.Module, request: SampleRequest) -> str:
+        try:
+            x = torch.tensor([[float(v) for v in request.prompt.split(",")]])
+        except ValueError:
+            raise ValueError(f"--prompt must be {inputs} comma-separated numbers, got {request.prompt!r}") from None
+        if x.shape[1] != inputs:
+            raise ValueError(f"--prompt must be {inputs} comma-separated numbers, got {x.shape[1]}")
+        return f" -> {float(model(x)):.4f} (target {float(torch.sin(x @ target_w)):.4f})"
+
     return Task(
         model=model,
         loss_fn=loss_fn,
         train_batches=train,
         validation_batches=lambda: iter(validation),
         shape_config={"task": "user_task.mlp", "inputs": inputs, "hidden": hidden},
+        sample=sample,
+        evaluate=evaluate,
     )

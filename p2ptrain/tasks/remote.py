@@ -5,14 +5,17 @@ into place only when complete and matching its checksum, so a file in the cache 
 whole, verified shard.  Files with a checksum are named by it (an index that moves a shard to
 another mirror does not download it again).  A download that keeps failing is retried a few
 times with growing waits and then given up for this pass (:class:`ShardUnreadable`); the
-stream skips the shard and counts it.  A 4xx answer other than 408/429 or a checksum mismatch
-is not weather and is not retried.
+stream skips the shard and counts it.  A body shorter than its ``Content-Length`` (a connection
+cut mid-download) is weather like any other failure: without a checksum it would otherwise pass
+for a whole shard.  A checksum mismatch is tried once more (a transfer can be damaged on the way),
+then given up; a 4xx answer other than 408/429 is not weather and is not retried.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import logging
 import os
 import tempfile
@@ -38,6 +41,14 @@ _PERMANENT_STATUS = frozenset(range(400, 500)) - {408, 429}
 
 class _Permanent(Exception):
     """A failure that another try would only repeat."""
+
+
+class _Mismatch(_Permanent):
+    """The bytes do not match the checksum: tried once more, in case the transfer was damaged."""
+
+
+class _Truncated(OSError):
+    """The body ended before the length the server announced."""
 
 
 class Fetcher:
@@ -85,14 +96,20 @@ class Fetcher:
             raise ConfigError(f"task.data_path: the shard index {url} is not readable text ({exc})") from None
 
     def _download(self, url: str, target: Path, sha256: str, *, limit: int, replace: bool = False) -> None:
-        last = ""
+        last, mismatches = "", 0
         for attempt in range(1, self.attempts + 1):
             try:
                 self._download_once(url, target, sha256, limit)
                 return
+            except _Mismatch as exc:
+                mismatches += 1
+                if mismatches > 1 or attempt == self.attempts:
+                    raise ShardUnreadable(str(exc)) from None
+                last = str(exc)
+                log.debug("download of %s: %s; trying once more", url, last)
             except _Permanent as exc:
                 raise ShardUnreadable(str(exc)) from None
-            except (OSError, urllib.error.URLError, TimeoutError) as exc:
+            except (OSError, urllib.error.URLError, TimeoutError, http.client.HTTPException) as exc:
                 last = _describe(exc)
                 if attempt < self.attempts:
                     wait = min(MAX_BACKOFF_SECONDS, self.backoff * 2 ** (attempt - 1))
@@ -115,18 +132,21 @@ class Fetcher:
                         raise _Permanent(f"HTTP {exc.code} {exc.reason}") from None
                     raise
                 with response:
-                    received = 0
+                    received, announced = 0, _content_length(response)
                     while chunk := response.read(_CHUNK):
                         received += len(chunk)
                         if limit and received > limit:
                             raise _Permanent(f"larger than {limit} bytes")
                         digest.update(chunk)
                         out.write(chunk)
+                    # http.client ends a body cut short silently (read() returns b""): check its length.
+                    if announced is not None and received != announced:
+                        raise _Truncated(f"the body ended after {received} of {announced} bytes")
                 out.flush()
                 os.fsync(out.fileno())
             got = digest.hexdigest()
             if sha256 and got != sha256:
-                raise _Permanent(f"checksum mismatch: expected sha256 {sha256[:16]}..., got {got[:16]}...")
+                raise _Mismatch(f"checksum mismatch: expected sha256 {sha256[:16]}..., got {got[:16]}...")
             os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)
@@ -148,6 +168,13 @@ class Fetcher:
             total -= size
 
 
+def _content_length(response: Any) -> int | None:
+    """The body length the server announced, or None (no header, or one that is not a count)."""
+    headers = getattr(response, "headers", None)
+    value = headers.get("Content-Length") if headers is not None else None
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
 def _cache_name(url: str, sha256: str, prefix: str = "") -> str:
     base = urllib.parse.urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[-80:] or "shard"
@@ -165,5 +192,7 @@ def _describe(exc: BaseException) -> str:
         return f"HTTP {exc.code} {exc.reason}"
     if isinstance(exc, urllib.error.URLError):
         return str(exc.reason)
+    if isinstance(exc, http.client.IncompleteRead):
+        return f"the body ended after {len(exc.partial)} bytes"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -9,6 +9,14 @@ the shards already read this pass is the whole state: a restarted node continues
 
 A shard that cannot be read (I/O error, download given up) is skipped and a malformed one is
 abandoned, each with one warning line and a count; both are tried again next pass.
+
+Peers' passes drift apart: their shares of a pass differ in size, and a node that trained alone
+for a while (the first one) is passes ahead of those that joined later.  Shares are disjoint per
+pass number, so the swarm still covers every pass, just not at the same time; to keep the swarm in
+step, a node that finds itself more than one pass behind the other peers on the same shard list
+(the lower median of their passes, ``swarm_passes``) moves on to their pass when its own ends.  For
+the swarm's coverage figures the stream also remembers how many shards it read in each of its last
+few passes (``past_pass_shards``, kept in the position).
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from p2ptrain.tasks.sources import ShardRef
 log = logging.getLogger(__name__)
 
 POSITION_FORMAT = "shards-1"
+#: Completed passes whose shard counts are remembered (newest first).
+PAST_PASSES = 7
 #: Passes in a row that produce no window at all before the stream gives up (bad data, not weather).
 EMPTY_PASSES_LIMIT = 2
 
@@ -135,6 +145,10 @@ class ShardStream:
         self.skipped_total = self.malformed_total = self.bad_records_total = 0
         self._empty_passes = 0
         self._last_pass: Coverage | None = None
+        self._past: list[int] = []
+        #: The other training peers' (shard list, pass) as their records say; set by the node (None:
+        #: this stream follows nobody).
+        self.swarm_passes: Callable[[], Sequence[tuple[str, int]]] | None = None
         self._reset(0)
 
     # ------------------------------------------------------------------ the BatchStream interface
@@ -149,7 +163,7 @@ class ShardStream:
             "lanes": [[lane.shard or "", lane.offset, lane.index] for lane in self.lanes], "draws": self.draws,
             "windows": self._windows_this_pass,
             "skipped_total": self.skipped_total, "malformed_total": self.malformed_total,
-            "bad_records_total": self.bad_records_total,
+            "bad_records_total": self.bad_records_total, "past_pass_shards": list(self._past),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -171,6 +185,8 @@ class ShardStream:
                         state["source"], self.source, self.pass_number)
             return
         self._reset(state["pass"])
+        past = state.get("past_pass_shards", [])  # positions saved before it existed have none
+        self._past = [c for c in past if _is_count(c)][:PAST_PASSES] if isinstance(past, list) else []
         self.done = [shard for shard in state["done"] if shard in self._shards]
         self.failed = [shard for shard in state["failed"] if shard in self._shards]
         self._seen = set(self.done) | set(self.failed)
@@ -193,6 +209,15 @@ class ShardStream:
     def last_pass_coverage(self) -> Coverage | None:
         """The coverage of the pass this node completed last (since it started), or None."""
         return self._last_pass
+
+    def past_pass_shards(self) -> tuple[int, ...]:
+        """Shards read through in each of the last completed passes, newest first (kept across restarts)."""
+        return tuple(self._past)
+
+    @property
+    def shard_ids(self) -> tuple[str, ...]:
+        """The training shards' IDs, sorted (the same on every node of the run)."""
+        return tuple(self._ids)
 
     # ------------------------------------------------------------------ walking the shards
 
@@ -317,9 +342,29 @@ class ShardStream:
                 f"({self.skipped_total} shard reads skipped, {self.malformed_total} malformed; see the warnings above)"
             )
         self._last_pass = self.coverage()
-        log.info("pass %d done: %d shards read, %d skipped; starting pass %d",
-                 self.pass_number, len(self.done), len(self.failed), self.pass_number + 1)
-        self._reset(self.pass_number + 1)
+        self._past = [len(self.done), *self._past][:PAST_PASSES]
+        following = self._swarm_pass()
+        if following > self.pass_number + 1:
+            log.info("pass %d done: %d shards read, %d skipped; the other peers are at pass %d: moving on to it",
+                     self.pass_number, len(self.done), len(self.failed), following)
+            self._past = [0] * min(PAST_PASSES, following - self.pass_number - 1) + self._past  # passes not read
+            self._past = self._past[:PAST_PASSES]
+        else:
+            following = self.pass_number + 1
+            log.info("pass %d done: %d shards read, %d skipped; starting pass %d",
+                     self.pass_number, len(self.done), len(self.failed), following)
+        self._reset(following)
+
+    def _swarm_pass(self) -> int:
+        """The lower median of the other peers' passes over this shard list (0 when none is known)."""
+        if self.swarm_passes is None:
+            return 0
+        try:
+            passes = sorted(p for source, p in self.swarm_passes() if source == self.source and _is_count(p))
+        except Exception as exc:  # the swarm view is the node's business: go on by ourselves
+            log.debug("peers' passes unavailable (%r)", exc)
+            return 0
+        return passes[(len(passes) - 1) // 2] if passes else 0
 
 
 def _check_position(state: dict[str, Any], lanes: int) -> None:

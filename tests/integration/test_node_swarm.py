@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import random
 import signal
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +15,11 @@ import torch
 from p2ptrain.checkpoint import CheckpointStore
 from p2ptrain.config import EX_CONFIG, NodeConfig
 from p2ptrain.status import SwarmView
+from p2ptrain.tasks.assign import owned_shards
 from p2ptrain.tasks.loader import build_task
 from p2ptrain.waiting import wait_until
+from tests.integration.conftest import FAST_TRAINING, TINY_TASK
+from tests.support.nodeapi import node_client, node_token
 from tests.support.processes import descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -23,10 +29,22 @@ def _training(node, timeout=90.0):
     return node.wait_for(lambda s: s.state == "training", timeout, "TRAINING state")
 
 
-def _initial_parameters() -> dict[str, torch.Tensor]:
-    config = NodeConfig()
+def _initial_parameters(task_section: dict | None = None) -> dict[str, torch.Tensor]:
+    config = NodeConfig.model_validate({"task": task_section or {}})
     task = build_task(config.task, config.training, peer_seed=0)
     return {name: value.detach().clone() for name, value in task.model.state_dict().items()}
+
+
+def _jsonl_corpus(root: Path, files: int = 12) -> str:
+    """A glob of small JSONL shards (one is held out for validation): a pass takes each node seconds."""
+    root.mkdir()
+    rng = random.Random(0)
+    words = ("def", "return", "self", "value", "index", "shard", "swarm", "peer", "epoch", "round", "sample", "data",
+             "node", "train", "model", "loss")
+    for i in range(files):
+        lines = (json.dumps({"text": " ".join(rng.choice(words) for _ in range(10)), "id": j}) for j in range(30))
+        (root / f"part-{i:02d}.jsonl").write_text("\n".join(lines) + "\n")
+    return str(root / "*.jsonl")
 
 
 def _final_checkpoint(node):
@@ -35,12 +53,36 @@ def _final_checkpoint(node):
     return loaded.state
 
 
-def test_two_nodes_average_and_agree(make_node):
-    a, b = make_node("a"), make_node("b")
+def test_two_nodes_average_and_agree(make_node, tmp_path):
+    """Also, on a JSONL glob: the nodes read disjoint shares of a pass, the swarm's coverage of a pass
+    reaches 100%, and the samples the nodes report contributed add up to what they trained but the
+    round still in flight."""
+    task = {**TINY_TASK, "data_path": _jsonl_corpus(tmp_path / "corpus")}
+    a, b = make_node("a", task=task), make_node("b", task=task)
     a.start()
     b.start(join=a.join_addrs()[:1])
     for node in (a, b):
-        node.wait_for(lambda s: s.averaging_rounds_ok_total >= 3, 150, "three successful averaging rounds")
+        node.wait_for(lambda s: s.averaging_rounds_ok_total >= 3 and s.data_pass >= 1, 150,
+                      "three successful averaging rounds and a pass over the data")
+    # Coverage, as A's swarm view has it from both nodes' records: some pass read through.
+    view = wait_until(lambda: (v := a.peers()) is not None and v.data_last_pass_coverage == 1.0
+                      and all(p.samples_contributed > 0 for p in v.peers) and len(v.peers) == 2 and v, 60,
+                      "a pass 100% covered in A's view", interval=1.0, detail=lambda: str(a.peers()))
+    assert view.shards_total == 11 and view.samples_contributed == sum(p.samples_contributed for p in view.peers)
+    # Disjoint shares: while both train, each reads only the shards rendezvous hashing gives it.
+    ids = {node.name: node.status().peer_id for node in (a, b)}
+    for node in (a, b):
+        before = node.status().checkpoint_writes_ok_total
+        node_client(node, node_token(node)).control("checkpoint")
+        node.wait_for(lambda s, before=before: s.checkpoint_writes_ok_total > before, 30, "a checkpoint")
+    shard_ids = build_task(NodeConfig.model_validate({"task": task}).task, NodeConfig().training,
+                           peer_seed=0).train_batches.shard_ids
+    for node in (a, b):
+        position = _final_checkpoint(node)["data_position"]
+        assert position["pass"] >= 1, position  # pass 0 began before the other node was in view
+        mine = set(owned_shards(position["pass"], shard_ids, list(ids.values()), ids[node.name]))
+        reading = set(position["done"]) | {shard for shard, _, _ in position["lanes"] if shard}
+        assert reading and reading <= mine, (node.name, position["pass"], sorted(reading - mine))
     # Both stop right after the same averaged step: raise max_epochs at run time (SIGHUP reload).
     stop_epoch = max(a.status().local_epoch, b.status().local_epoch) + 3
     for node in (a, b):
@@ -51,7 +93,7 @@ def test_two_nodes_average_and_agree(make_node):
     assert b.wait(90) == 0, b.log_tail()
     state_a, state_b = _final_checkpoint(a), _final_checkpoint(b)
     assert state_a["epoch"] == state_b["epoch"] == stop_epoch
-    initial = _initial_parameters()
+    initial = _initial_parameters(task)
     for name, tensor in state_a["model"].items():
         assert torch.isfinite(tensor).all(), name
         travelled = (tensor - initial[name]).norm()
@@ -61,6 +103,19 @@ def test_two_nodes_average_and_agree(make_node):
         # must still be far closer to each other than to where training started (independent
         # runs end up further apart than either moved).
         assert apart <= 0.25 * travelled, f"{name}: replicas {apart:.2e} apart after moving {travelled:.2e}"
+    # Credit: the samples the nodes report contributed add up to the swarm's: every epoch of the swarm
+    # holds at least target_batch_size samples (hivemind's rule), a little more while its peers have
+    # not seen the target reached; per node, what trained but is not settled is the round in flight at
+    # the stop, the epoch in progress and what a state download threw away (joining, falling behind).
+    trained = state_a["samples_processed"] + state_b["samples_processed"]
+    contributed = state_a["samples_contributed"] + state_b["samples_contributed"]
+    settled = contributed + state_a["samples_not_averaged"] + state_b["samples_not_averaged"]
+    target = FAST_TRAINING["target_batch_size"]
+    per_round = settled / (stop_epoch - 1)
+    assert target <= per_round < 2 * target, (settled, stop_epoch)
+    assert 0 <= trained - settled <= 3 * per_round, (trained, contributed, settled, per_round)
+    assert contributed >= settled - 2 * per_round, (trained, contributed, settled, per_round)
+    assert sorted(state_a["contributors"]) == sorted(ids.values())
 
 
 def test_nodes_report_successful_rounds(make_node):

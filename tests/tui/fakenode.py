@@ -31,21 +31,25 @@ SCRIPT_LENGTH = 30
 
 
 def swarm_view(now: float = NOW) -> SwarmView:
-    rows = (  # state, epoch, samples/s, loss, reachability, seconds since published, version
-        ("training", 42, 118.4, 2.3141, "direct", 3, "0.1.0"),
-        ("training", 42, 231.9, 2.2987, "direct", 7, "0.1.0"),
-        ("paused", 41, 0.0, 2.4410, "relayed", 12, "0.1.0"),
-        ("syncing", 38, 12.5, None, "client", 25, "0.0.9"),
-        ("training", 42, 97.1, 2.3305, "relayed", 48, "0.1.0"),
+    rows = (  # state, epoch, samples/s, loss, reachability, seconds since published, version, contributed
+        ("training", 42, 118.4, 2.3141, "direct", 3, "0.1.0", 1_046_400),
+        ("training", 42, 231.9, 2.2987, "direct", 7, "0.1.0", 2_073_600),
+        ("paused", 41, 0.0, 2.4410, "relayed", 12, "0.1.0", 402_304),
+        ("syncing", 38, 12.5, None, "client", 25, "0.0.9", 0),
+        ("training", 42, 97.1, 2.3305, "relayed", 48, "0.1.0", 880_128),
     )
     peers = tuple(
         PeerRecord(peer_id=pid, version=ver, state=state, epoch=epoch, samples_per_second=sps, loss=loss,
                    val_loss=None if loss is None else loss + 0.08, reachability=reach,
-                   uptime_seconds=3600.0 + i * 600, published_at=now - ago)
-        for i, (pid, (state, epoch, sps, loss, reach, ago, ver)) in enumerate(zip(PEER_IDS, rows, strict=True))
+                   uptime_seconds=3600.0 + i * 600, published_at=now - ago, samples_contributed=credit,
+                   data_pass=3, shards_consumed=2, past_pass_shards=(4, 4, 3), shards_total=20,
+                   data_source="0123456789abcdef")
+        for i, (pid, (state, epoch, sps, loss, reach, ago, ver, credit)) in enumerate(zip(PEER_IDS, rows,
+                                                                                           strict=True))
     )
     return SwarmView(peers=peers, swarm_samples_per_second=459.9, global_epoch=42, slowest_peer=PEER_IDS[3],
-                     fastest_peer=PEER_IDS[1])
+                     fastest_peer=PEER_IDS[1], samples_contributed=sum(p.samples_contributed for p in peers),
+                     data_pass=3, data_coverage=0.45, data_last_pass_coverage=1.0, shards_total=20)
 
 
 def status_script(now: float = NOW) -> list[StatusSnapshot]:
@@ -65,12 +69,16 @@ def status_script(now: float = NOW) -> list[StatusSnapshot]:
         cpu_limit_percent=25.0, cpu_used_percent=24.6, cpu_idle_seconds_total=1932.0,
         bytes_sent_total=734_003_200, bytes_received_total=1_288_490_188,
         checkpoint_writes_ok_total=7, last_checkpoint_time=now - 192, uptime_seconds=7385.0,
-        started_at=now - 7385.0,
+        started_at=now - 7385.0, samples_contributed_total=1_046_400, samples_not_averaged_total=2_304,
+        data_pass=3, data_shards_consumed=2, data_past_pass_shards=(4, 4, 3), data_shards_total=20,
+        data_source="0123456789abcdef", loss_history_epochs=tuple(range(0, 43, 2)),
+        loss_history=tuple(5.5 - 3.2 * (1 - 0.9 ** e) for e in range(0, 43, 2)),
+        val_loss_history_epochs=(0, 10, 20, 30, 40), val_loss_history=(5.6, 3.9, 3.0, 2.6, 2.4),
     )
     return [dataclasses.replace(
         base, samples_accumulated=(i * 137) % 4096, local_samples_per_second=110.0 + (i * 7) % 17,
         loss=3.1 - i * 0.027, val_loss=3.2 - i * 0.025 if i % 3 == 0 else None,
-        samples_processed_total=1_000_000 + i * 1200, taken_at=now - SCRIPT_LENGTH + i,
+        samples_processed_total=1_100_000 + i * 1200, taken_at=now - SCRIPT_LENGTH + i,
     ) for i in range(SCRIPT_LENGTH)]
 
 

@@ -289,3 +289,29 @@ def test_a_plain_run_shows_its_run_id() -> None:
                                 run_id="bytelm-demo")
     assert run_line(plain) == "bytelm-demo  model 9f2c4e1ab37d"
     assert run_line(dataclasses.replace(plain, model_fingerprint="", run_id="")) == "—"
+
+
+def test_contributors_view_ranks_peers_by_samples_contributed(make_app: MakeApp) -> None:
+    from p2ptrain.tui.widgets.contributors import TOTAL_KEY as CONTRIBUTORS_TOTAL
+
+    app = make_app()
+
+    async def scenario(pilot: Pilot[Any]) -> None:
+        await until(pilot, lambda: app.swarm.peers)
+        await pilot.press("4")
+        table = app.screen.query_one("#contributors-table", DataTable)
+        await until(pilot, lambda: table.row_count == 6)
+        rows = [[str(getattr(c, "plain", c)) for c in table.get_row_at(i)] for i in range(table.row_count)]
+        assert [r[1] for r in rows[:5]] == ["2,073,600", "1,046,400", "880,128", "402,304", "0"]
+        assert rows[1][0] == "▶ " + "…" + SELF_ID[-8:]  # this node, marked
+        # Shares of the credited total (4,402,432), rounded.
+        assert [r[2] for r in rows[:5]] == ["47%", "24%", "20%", "9%", "0%"]
+        assert rows[0][3] == "1h 10m" and rows[1][3] == "1h 00m"
+        assert rows[5] == ["Σ 4 of 5 peers", "4,402,432", "100%", ""]
+        assert table.get_row_index(CONTRIBUTORS_TOTAL) == 5
+        assert text(app, "#credit-line") == ("Contributed: this node 1,046,400 · swarm 4,402,432 by 4 peers · "
+                                             "this node's 2,304 not averaged")
+        assert text(app, "#coverage-line") == ("Data: pass 3 · 45% of 20 shards read (last pass 100%) · "
+                                               "this node 2 in pass 3")
+
+    drive(app, scenario)

@@ -72,3 +72,11 @@ def test_cpu_line() -> None:
     assert cpu_line(StatusSnapshot(cpu_used_percent=12.0, cpu_limit_percent=12.5, cpu_idle_seconds_total=75)) == \
         "12.0% of the machine (limit 12.5%) · idled 1m 15s"
     assert cpu_line(StatusSnapshot(cpu_limit_percent=float("nan"))) == "use not measured · no limit"
+
+
+def test_contribution_shares_round_but_never_to_zero_or_all() -> None:
+    from p2ptrain.tui.widgets.contributors import part_share
+
+    assert part_share(1, 1000) == "1%" and part_share(999, 1000) == "99%"
+    assert part_share(0, 10) == "0%" and part_share(10, 10) == "100%"
+    assert part_share(2, 3) == "67%" and part_share(5, 0) == "—"

@@ -44,7 +44,7 @@ def _prepare(app: TopApp, view: str) -> Callable[[Pilot[Any]], Any]:
 
 
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
-@pytest.mark.parametrize("view", ["1", "2", "3"], ids=["node", "swarm", "logs"])
+@pytest.mark.parametrize("view", ["1", "2", "3", "4"], ids=["node", "swarm", "logs", "contributors"])
 def test_view_snapshot(snap_compare: Any, snapshot_node: FakeNode, token_file: Path, view: str,
                        size: tuple[int, int]) -> None:
     snapshot_node.status_gets = 0  # replay the same history for every picture

@@ -37,14 +37,18 @@ def populated_status(now: float | None = None) -> StatusSnapshot:
         averaging_rounds_partial_total=3, last_round_peers_online=4, last_round_received_fraction=2 / 3,
         received_fraction_bucket_counts=(0, 1, 2, 0, 0, 0, 9, 0), received_fraction_sum=10.8333,
         median_received_fraction=1.0, cpu_limit_percent=25.0, cpu_used_percent=24.5, cpu_idle_seconds_total=31.5,
+        samples_contributed_total=11_904, samples_not_averaged_total=256, data_pass=2, data_shards_consumed=5,
+        data_past_pass_shards=(9, 11), data_shards_total=20, data_source="0123456789abcdef",
     )
 
 
 def populated_swarm() -> SwarmView:
-    peers = (PeerRecord(peer_id="QmA", state="training", epoch=8, samples_per_second=40.0),
-             PeerRecord(peer_id="QmB", state="training", epoch=7, samples_per_second=80.25))
+    peers = (PeerRecord(peer_id="QmA", state="training", epoch=8, samples_per_second=40.0, samples_contributed=4000),
+             PeerRecord(peer_id="QmB", state="training", epoch=7, samples_per_second=80.25,
+                        samples_contributed=8000))
     return SwarmView(peers=peers, swarm_samples_per_second=120.25, global_epoch=8, slowest_peer="QmA",
-                     fastest_peer="QmB", rejected_records_total=2)
+                     fastest_peer="QmB", rejected_records_total=2, samples_contributed=12_000, data_pass=2,
+                     data_coverage=0.45, data_last_pass_coverage=1.0, shards_total=20)
 
 
 @pytest.fixture

@@ -13,9 +13,22 @@ import torch
 from p2ptrain import cli
 from p2ptrain.checkpoint import CheckpointStore
 from p2ptrain.config import load_config
+from p2ptrain.cpushare import CpuShare
+from p2ptrain.daemon.builder import TrainingParts
+from p2ptrain.daemon.checkpointer import Checkpointer
+from p2ptrain.daemon.control import ControlQueue
+from p2ptrain.daemon.hooks import NodeHooks
+from p2ptrain.daemon.loop import TrainingLoop
+from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard
+from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.export import CardInfo, ExportError, write_export
 from p2ptrain.fingerprint import model_fingerprint
 from p2ptrain.models import ModelError, from_export, resolve
+from p2ptrain.rollback import NonFiniteRollback
+from p2ptrain.roundstats import RoundReport
+from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
+from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
+from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks import SampleRequest, build_task
 from p2ptrain.tasks.generate import sample_bytes
 from p2ptrain.trainer import Trainer
@@ -29,13 +42,47 @@ def _write_config(root: Path, corpus: Path) -> Path:
         f'[node]\nstate_dir = "{root / "state"}"\n[swarm]\nrun_id = "unit-run"\n'
         f'[task]\ndata_path = "{corpus}"\nseq_len = 24\nd_model = 32\nn_layers = 1\nn_heads = 2\n'
         "validation_batches = 3\nvalidation_fraction = 0.2\n[training]\nbatch_size = 4\nseed = 3\n"
+        "target_batch_size = 12\nmax_epochs = 4\n"
     )
     return path
 
 
+class _OneRoundPerEpoch:
+    """The swarm optimizer's part, without a swarm: AdamW, an epoch per ``target_batch_size`` samples,
+    and each epoch's round reported as averaged with two peers (what GradientOptimizer reports)."""
+
+    def __init__(self, model: torch.nn.Module, target: int, stats: SwarmStats) -> None:
+        self.stats, self._target = stats, target
+        self._adam = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        self._params = list(model.parameters())
+        self.local_epoch = self._samples = 0
+
+    def step(self, batch_size: int) -> None:
+        self._adam.step()
+        self._samples += batch_size
+        if self._samples >= self._target:
+            self.stats.epoch_closed(self._samples, round_started=True, alone=False)
+            self.stats.record_round(RoundReport(ok=True, duration=0.1, group_size=3, peers_online=3,
+                                                received_fraction=1.0), 0)
+            self.local_epoch, self._samples = self.local_epoch + 1, 0
+
+    def zero_grad(self) -> None:
+        self._adam.zero_grad()
+
+    def global_progress(self) -> GlobalProgress:
+        return GlobalProgress(self.local_epoch, self._samples, 3, True)
+
+    def checkpoint_state(self) -> dict[str, object]:
+        return {"optimizer": self._adam.state_dict(), "epoch": self.local_epoch}
+
+    def guard_targets(self) -> GuardTargets:
+        return GuardTargets(tensors=self._params, optimizers=[self._adam])
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """A node config, its task trained for a few steps, and two checkpoints of it (epochs 4 and 5)."""
+    """A node config and two checkpoints (epochs 4 and 5) written by the node's own loop and checkpointer:
+    model, data position, credit and the run facts of the model card come from the code a node runs."""
     root = tmp_path_factory.mktemp("run")
     corpus = root / "corpus"
     corpus.mkdir()
@@ -45,20 +92,36 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     config_path = _write_config(root, corpus)
     config = load_config(config_path, environ={})
     task = build_task(config.task, config.training, peer_seed=1)
-    optimizer = torch.optim.AdamW(task.model.parameters(), lr=3e-3)
-    for _ in range(15):
-        loss = task.loss_fn(task.model, task.train_batches.next())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    store = CheckpointStore(config.checkpoint_dir(), keep=3)
-    state = {"format": 1, "model": task.model.state_dict(), "epoch": 4, "samples_processed": 60,
-             "data_position": task.train_batches.state_dict(), "saved_at": 1_700_000_000.0,
-             "fingerprint": model_fingerprint(task.model, task.shape_config), "val_loss": 2.5,
-             "contributors": ["peer-a", "peer-b", "peer-c"], "run_ref": "unit-run@abc"}
-    store.save(state)
-    newest = store.save({**state, "epoch": 5})
-    return {"root": root, "config": config_path, "task": task, "newest": newest, "store": store}
+    fingerprint = model_fingerprint(task.model, task.shape_config)
+    stats = SwarmStats()
+    optimizer = _OneRoundPerEpoch(task.model, config.training.target_batch_size, stats)
+    trainer = Trainer(task, optimizer, config.training.batch_size)  # type: ignore[arg-type]
+    checkpointer = Checkpointer(CheckpointStore(config.checkpoint_dir(), keep=3), fingerprint,
+                                wall_clock=lambda: 1_700_000_000.0, long_operation=lambda seconds: None)
+    parts = TrainingParts(task, optimizer, trainer, NonFiniteRollback(optimizer.guard_targets()),  # type: ignore[arg-type]
+                          checkpointer, fingerprint)
+    board = StatusBoard(LatestSnapshot(), config.training.target_batch_size, clock=time.monotonic,
+                        wall_clock=time.time)
+    board.identity = NodeIdentity("unit-run", "peer-self", fingerprint=fingerprint)
+    board.run = lambda: RunFigures(run_ref="unit-run@abc")  # an owned run: the card names its reference
+    board.credit, board.note_contributors = stats.credit.figures, stats.credit.note_contributors
+    # The peers' records, as the DHT would hand them: two others with credit, one with none yet.
+    peers = tuple(PeerRecord(peer_id=name, state="training", epoch=4, samples_contributed=credit)
+                  for name, credit in (("peer-self", 48), ("peer-a", 40), ("peer-b", 52), ("peer-new", 0)))
+    board.view = lambda: SwarmView(peers=peers, global_epoch=4)
+    loop = TrainingLoop(config, parts, board, NodeHooks(), Stopper(), ControlQueue(), clock=time.monotonic,
+                        cpu_share=CpuShare(0.0, cpu_seconds=lambda: 0.0, wait=lambda seconds: False),
+                        rounds=stats.rounds, refresh_fingerprint=lambda: None, set_threads=lambda threads: None)
+    loop.run()  # to training.max_epochs = 4, then as a node does when it stops
+    loop.validate()
+    assert loop.checkpoint()
+    loop.config = config.model_copy(update={"training": config.training.model_copy(update={"max_epochs": 5})})
+    loop.stopper = Stopper()
+    loop.run()
+    assert loop.checkpoint()
+    store = checkpointer.store
+    return {"root": root, "config": config_path, "task": task, "newest": store.paths()[0], "store": store,
+            "val_loss": board.val_loss}
 
 
 def _main(*argv: object) -> int:
@@ -82,8 +145,9 @@ def test_export_reloads_bit_for_bit_with_the_documented_three_lines(run, tmp_pat
     assert all(torch.equal(original[name], value) for name, value in model.state_dict().items())  # type: ignore[attr-defined]
     plain = torch.load(out / "model.pt", weights_only=True)
     assert all(torch.equal(original[name], value) for name, value in plain.items())
-    for expected in ("unit-run@abc", "| optimizer epochs | 5 |", "| samples (this node's count) | 60 |",
-                     "2.5000 nats/byte", "| contributing peers | 3 |", "2023-11-14"):
+    for expected in ("| run | unit-run@abc |", "| optimizer epochs | 5 |", "| samples (this node's count) | 60 |",
+                     "| samples this node contributed | 60 |", f"{run['val_loss']:.4f} nats/byte",
+                     "| contributing peers (seen by this node) | 3 |", "2023-11-14"):
         assert expected in card
     config = json.loads((out / "config.json").read_text())
     assert config["task"]["seq_len"] == 24 and config["model_args"]["d_model"] == 32
@@ -227,20 +291,104 @@ def test_a_checkpoint_of_another_model_is_refused(run, tmp_path: Path, capsys) -
     assert "but this config builds" in capsys.readouterr().err
 
 
-def test_a_user_task_without_hooks_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "configs" / "examples"))
+EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
+#: A variant of the example task for the failure cases: no hooks, or hooks that fail in given ways.
+VARIANT = """
+import dataclasses
+import user_task
+
+def build(context):
+    task = user_task.build(context)
+    how = context.options.get("variant")
+    if how == "no-hooks":
+        return dataclasses.replace(task, sample=None, evaluate=None)
+    if how == "raising":
+        def broken(model, arg):
+            raise RuntimeError("the hook's own bug\\nsecond line")
+        return dataclasses.replace(task, sample=broken, evaluate=broken)
+    return dataclasses.replace(task, sample=lambda model, request: 42,
+                               evaluate=lambda model, data: {"loss": "low", "rmse": float("nan")})
+"""
+
+
+def _user_model(tmp_path: Path, monkeypatch, entrypoint: str, variant: str = "") -> Path:
+    """A node config of a user task and a checkpoint of its (untrained) model; returns the config."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "variant_task.py").write_text(VARIANT)
     config_path = tmp_path / "user.toml"
-    config_path.write_text(f'[node]\nstate_dir = "{tmp_path}"\n[task]\nentrypoint = "user_task:build"\n')
+    options = f'\n[task.options]\nvariant = "{variant}"\n' if variant else "\n"
+    config_path.write_text(f'[node]\nstate_dir = "{tmp_path}"\n[task]\nentrypoint = "{entrypoint}"{options}')
     config = load_config(config_path, environ={})
     task = build_task(config.task, config.training, peer_seed=0)
     CheckpointStore(config.checkpoint_dir(), keep=1).save(
         {"model": task.model.state_dict(), "epoch": 1, "fingerprint": model_fingerprint(task.model, task.shape_config)})
+    return config_path
+
+
+def test_a_user_tasks_hooks_sample_and_evaluate_its_model(tmp_path: Path, capsys, monkeypatch) -> None:
+    config_path = _user_model(tmp_path, monkeypatch, "user_task:build")
     assert _main("export", "-c", config_path, tmp_path / "m") == 0
     assert from_export(tmp_path / "m").task.entrypoint == "user_task:build"
+    capsys.readouterr()
+    assert _main("sample", tmp_path / "m", "--prompt", "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8 -> ") and "(target " in out
+    assert _main("eval", config_path) == 0
+    report = capsys.readouterr().out
+    loss = float(report.split("loss")[1].split()[0])
+    rmse = float(report.split("rmse")[1].split()[0])
+    assert loss > 0 and abs(rmse - math.sqrt(loss)) < 1e-4
+    # The hook's own refusal of bad input is one line, exit 1.
+    assert _main("sample", tmp_path / "m", "--prompt", "def ") == 1
+    err = capsys.readouterr().err
+    assert err == "p2ptrain sample: the task's sample hook failed: ValueError: --prompt must be 8 comma-separated " \
+                  "numbers, got 'def '\n"
+
+
+def test_a_user_task_without_hooks_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
+    config_path = _user_model(tmp_path, monkeypatch, "variant_task:build", "no-hooks")
+    assert _main("export", "-c", config_path, tmp_path / "m") == 0
     assert _main("sample", tmp_path / "m") == 1
     assert "has no sample hook (Task.sample)" in capsys.readouterr().err
     assert _main("eval", config_path) == 1
     assert "has no evaluate hook (Task.evaluate)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variant, sample_error, eval_error", [
+    ("raising", "the task's sample hook failed: RuntimeError: the hook's own bug",
+     "the task's evaluate hook failed: RuntimeError: the hook's own bug"),
+    ("wrong-types", "the task's sample hook returned a int, not text",
+     "the task's evaluate hook returned 'loss': 'low', not a number"),
+])
+def test_a_failing_user_hook_is_one_line(tmp_path: Path, capsys, monkeypatch, variant: str, sample_error: str,
+                                         eval_error: str) -> None:
+    config_path = _user_model(tmp_path, monkeypatch, "variant_task:build", variant)
+    capsys.readouterr()
+    assert _main("sample", config_path) == 1
+    assert _main("eval", config_path) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"p2ptrain sample: {sample_error}\np2ptrain eval: {eval_error}\n"
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("content", [b"", b"abc", b"x" * 24])
+def test_eval_on_too_little_text_is_one_line(run, tmp_path: Path, capsys, content: bytes) -> None:
+    data = tmp_path / "short.txt"
+    data.write_bytes(content)
+    assert _main("eval", run["config"], "--data", data) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"p2ptrain eval: --data {data} holds {len(content):,} bytes: too little to score "
+                            "(the model needs more than task.seq_len = 24 bytes)\n")
+
+
+def test_export_of_a_checkpoint_directory_says_what_to_pass(run, tmp_path: Path, capsys) -> None:
+    directory = Path(run["newest"]).parent
+    assert _main("export", "-c", run["config"], "--checkpoint", directory, tmp_path / "m") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--checkpoint {directory} is a directory: name a checkpoint file" in err
+    assert not (tmp_path / "m").exists()
 
 
 def test_a_damaged_export_is_one_model_error(run, tmp_path: Path) -> None:

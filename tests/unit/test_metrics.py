@@ -58,6 +58,14 @@ def test_populated_snapshot_values_and_types():
     assert m[("p2ptrain_last_checkpoint_timestamp_seconds", ())] == NOW - 62
     assert m[("p2ptrain_nonfinite_gradient_skips_total", ())] == 1
     assert m[("p2ptrain_rejected_peer_records_total", ())] == 2
+    assert m[("p2ptrain_samples_contributed_total", ())] == 11_904
+    assert m[("p2ptrain_samples_not_averaged_total", ())] == 256
+    assert m[("p2ptrain_swarm_samples_contributed", ())] == 12_000
+    assert m[("p2ptrain_swarm_contributors", ())] == 2
+    assert m[("p2ptrain_data_pass", ())] == 2 and m[("p2ptrain_data_shards", ())] == 20
+    assert m[("p2ptrain_data_shards_consumed", ())] == 5
+    assert m[("p2ptrain_data_coverage_ratio", ())] == 0.45
+    assert m[("p2ptrain_data_last_pass_coverage_ratio", ())] == 1.0
     assert m[("p2ptrain_status_age_seconds", ())] == 2.0
     assert m[("p2ptrain_last_progress_age_seconds", ())] == 2.5  # 0.5 at snapshot time + 2 s since
     assert "# TYPE p2ptrain_samples_processed_total counter" in text
@@ -116,7 +124,10 @@ def test_unknowns_are_absent_not_zero_and_bad_buckets_are_empty():
                             received_fraction_sum=float("nan"), taken_at=NOW)
     _, m = scrape(status)
     for absent in ("p2ptrain_loss", "p2ptrain_validation_loss", "p2ptrain_last_checkpoint_timestamp_seconds",
-                   "p2ptrain_last_progress_age_seconds", "p2ptrain_state_download_progress_ratio"):
+                   "p2ptrain_last_progress_age_seconds", "p2ptrain_state_download_progress_ratio",
+                   # Data that is not sharded has no pass and no coverage.
+                   "p2ptrain_data_pass", "p2ptrain_data_shards", "p2ptrain_data_coverage_ratio",
+                   "p2ptrain_data_last_pass_coverage_ratio"):
         assert (absent, ()) not in m
     assert m[("p2ptrain_pause_reason", (("p2ptrain_pause_reason", "schedule"),))] == 1
     assert m[("p2ptrain_averaging_round_duration_seconds_count", ())] == 0

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -123,6 +124,8 @@ class FakeParts:
     fingerprint: str = "f" * 16
     checkpoints: int = 0
     closed: bool = False
+    #: A task whose stream reports no coverage (not sharded data).
+    task: Any = field(default_factory=lambda: SimpleNamespace(train_batches=object()))
 
     @property
     def checkpointer(self) -> Any:
@@ -414,7 +417,8 @@ def test_an_api_host_this_machine_does_not_have_exits_78_before_joining(tmp_path
     node = Node(config, hooks=ServiceHooks(config, None, SystemdNotifier(None)), builder=builder,  # type: ignore
                 set_threads=lambda _: None)
     assert node.run() == 78
-    assert capsys.readouterr().err.startswith("p2ptrain: config error: api.host: cannot listen on 'nonexistent.invalid'")
+    assert capsys.readouterr().err.startswith(
+        "p2ptrain: config error: api.host: cannot listen on 'nonexistent.invalid'")
     assert builder.swarm is None  # failed before joining anything
 
 

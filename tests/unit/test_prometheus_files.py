@@ -95,7 +95,7 @@ def test_dashboard_queries_only_metrics_the_collector_emits(populated_latest):
                      "p2ptrain_validation_loss", "p2ptrain_local_epoch", "p2ptrain_averaging_rounds_total",
                      "p2ptrain_averaging_round_duration_seconds_bucket", "p2ptrain_network_sent_bytes_total",
                      "p2ptrain_network_received_bytes_total", "p2ptrain_last_checkpoint_timestamp_seconds",
-                     "p2ptrain_node_state"):
+                     "p2ptrain_node_state", "p2ptrain_samples_contributed_total", "p2ptrain_data_coverage_ratio"):
         assert required in used, required
 
 

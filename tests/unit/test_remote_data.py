@@ -29,6 +29,8 @@ class Server:
         self.files: dict[str, bytes] = {}
         self.status: dict[str, int] = {}
         self.requests: list[str] = []
+        #: Paths whose next N answers announce the whole body but send only half, then hang up.
+        self.truncate: dict[str, int] = {}
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -39,6 +41,9 @@ class Server:
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if server.truncate.get(self.path, 0) > 0:
+                    server.truncate[self.path] -= 1
+                    body = body[: len(body) // 2]
                 self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:
@@ -130,7 +135,7 @@ def test_a_failing_url_is_retried_with_backoff_then_skipped(server: Server, tmp_
     assert "skipped this pass: download failed 3 time(s), last: HTTP 503" in line and "\n" not in line
 
 
-def test_not_found_and_checksum_mismatch_are_not_retried(server: Server, tmp_path: Path) -> None:
+def test_not_found_is_not_retried_and_a_checksum_mismatch_only_once(server: Server, tmp_path: Path) -> None:
     fetcher = _fetcher(tmp_path)
     server.files["/x/good.txt"] = b"hello " * 50
     digest = hashlib.sha256(server.files["/x/good.txt"]).hexdigest()
@@ -138,10 +143,24 @@ def test_not_found_and_checksum_mismatch_are_not_retried(server: Server, tmp_pat
         b"hello " * 50)
     with pytest.raises(ShardUnreadable, match="HTTP 404"):
         fetcher.local_path(url_shard(f"{server.url}/x/missing.txt", "auto"))
+    assert server.count("/x/missing.txt") == 1 and fetcher.waits == []  # type: ignore[attr-defined]
     with pytest.raises(ShardUnreadable, match="checksum mismatch: expected sha256 0000000000000000"):
         fetcher.local_path(url_shard(f"{server.url}/x/good.txt#sha256={'0' * 64}", "auto"))
-    assert server.count("/x/missing.txt") == 1 and fetcher.waits == []  # type: ignore[attr-defined]
+    assert server.count("/x/good.txt") == 1 + 2  # the mismatch was tried once more, not three times
     assert not any(p.name.startswith(".part-") for p in (tmp_path / "cache").iterdir())
+
+
+def test_a_download_cut_short_is_retried_not_taken_for_a_whole_shard(server: Server, tmp_path: Path) -> None:
+    fetcher = _fetcher(tmp_path)
+    whole = b"".join(b"line %d of a shard without a checksum\n" % i for i in range(200))
+    server.files["/x/plain.txt"] = server.files["/x/cut.txt"] = whole
+    server.truncate["/x/plain.txt"] = 1  # the first answer hangs up half-way
+    assert fetcher.local_path(url_shard(f"{server.url}/x/plain.txt", "auto")).read_bytes() == whole
+    assert server.count("/x/plain.txt") == 2 and fetcher.waits == [1.0]  # type: ignore[attr-defined]
+    server.truncate["/x/cut.txt"] = 99
+    with pytest.raises(ShardUnreadable, match=r"download failed 3 time\(s\), last: the body ended after 3"):
+        fetcher.local_path(url_shard(f"{server.url}/x/cut.txt", "auto"))
+    assert sorted(p.read_bytes() == whole for p in (tmp_path / "cache").iterdir()) == [True]  # nothing partial
 
 
 def test_a_tampered_shard_is_skipped_and_the_rest_trains(server: Server, tmp_path: Path) -> None:

@@ -70,6 +70,55 @@ def test_a_peer_alone_reads_every_shard_each_pass(tmp_path: Path) -> None:
     assert stream.coverage().to_dict()["pass"] == 1
 
 
+def test_the_counts_of_past_passes_are_kept_newest_first_and_survive_a_restart(tmp_path: Path) -> None:
+    root = _corpus(tmp_path / "c", files=20)
+    stream = _stream(root, "peer-a", ("peer-a", "peer-b"))
+    counts = []
+    for pass_number in range(1, 10):
+        while stream.pass_number < pass_number:
+            stream.next()
+        counts.insert(0, len(stream.last_pass_coverage().consumed))  # type: ignore[union-attr]
+    assert stream.past_pass_shards() == tuple(counts[:7])  # a few passes, not the whole history
+    assert len(set(counts)) > 1  # shares of a pass differ in size: peers' passes drift apart
+    resumed = _stream(root, "peer-a", ("peer-a", "peer-b"))
+    resumed.load_state_dict(stream.state_dict())
+    assert resumed.past_pass_shards() == stream.past_pass_shards()
+    older = {k: v for k, v in stream.state_dict().items() if k != "past_pass_shards"}  # saved before it existed
+    resumed.load_state_dict(older)
+    assert resumed.past_pass_shards() == () and resumed.pass_number == stream.pass_number
+    assert stream.shard_ids == tuple(sorted(stream.shard_ids)) and len(stream.shard_ids) == 20
+
+
+def test_a_node_passes_behind_its_peers_moves_on_to_their_pass(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    root = _corpus(tmp_path / "c")
+    stream = _stream(root, "peer-b", ("peer-a", "peer-b"))
+    others: list[tuple[str, int]] = [(stream.source, 1), ("another shard list", 90)]
+    stream.swarm_passes = lambda: others
+    _run_pass(stream)  # one pass behind is the normal drift: no jump
+    assert stream.pass_number == 1
+    others[0] = (stream.source, 5)
+    with caplog.at_level(logging.INFO):
+        while stream.pass_number == 1:
+            stream.next()
+    assert stream.pass_number == 5
+    assert "the other peers are at pass 5: moving on to it" in caplog.text
+    assert stream.past_pass_shards()[:3] == (0, 0, 0)  # passes 2-4: nothing read by this node
+    assert stream.past_pass_shards()[3] > 0
+    stream.swarm_passes = lambda: [(stream.source, 99), (stream.source, 2), (stream.source, 3)]
+    while stream.pass_number == 5:
+        stream.next()
+    assert stream.pass_number == 6  # one peer far ahead is not the swarm (the lower median is)
+
+    def broken() -> list[tuple[str, int]]:
+        raise RuntimeError("no swarm view")
+
+    stream.swarm_passes = broken
+    while stream.pass_number == 6:
+        stream.next()
+    assert stream.pass_number == 7
+
+
 def test_same_peer_same_batches_other_peer_other_batches(tmp_path: Path) -> None:
     root = _corpus(tmp_path / "c")
     one, two, other = _stream(root), _stream(root), _stream(root, peer_seed=8)

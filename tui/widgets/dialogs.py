@@ -14,7 +14,7 @@ c  write a checkpoint now
 l  leave the swarm (asks first)
 s  sort the peer table by the next column
 /  filter the peer table (Enter keeps it, Esc clears it)
-1 2 3  Node, Swarm, Logs views
+1 2 3 4  Node, Swarm, Logs, Contributors views
 ?  this help      q  quit
 
 Control keys use the node's token (<state_dir>/api.token)."""
