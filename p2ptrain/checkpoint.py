@@ -26,6 +26,8 @@ from typing import IO, Any
 
 import torch
 
+from p2ptrain.atomicfile import fsync_path
+
 log = logging.getLogger(__name__)
 
 Writer = Callable[[dict[str, Any], IO[bytes]], None]
@@ -128,7 +130,7 @@ class CheckpointStore:
                 raise CheckpointError(f"cannot write checkpoint {temp}: {_describe(exc)}") from exc
             raise
         try:
-            _fsync_directory(self.directory)
+            fsync_path(self.directory)
         except OSError as exc:
             # The file is complete but its rename may not be durable yet: keep the older ones.
             raise CheckpointError(
@@ -215,14 +217,6 @@ def read_checkpoint(path: Path, opener: Opener = torch_opener) -> dict[str, Any]
     if not isinstance(state, dict):
         raise TypeError(f"holds a {type(state).__name__}, not a dict")
     return state
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _describe(exc: BaseException) -> str:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from p2ptrain.atomicfile import write_atomic
 from p2ptrain.config import NodeConfig, load_config
 
 _HEADER = """\
@@ -78,9 +78,7 @@ def init_command(args: argparse.Namespace) -> int:
         print(f"p2ptrain: {path} already exists (use --force to overwrite)", file=sys.stderr)
         return 1
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text.encode("utf-8"))
     print(f"wrote {path}")
     return 0
 

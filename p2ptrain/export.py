@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_model
 
+from p2ptrain.atomicfile import fsync_path
+
 if TYPE_CHECKING:
     from p2ptrain.config import TaskSection
 
@@ -107,7 +109,7 @@ def write_export(
         if torch_copy:
             torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, temp / TORCH_FILE)
         for path in temp.iterdir():
-            _fsync(path)
+            fsync_path(path)
         _swap_in(temp, out_dir)
     except OSError as exc:
         raise ExportError(f"cannot write the export {out_dir}: {exc.strerror or exc}") from None
@@ -211,14 +213,6 @@ def _write_text(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _swap_in(temp: Path, out_dir: Path) -> None:
     """Rename the finished ``temp`` to ``out_dir``; an old export is moved aside first, then deleted."""
     old: Path | None = None
@@ -235,4 +229,4 @@ def _swap_in(temp: Path, out_dir: Path) -> None:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     with contextlib.suppress(OSError):  # durability of the rename; the export itself is complete
-        _fsync(out_dir.parent)
+        fsync_path(out_dir.parent)

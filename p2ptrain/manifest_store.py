@@ -11,9 +11,9 @@ that does not verify for the run is ignored with one warning, never trusted.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from p2ptrain.atomicfile import write_atomic
 from p2ptrain.errors import ConfigError
 from p2ptrain.manifest import Manifest, read_manifest_file
 from p2ptrain.runref import RunRef
@@ -54,16 +54,8 @@ class ManifestStore:
         stored = self.load() if self._saved_version == 0 else None
         if stored is not None and stored.version >= manifest.version:
             return False
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, manifest.to_toml().encode("utf-8"))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            _fsync_directory(self.path.parent)
+            write_atomic(self.path, manifest.to_toml().encode("utf-8"), mode=0o600)
         except OSError as exc:
             logger.warning("could not keep manifest version %d of run %s in %s: %s", manifest.version, self.ref,
                            self.path, exc.strerror or exc)
@@ -71,11 +63,3 @@ class ManifestStore:
         self._saved_version = manifest.version
         return True
 
-
-def _fsync_directory(path: Path) -> None:
-    """Make the rename itself durable (a crash right after it must not bring the old file back)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.atomicfile import write_atomic
 from p2ptrain.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
 from p2ptrain.nodeclient import NodeClient, NodeError, NodeUnreachable
 from p2ptrain.status import StatusSnapshot, SwarmView
@@ -167,15 +166,7 @@ def render_text(report: dict[str, Any]) -> str:
 def write_json(report: dict[str, Any], path: Path) -> None:
     """``path`` holds the whole report or is left as it was (temp file, then rename)."""
     text = json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text.encode("utf-8"))
 
 
 def main(args: argparse.Namespace) -> int:
