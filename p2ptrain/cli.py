@@ -59,6 +59,15 @@ def _add_config_flag(parser: argparse.ArgumentParser) -> None:
                         help="node config (TOML); default: built-in defaults + P2PTRAIN_* env")
 
 
+def _add_node_flags(parser: argparse.ArgumentParser, token_help: str) -> None:
+    """How a client command finds the running node on this machine: its API URL and token."""
+    parser.add_argument("--url", metavar="URL", help="node API URL (default: <state_dir>/api.url, "
+                        "else http://127.0.0.1:41480)")
+    parser.add_argument("--token-file", type=Path, metavar="PATH",
+                        help=f"{token_help} (default: <state_dir>/api.token)")
+    _add_config_flag(parser)
+
+
 def _duration(text: str) -> float:
     """Parse ``90``, ``90s``, ``15m``, ``2h``, ``1d`` into seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -140,22 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=_lazy("p2ptrain.config_template:check_command"))
 
     top = sub.add_parser("top", help="watch a running node and its swarm in a terminal UI")
-    top.add_argument("--url", metavar="URL", help="node API URL (default: <state_dir>/api.url, "
-                     "else http://127.0.0.1:41480)")
-    top.add_argument("--token-file", type=Path, metavar="PATH",
-                     help="control token file (default: <state_dir>/api.token)")
-    _add_config_flag(top)
+    _add_node_flags(top, "control token file")
     top.set_defaults(handler=_lazy("p2ptrain.tui.app:main"))
 
     report = sub.add_parser("report", help="a running node's summary of the run: loss chart, contributors, "
                             "data coverage (or the same as JSON)")
     report.add_argument("--json", type=Path, metavar="FILE",
                         help="also write the report as JSON to FILE ('-': print JSON instead of text)")
-    report.add_argument("--url", metavar="URL", help="node API URL (default: <state_dir>/api.url, "
-                        "else http://127.0.0.1:41480)")
-    report.add_argument("--token-file", type=Path, metavar="PATH",
-                        help="token file, for a node that wants it on reads (default: <state_dir>/api.token)")
-    _add_config_flag(report)
+    _add_node_flags(report, "token file, for a node that wants it on reads")
     report.set_defaults(handler=_lazy("p2ptrain.report:main"))
 
     service = sub.add_parser("service", help="run the node as a systemd service")
@@ -178,11 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
             control.add_argument("--for", dest="duration", type=_duration, metavar="DURATION",
                                  help="resume automatically after this long (90s, 15m, 2h); "
                                  "default: until resumed")
-        control.add_argument("--url", metavar="URL", help="node API URL (default: <state_dir>/api.url, "
-                             "else http://127.0.0.1:41480)")
-        control.add_argument("--token-file", type=Path, metavar="PATH",
-                             help="control token file (default: <state_dir>/api.token)")
-        _add_config_flag(control)
+        _add_node_flags(control, "control token file")
         control.set_defaults(handler=_lazy(f"p2ptrain.daemon.nodectl:{handler}"))
 
     return parser
