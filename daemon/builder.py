@@ -22,6 +22,7 @@ from p2ptrain.config import ConfigError, NodeConfig
 from p2ptrain.daemon.checkpointer import Checkpointer
 from p2ptrain.daemon.faults import with_faults
 from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.defences import evaluate_fn
 from p2ptrain.fingerprint import model_fingerprint
 from p2ptrain.manifest_source import fetch_before_join
 from p2ptrain.optim import bandwidth_hint, build_optimizer
@@ -29,9 +30,11 @@ from p2ptrain.ownedrun import RunKeeper, RunPlan, prepare_run, settle
 from p2ptrain.rejoin import Rejoiner
 from p2ptrain.rollback import NonFiniteRollback
 from p2ptrain.swarm import (
+    FingerprintMismatch,
     PeersRefused,
     claim_fingerprint,
     identity_path,
+    peer_ids_of,
     start_dht,
     stop_stale_daemons,
     visible_maddrs,
@@ -62,10 +65,17 @@ class JoinedSwarm:
     first_seen: float = 0.0
     """When this node first saw its model fingerprint under the run (kept when re-publishing it)."""
 
+    trusted: tuple[str, ...] = ()
+    """Peer IDs whose records vouch for the run's model: the initial peers this node joined through."""
+
     def refresh_fingerprint(self, run_id: str, fingerprint: str) -> None:
+        """Republish our fingerprint; raises :class:`FingerprintMismatch` when the run's peers now show
+        another model (the node decides what to do about it)."""
         try:
-            self.first_seen = claim_fingerprint(self.dht, run_id, fingerprint, self.first_seen)
-        except Exception as exc:  # a mismatch appearing later is another node's problem, not ours
+            self.first_seen = claim_fingerprint(self.dht, run_id, fingerprint, self.first_seen, self.trusted)
+        except FingerprintMismatch:
+            raise
+        except Exception as exc:  # the DHT being slow or odd is weather
             logger.warning("could not refresh the model fingerprint: %s", exc)
 
     def close(self) -> None:
@@ -142,7 +152,8 @@ class NodeBuilder:
                 raise
             raise PeersRefused(f"{error}; run {plan.ref} may be invite-only: ask its owner for an invite for this "
                                "node's peer ID (p2ptrain run peer-id prints it) and set swarm.invite") from None
-        swarm = JoinedSwarm(dht, str(dht.peer_id), visible_maddrs(dht), state_dir, first_seen=wall_clock())
+        swarm = JoinedSwarm(dht, str(dht.peer_id), visible_maddrs(dht), state_dir, first_seen=wall_clock(),
+                            trusted=tuple(peer_ids_of(list(initial_peers()))))
         swarm.rejoiner = Rejoiner(dht, lambda: list(initial_peers()))
         swarm.rejoiner.start()
         return swarm
@@ -154,19 +165,21 @@ class NodeBuilder:
     def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *,
                        live_peers: Callable[[], Sequence[str]], wall_clock: Callable[[], float],
                        long_operation: Callable[[float], None], run: RunKeeper | None = None,
-                       wait: Callable[[float], object] = time.sleep) -> TrainingParts:
+                       defences: Any = None, wait: Callable[[float], object] = time.sleep) -> TrainingParts:
         """Task, optimizer (resumed from the local checkpoint if there is one), trainer and guards.
 
         ``live_peers`` names the peers training now: the data is shared out among them. In an owned
         run (``run``) the model must match the manifest's fingerprint, and the averagers take part
-        only with the peers its admission gate admits.  ``wait`` is the node's stop event's wait.
+        only with the peers its admission gate admits.  ``defences`` are the node's peer checks
+        (:class:`p2ptrain.defences.Defences`; None: off).  ``wait`` is the node's stop event's wait.
         """
         task = build_task(config.task, config.training, peer_seed(swarm.peer_id), peer_id=swarm.peer_id,
                           live_peers=live_peers, cache_dir=config.task.cache_dir or swarm.state_dir / "data-cache")
         task = with_faults(task, self._environ)
         fingerprint = model_fingerprint(task.model, task.shape_config)
         if run is None:
-            swarm.first_seen = claim_fingerprint(swarm.dht, config.swarm.run_id, fingerprint, swarm.first_seen)
+            swarm.first_seen = claim_fingerprint(swarm.dht, config.swarm.run_id, fingerprint, swarm.first_seen,
+                                                 swarm.trusted)
         else:  # the signed manifest holds the run's model; unsigned entries are for plain runs
             run.check_fingerprint(fingerprint)
         logger.info("model fingerprint %s (%d parameters)", fingerprint,
@@ -178,11 +191,7 @@ class NodeBuilder:
         if restored is not None:
             task.model.load_state_dict(restored["model"])
             task.train_batches.load_state_dict(restored.get("data_position", {}))
-        optimizer = build_optimizer(task.model, swarm.dht, f"{config.swarm.run_id}_{fingerprint}", config.training,
-                                    client_mode=config.swarm.client_mode, stats=stats,
-                                    bandwidth=bandwidth_hint(config.volunteer.upload_kbps,
-                                                             config.volunteer.download_kbps),
-                                    admission=run.plan.gate if run is not None else None, wait=wait)
+        optimizer = _optimizer(config, swarm, task, fingerprint, stats, run, defences, wait)
         trainer = Trainer(task, optimizer, config.training.batch_size)
         if restored is not None:
             optimizer.restore(restored)
@@ -191,6 +200,52 @@ class NodeBuilder:
             stats.credit.restore(restored)
         return TrainingParts(task, optimizer, trainer, NonFiniteRollback(optimizer.guard_targets()), checkpointer,
                              fingerprint)
+
+    def build_client(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *,
+                     run: RunKeeper | None = None, defences: Any = None) -> ClientParts:
+        """Task and optimizer of a peer that only downloads the swarm's state (``p2ptrain fetch``).
+
+        The same model, fingerprint check and optimizer as :meth:`build_training`, but nothing is
+        published (no fingerprint claim), no local checkpoint is read, and the data is this peer's
+        alone: it trains on none of it, only the validation split is used (to judge a donor's model).
+        """
+        task = build_task(config.task, config.training, peer_seed(swarm.peer_id), peer_id=swarm.peer_id,
+                          live_peers=lambda: [swarm.peer_id],
+                          cache_dir=config.task.cache_dir or swarm.state_dir / "data-cache")
+        fingerprint = model_fingerprint(task.model, task.shape_config)
+        if run is None:
+            claim_fingerprint(swarm.dht, config.swarm.run_id, fingerprint, swarm.first_seen, swarm.trusted,
+                              publish=False)
+        else:
+            run.check_fingerprint(fingerprint)
+        return ClientParts(task, _optimizer(config, swarm, task, fingerprint, stats, run, defences), fingerprint)
+
+
+@dataclass
+class ClientParts:
+    """What a peer that never trains holds: the model and the optimizer that downloads into it."""
+
+    task: Task
+    optimizer: SwarmOptimizer
+    fingerprint: str
+
+    def close(self) -> None:
+        try:
+            self.optimizer.shutdown()
+        except Exception as exc:  # shutting down must go on whatever hivemind says
+            logger.warning("optimizer shutdown: %r", exc)
+
+
+def _optimizer(config: NodeConfig, swarm: JoinedSwarm, task: Task, fingerprint: str, stats: SwarmStats,
+               run: RunKeeper | None, defences: Any,
+               wait: Callable[[float], object] = time.sleep) -> SwarmOptimizer:
+    """The swarm optimizer for ``task``'s model, averaging under the run's id and model fingerprint
+    (``wait``: the pause between state-download attempts, the node's stop event's wait)."""
+    return build_optimizer(task.model, swarm.dht, f"{config.swarm.run_id}_{fingerprint}", config.training,
+                           client_mode=config.swarm.client_mode, stats=stats,
+                           bandwidth=bandwidth_hint(config.volunteer.upload_kbps, config.volunteer.download_kbps),
+                           admission=run.plan.gate if run is not None else None,
+                           defences=defences, evaluate=evaluate_fn(task), wait=wait)
 
 
 def checkpoint_state(trainer: Trainer, optimizer: SwarmOptimizer) -> dict[str, Any]:

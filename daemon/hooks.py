@@ -38,6 +38,9 @@ class SwarmPresence:
     dht: Any
     run_id: str
     peer_id: str
+    #: The node's :class:`p2ptrain.evidence.PeerEvidence` (None: its peer checks are off); the peer
+    #: records read are handed to it.
+    evidence: Any = None
 
 
 class NodeHooks:
@@ -49,6 +52,11 @@ class NodeHooks:
     def record_validators(self, run_id: str) -> list[Any]:
         """hivemind record validators for the DHT (signed peer records)."""
         return []
+
+    def joined(self, presence: SwarmPresence) -> bool:
+        """Joined the swarm; the model is built and synced next.  True when peer records are read from
+        now on (and handed to ``presence.evidence``): the node then waits for a first view of them."""
+        return False
 
     def ready(self, presence: SwarmPresence) -> None:
         """Joined and synced: training starts now."""

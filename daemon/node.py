@@ -30,10 +30,12 @@ from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.loop import PAUSED_WAIT, TrainingLoop
 from p2ptrain.daemon.runfollow import RunFollower, describe_figures
+from p2ptrain.daemon.shownview import shown_view
 from p2ptrain.daemon.shutdown import close_within_deadline, land_round_in_flight
 from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures, data_figures
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.daemon.sync import sync_with_swarm
+from p2ptrain.defences import Defences
 from p2ptrain.errors import error_line
 from p2ptrain.manifest_source import SourceUnavailable
 from p2ptrain.ownedrun import RunKeeper, RunPlan
@@ -85,6 +87,8 @@ class Node:
         self.board.cpu = self.cpu_share.figures
         self.plan: RunPlan | None = None
         self.keeper: RunKeeper | None = None
+        #: The peer checks (p2ptrain.defences.Defences), built before anything forks; None when off.
+        self.defences: Defences | None = None
         self.swarm: JoinedSwarm | None = None
         self.parts: TrainingParts | None = None
         self.loop: TrainingLoop | None = None
@@ -124,14 +128,13 @@ class Node:
         self.stopper.request(reason)
 
     def _swarm_view(self) -> SwarmView | None:
-        """The peer records, less those of peers the run does not admit (an owned run's gate)."""
+        """The peer records as this node shows them (:func:`p2ptrain.daemon.shownview.shown_view`)."""
         view = self.hooks.swarm_view()
-        if view is None or self.plan is None:
+        if view is None:
             return view
-        from p2ptrain.admission import filter_view
-
-        kept, self._not_admitted = filter_view(view, self.plan.gate.is_admitted)
-        return kept
+        view, self._not_admitted = shown_view(view, gate=self.plan.gate if self.plan is not None else None,
+                                              defences=self.defences, own=self.latest.status())
+        return view
 
     def _run_figures(self) -> RunFigures:
         if self.keeper is None:
@@ -177,6 +180,10 @@ class Node:
     def _run(self, state_dir: Path) -> int:
         cfg = self.config
         self.set_threads(cfg.training.threads)
+        # The gate and round reports live in memory shared with the averagers' processes: made first.
+        self.defences = Defences.from_config(cfg.swarm)
+        if self.defences is not None:
+            self.board.offences = self.defences.figures
         self.board.set_state(NodeState.STARTING)
         self.hooks.starting(NodeOutlets(state_dir, self.latest, self.logs, self.control))
 
@@ -195,11 +202,14 @@ class Node:
             logger.info("started a new swarm %r; others can join with: %s", cfg.swarm.run_id, how_to_join)
         if self.plan is not None:
             cfg = self._follow_run(self.plan, swarm)
+        evidence = self.defences.joined_through(swarm.trusted) if self.defences is not None else None
+        presence = SwarmPresence(swarm.dht, cfg.swarm.run_id, swarm.peer_id, evidence)
+        records_read = self.hooks.joined(presence)
 
         self.parts = parts = self.builder.build_training(cfg, swarm, self.swarm_stats, live_peers=self.training_peers,
                                                          wall_clock=self.wall_clock,
                                                          long_operation=self.hooks.long_operation, run=self.keeper,
-                                                         wait=self.stopper.wait)
+                                                         defences=self.defences, wait=self.stopper.wait)
         self._watch(parts)
         follower = None
         if self.keeper is not None:
@@ -208,7 +218,11 @@ class Node:
 
         def refresh_fingerprint() -> None:
             if self.keeper is None:  # owned runs keep the fingerprint in the signed manifest
-                swarm.refresh_fingerprint(cfg.swarm.run_id, parts.fingerprint)
+                try:
+                    swarm.refresh_fingerprint(cfg.swarm.run_id, parts.fingerprint)
+                except FingerprintMismatch as error:
+                    if self.defences is None or not self.defences.overrules_fingerprint_records(str(error)):
+                        self.request_exit(str(error), EX_CONFIG)
 
         self.loop = TrainingLoop(cfg, parts, self.board, self.hooks, self.stopper, self.control, clock=self.clock,
                                  cpu_share=self.cpu_share, rounds=self.swarm_stats.rounds,
@@ -218,11 +232,12 @@ class Node:
         self.board.set_state(NodeState.SYNCING)
         training = cfg.training
         sync_with_swarm(parts.optimizer, self.stopper, self.clock, before_download=lambda: self.hooks.long_operation(
-            training.load_state_timeout * training.load_state_attempts))
+            training.load_state_timeout * training.load_state_attempts), alone=not self.initial_peers(),
+            records=evidence.records_seen if evidence is not None and records_read else None)
         if not self.stopper.is_set():  # a stop during the sync skips straight to the final checkpoint
             self.loop.validate()
             self.board.set_state(NodeState.TRAINING)
-            self.hooks.ready(SwarmPresence(swarm.dht, cfg.swarm.run_id, swarm.peer_id))
+            self.hooks.ready(presence)
             self.loop.run()
 
         self.board.set_state(NodeState.STOPPING)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from p2ptrain.evidence import PeerEvidence
 from p2ptrain.records import RecordBook
 from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
 
@@ -20,11 +21,17 @@ RECORD_PERIOD = 5.0
 
 
 class RecordPublisher:
-    """Every ``period`` seconds: publish our record from the latest snapshot, and poll everyone's."""
+    """Every ``period`` seconds: publish our record from the latest snapshot, and poll everyone's.
 
-    def __init__(self, book: RecordBook, latest: LatestSnapshot, period: float = RECORD_PERIOD) -> None:
+    With ``evidence`` (the node's peer checks), each view's records and their bound record keys are
+    handed to it: they are what the checks take the run's peers' word from.
+    """
+
+    def __init__(self, book: RecordBook, latest: LatestSnapshot, period: float = RECORD_PERIOD,
+                 evidence: PeerEvidence | None = None) -> None:
         self._book = book
         self._latest = latest
+        self._evidence = evidence
         self._period = period
         self._stop = threading.Event()
         self._view = SwarmView()
@@ -56,7 +63,9 @@ class RecordPublisher:
     def _publish_and_poll(self) -> None:
         status = self._latest.status()
         if status.peer_id:
-            self._book.publish(PeerRecord.from_status(status))
+            self._book.publish(PeerRecord.from_status(status), status.model_fingerprint)
         view = self._book.poll()
+        if self._evidence is not None and view.peers:
+            self._evidence.update_records(view.peers, self._book.bound_keys, self._book.dht_peers)
         with self._lock:
             self._view = view

@@ -69,10 +69,19 @@ class ServiceHooks(NodeHooks):
         self._validators = record_validators(run_id)
         return self._validators
 
-    def ready(self, presence: SwarmPresence) -> None:
-        if self._latest is not None:
-            self.records = RecordPublisher(RecordBook(presence.dht, presence.run_id, self._validators), self._latest)
+    def joined(self, presence: SwarmPresence) -> bool:
+        # Records go out (and are read) from the moment the node is in the swarm: a newcomer checks
+        # the state it downloads against what the run's peers report in them.
+        if self._latest is not None and self.records is None:
+            evidence = presence.evidence
+            book = RecordBook(presence.dht, presence.run_id, self._validators,
+                              trusted=evidence.trusted_peers if evidence is not None else None)
+            self.records = RecordPublisher(book, self._latest, evidence=evidence)
             self.records.start()
+        return self.records is not None
+
+    def ready(self, presence: SwarmPresence) -> None:
+        self.joined(presence)  # no-op when it already started at join
         self.notifier.ready(self._status_line())
 
     def progress(self) -> None:

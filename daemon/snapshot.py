@@ -19,6 +19,7 @@ from p2ptrain.cpushare import CpuShareFigures
 from p2ptrain.credit import CreditFigures
 from p2ptrain.daemon.history import LossCurve
 from p2ptrain.daemon.smoothing import Ema, WindowRate
+from p2ptrain.peergate import OffenceFigures, no_offences
 from p2ptrain.roundstats import RoundFigures
 from p2ptrain.status import LatestSnapshot, NodeState, PauseReason, Reachability, StatusSnapshot, SwarmView
 from p2ptrain.swarm_optimizer import GlobalProgress
@@ -139,9 +140,10 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
                   training: TrainingFigures, live: LiveFigures, progress: GlobalProgress, rounds: RoundFigures,
                   stats: SwarmStatsView, cpu: CpuShareFigures, checkpoints: CheckpointFigures, view: SwarmView,
                   target_batch_size: int, taken_at: float, run: RunFigures = RunFigures(),
-                  credit: CreditFigures | None = None, data: DataFigures = DataFigures(),
-                  history: LossFigures = LossFigures()) -> StatusSnapshot:
+                  offences: OffenceFigures | None = None, credit: CreditFigures | None = None,
+                  data: DataFigures = DataFigures(), history: LossFigures = LossFigures()) -> StatusSnapshot:
     """The node's status from plain figures; no I/O, no clock."""
+    offences = offences if offences is not None else no_offences()
     credit = credit if credit is not None else CreditFigures()
     return StatusSnapshot(
         samples_contributed_total=credit.contributed, samples_not_averaged_total=credit.not_averaged,
@@ -172,6 +174,8 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
         last_checkpoint_time=checkpoints.last_time, last_checkpoint_error=checkpoints.last_error,
         nonfinite_skips_total=training.nonfinite_skips, rollbacks_total=training.rollbacks,
         rejected_records_total=view.rejected_records_total,
+        peer_checks=offences.checks_on, peer_offenses_by_kind=dict(offences.by_kind),
+        peer_offenses_total=offences.total, peers_excluded=offences.excluded,
         seconds_since_progress=live.seconds_since_progress,
         uptime_seconds=live.uptime_seconds, started_at=live.started_at, taken_at=taken_at,
     )
@@ -201,6 +205,7 @@ class StatusBoard:
         self.checkpoints: Callable[[], CheckpointFigures] = CheckpointFigures
         self.view: Callable[[], SwarmView | None] = lambda: None
         self.run: Callable[[], RunFigures] = RunFigures
+        self.offences: Callable[[], OffenceFigures] = no_offences
         self._last_view = SwarmView()
         self._rate = WindowRate()
         self._loss = Ema(0.05)
@@ -253,7 +258,7 @@ class StatusBoard:
                              training=training, live=live, progress=self.progress(), rounds=self.rounds(),
                              stats=self.stats(), cpu=self.cpu(), checkpoints=self.checkpoints(), view=self._last_view,
                              target_batch_size=self.target_batch_size, taken_at=self.wall_clock(), run=self.run(),
-                             credit=self.credit(), data=self.data(), history=history)
+                             offences=self.offences(), credit=self.credit(), data=self.data(), history=history)
 
     def publish(self) -> None:
         self.latest.publish(self.snapshot(), self._last_view)

@@ -7,6 +7,7 @@ peers agree on (``p2ptrain.robustprogress``); the wait for it is bounded and wat
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 from p2ptrain.daemon.stopper import Stopper
@@ -19,13 +20,22 @@ SYNC_WAIT = 10.0
 
 
 def sync_with_swarm(optimizer: SwarmOptimizer, stopper: Stopper, clock: Callable[[], float], *,
-                    before_download: Callable[[], None]) -> None:
+                    before_download: Callable[[], None], records: threading.Event | None = None,
+                    alone: bool = False) -> None:
     """If the swarm is ahead of us, download its state (bounded); else go on from what we have.
 
     ``before_download`` runs just before a download starts (the node tells the watchdog a long
-    operation is coming)."""
+    operation is coming).  ``records`` is set once the first view of the run's peer records is in:
+    with the peer checks a downloaded state is judged against what they report, so the wait covers
+    it too (same bound).  ``alone``: this node started the swarm (no initial peers), so nobody can
+    be ahead of it yet and the wait is skipped; a peer that joins later and is ahead is caught up
+    with by the optimizer, as any node that falls behind."""
+    if alone:
+        logger.info("in sync with the swarm at epoch %d (this node started it)", optimizer.local_epoch)
+        return
     deadline = clock() + SYNC_WAIT
-    while not optimizer.global_progress().known and clock() < deadline:
+    while (not optimizer.global_progress().known or (records is not None and not records.is_set())) \
+            and clock() < deadline:
         if stopper.wait(0.2):
             return
     swarm_epoch = optimizer.global_progress().epoch

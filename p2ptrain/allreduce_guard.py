@@ -10,8 +10,9 @@ Three small subclasses of hivemind 1.1.12's all-reduce internals, each overridin
 * :class:`CheckedTensorPartContainer` (``TensorPartContainer.register_processed_part``) refuses an
   average returned by another reducer that is not finite or moves our part implausibly far, keeps our
   own values for that reducer's share instead, and names it.
-* :class:`RobustAllReduceRunner` (``AllReduceRunner.__init__``, ``_communicate_with_peer``,
-  ``_accumulate_parts_streaming``) installs both, leaves gated peers out from the start (their parts
+* :class:`RobustAllReduceRunner` (``AllReduceRunner.__init__``, restated so that only our container and
+  reducer are built, ``_communicate_with_peer``, ``_accumulate_parts_streaming``) installs both, leaves
+  gated peers out from the start (their parts
   are never awaited, their results never used), and checks each incoming part's declared shape and
   size before it is deserialised.
 """
@@ -24,9 +25,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import torch
-from hivemind.averaging.allreduce import AllReduceRunner
+from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
 from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartContainer, TensorPartReducer
-from hivemind.p2p import PeerID
+from hivemind.p2p import P2P, PeerID, ServicerBase
 from hivemind.proto import averaging_pb2
 
 from p2ptrain.peergate import PeerGate
@@ -160,11 +161,39 @@ class CheckedTensorPartContainer(TensorPartContainer):
 class RobustAllReduceRunner(AllReduceRunner):
     """hivemind's butterfly all-reduce with per-sender screening, robust aggregation and a peer gate."""
 
-    def __init__(self, *, tensors: Sequence[torch.Tensor], peer_fractions: tuple[float, ...], rule: ReduceRule,
-                 gate: PeerGate | None, ordered_peer_ids: Sequence[PeerID], **kwargs: Any) -> None:
-        container_kwargs = {k: v for k, v in kwargs.items() if k not in _RUNNER_ONLY}
-        super().__init__(tensors=tensors, peer_fractions=peer_fractions, ordered_peer_ids=ordered_peer_ids,
-                         **kwargs)
+    def __init__(self, *, p2p: P2P, servicer_type: type[ServicerBase], prefix: str | None, group_id: bytes,
+                 tensors: Sequence[torch.Tensor], ordered_peer_ids: Sequence[PeerID], peer_fractions: tuple[float, ...],
+                 rule: ReduceRule, gate: PeerGate | None, weight: float | None = None,
+                 modes: Sequence[AveragingMode] | None = None, sender_timeout: float | None = None,
+                 reducer_timeout: float | None = None, **kwargs: Any) -> None:
+        # hivemind 1.1.12's AllReduceRunner.__init__, building our container and reducer in place of
+        # its own (calling it would partition every tensor twice per round).  Keep in step with it.
+        self._p2p, self.peer_id = p2p, p2p.peer_id
+        assert self.peer_id in ordered_peer_ids, "peer_id is not a part of the group"
+        if reducer_timeout is not None and (sender_timeout is None or reducer_timeout <= sender_timeout):
+            raise ValueError("If reducer_timeout is enabled, sender_timeout must be shorter than reducer_timeout.")
+        if not issubclass(servicer_type, ServicerBase):
+            raise TypeError("`servicer_type` is expected to be a ServicerBase subclass")
+        self._servicer_type, self._prefix = servicer_type, prefix
+        modes = modes or tuple(AveragingMode.CLIENT if frac == 0 else AveragingMode.NODE for frac in peer_fractions)
+        assert len(modes) == len(ordered_peer_ids), "lists have inconsistent length"
+        assert any(mode != AveragingMode.CLIENT for mode in modes), "cannot run allreduce without reducers"
+        self.group_id, self.ordered_peer_ids = group_id, ordered_peer_ids
+        self.modes, self.peer_fractions = modes, peer_fractions
+        if weight is None:
+            weight = float(modes[self.ordered_peer_ids.index(self.peer_id)] != AveragingMode.AUX)
+        self.weight = weight
+        self._future = asyncio.Future()
+        self.sender_peer_ids = [peer for peer, mode in zip(ordered_peer_ids, modes, strict=True)
+                                if mode != AveragingMode.AUX]
+        self.sender_timeout, self.reducer_timeout = sender_timeout, reducer_timeout
+        self.all_senders_started = asyncio.Event()
+        self.banned_senders: set[PeerID] = set()
+        self.banlock = asyncio.Lock()
+        self.active_senders: set[PeerID] = {self.peer_id} if self.peer_id in self.sender_peer_ids else set()
+        if len(self.active_senders) == len(self.sender_peer_ids):
+            self.all_senders_started.set()
+
         self.rule, self.gate = rule, gate
         #: (peer ID, offence kind, reason) of every sender or reducer refused in this round.
         self.rejections: list[tuple[str, str, str]] = []
@@ -172,9 +201,8 @@ class RobustAllReduceRunner(AllReduceRunner):
         self.tensor_part_container = CheckedTensorPartContainer(
             tensors, peer_fractions, return_deltas=True, rule=rule, local_index=local_index,
             on_bad_result=lambda index, reason: self._offend(self.ordered_peer_ids[index], "bad_result", reason),
-            **container_kwargs)
+            **kwargs)
         self.parts_for_local_averaging = self.tensor_part_container.get_raw_input_parts(local_index)
-        self.tensor_part_reducer.finished.set()  # the default reducer is never used: keep it from reporting
         self.tensor_part_reducer = RobustTensorPartReducer(
             tuple(part.shape for part in self.parts_for_local_averaging), len(self.sender_peer_ids), rule=rule,
             local_sender=self.sender_peer_ids.index(self.peer_id) if self.peer_id in self.sender_peer_ids else None,
@@ -190,7 +218,8 @@ class RobustAllReduceRunner(AllReduceRunner):
     def _offend(self, peer: PeerID, kind: str, reason: str) -> None:
         self.rejections.append((str(peer), kind, reason))
         if self.gate is not None:
-            self.gate.offend(peer, kind, reason)
+            # An average with NaN or inf is never honest; one that moved ours far is a judgement.
+            self.gate.offend(peer, kind, reason, certain=kind == "bad_result" and "NaN" in reason)
 
     async def _communicate_with_peer(self, peer_id: PeerID) -> None:
         if peer_id != self.peer_id and self._gated(peer_id):
@@ -224,7 +253,3 @@ class RobustAllReduceRunner(AllReduceRunner):
                 raise AllreduceException(problem[1])
             index += 1
             yield message
-
-
-_RUNNER_ONLY = frozenset({"p2p", "servicer_type", "prefix", "group_id", "weight", "modes", "sender_timeout",
-                          "reducer_timeout"})

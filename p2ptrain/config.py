@@ -58,6 +58,11 @@ class NodeSection(_Section):
     log_format: Literal["auto", "human", "journal"] = "auto"
     """auto: journal format (syslog <N> prefixes, no timestamps) when stderr is the journal, else human."""
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value  # as --log-level debug takes it
+
 
 class SwarmSection(_Section):
     """How the node finds and joins its swarm (hivemind DHT over libp2p)."""
@@ -103,6 +108,18 @@ class SwarmSection(_Section):
 
     invite: str | None = None
     """Invite token for a private (invite-only) run, from: p2ptrain run invite <run> <this node's peer id>."""
+
+    peer_checks: bool = True
+    """Check what peers send (states, averaging parts, progress) and exclude those that lie. Turn off only
+    to measure what the checks cost: the node then trusts every peer, as plain hivemind does."""
+
+    ban_seconds: Annotated[float, Field(gt=0, le=30 * DAY)] = 600.0
+    """Seconds a peer stays excluded from this node's averaging groups and donor lists after an offence
+    (bad averaging parts, or a state judged implausible against what the run's other peers report)."""
+
+    bad_state_ban_seconds: Annotated[float, Field(ge=0, le=365 * DAY)] = 0.0
+    """Seconds a donor that served a malformed state (wrong shapes, NaN, epoch out of range) stays
+    excluded. 0: for the rest of the run."""
 
     _run_id = field_validator("run_id")(checks.run_id)
     _run = field_validator("run")(checks.run_reference)

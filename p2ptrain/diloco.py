@@ -20,6 +20,9 @@ nor waiting for a slower peer stalls training.
 Elasticity: the round is bounded by ``averaging_timeout`` (a dead peer costs the others at most
 that, and then they apply their own pseudo-gradient); a newcomer downloads the outer params,
 outer momentum and round position from a peer and finishes the current round together with it.
+A downloaded state is checked before any of it is copied (:mod:`p2ptrain.statecheck`); with the
+peer checks (:class:`p2ptrain.defences.Defences`) the averager is hardened
+(:mod:`p2ptrain.diloco_averager`) and the round clock believes only identity-bound peers.
 It implements :class:`p2ptrain.swarm_optimizer.SwarmOptimizer`, the node's optimizer protocol.
 """
 
@@ -29,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +40,20 @@ import hivemind
 import torch
 from hivemind.utils import get_dht_time
 
-from p2ptrain.admission_averager import Admission, admitting
+from p2ptrain.admission_averager import Admission
 from p2ptrain.compression import make_compression, wire_bytes
 from p2ptrain.config import TrainingSection
+from p2ptrain.defences import Defences
+from p2ptrain.diloco_averager import averager_class
 from p2ptrain.livetraining import retune
+from p2ptrain.microbatches import MicroBatches
+from p2ptrain.modelcheck import make_loss_check
 from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
-from p2ptrain.roundclock import SwarmRoundTracker, schedule_position, set_schedule_position
+from p2ptrain.robustreduce import ReduceRule
+from p2ptrain.roundclock import RobustRoundTracker, SwarmRoundTracker, schedule_position, set_schedule_position
 from p2ptrain.roundstats import RoundReport
+from p2ptrain.safestate import diloco_state_validator
+from p2ptrain.statecheck import Verdict
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
 
@@ -97,30 +107,15 @@ class _RoundInFlight:
     started: float
 
 
-class _DiLoCoAverager(hivemind.DecentralizedAverager):
-    """Averages the peers' parameters each round; serves (outer params, outer momentum, round
-    position) to newcomers."""
-
-    def __init__(self, *args: Any, owner: DiLoCoOptimizer, **kwargs: Any) -> None:
-        self._owner = owner
-        super().__init__(*args, **kwargs)
-
-    def get_current_state(self) -> tuple[Any, list[torch.Tensor], Any]:
-        owner = self._owner
-        # Runs in a thread of the training process. A newcomer must get the outer params after the
-        # round in flight is applied, or it would start from params its peers have already left.
-        owner.round_settled.wait(timeout=owner.cfg.averaging_timeout + owner.cfg.matchmaking_time)
-        tensors = [p.clone() for p in owner.outer.params] + [b.clone() for b in owner.outer.momentum_buffers()]
-        return dict(epoch=owner.local_epoch, inner_step=owner.inner_step), tensors, None
-
-
 class DiLoCoOptimizer:
     """The DiLoCo outer loop behind the node's optimizer protocol."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], dht: hivemind.DHT, run_id: str, cfg: TrainingSection,
                  *, client_mode: bool, stats: SwarmStats, bandwidth: float | None = None,
-                 admission: Admission | None = None) -> None:
+                 admission: Admission | None = None, defences: Defences | None = None,
+                 evaluate: Callable[[], float] | None = None) -> None:
         self.cfg, self.stats, self.dht = cfg, stats, dht
+        self._defences, self._evaluate = defences, evaluate
         self.params = [p for p in params if p.requires_grad]
         self.param_groups = [{"params": self.params}]
         self.inner = ClippedAdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -132,7 +127,7 @@ class DiLoCoOptimizer:
         self.outer = OuterStep(self.params, cfg.outer_lr, cfg.outer_momentum, cfg.outer_nesterov)
         #: Micro-batches per inner AdamW step (inner_batch_size / batch_size).
         self._accumulate = max(1, (cfg.inner_batch_size or cfg.batch_size) // cfg.batch_size)
-        self._micro_batches = 0
+        self._micro = MicroBatches(self.params, self._accumulate)
         self.inner_step = 0
         self.samples_this_round = 0
         self._local_epoch = 0
@@ -145,17 +140,36 @@ class DiLoCoOptimizer:
         numel = sum(p.numel() for p in self.params)
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
-        self._tracker = SwarmRoundTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
-                                          per_peer_samples=cfg.inner_steps * self._accumulate * cfg.batch_size)
+        per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
+        checks: dict[str, Any] = {}
+        if defences is not None:
+            self._tracker: SwarmRoundTracker | RobustRoundTracker = RobustRoundTracker(
+                dht, f"{run_id}_diloco", client_mode=client_mode, start=True, per_peer_samples=per_peer,
+                gate=defences.gate, bound=defences.evidence.bound_keys)
+            tracker = self._tracker
+            defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
+            # A round's weight is its samples: a fast peer does a few times the average, never 16x.
+            checks = dict(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer),
+                          round_reports=defences.rounds)
+        else:
+            self._tracker = SwarmRoundTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
+                                              per_peer_samples=per_peer)
         # With an owned run's gate, only admitted peers are averaged with and served state.
-        averager_class = _DiLoCoAverager if admission is None else admitting(_DiLoCoAverager, admission)
-        self.averager = averager_class(
+        self.averager = averager_class(defences is not None, admission)(
             self._buffers, dht, owner=self, start=True, prefix=f"{run_id}_diloco_avg", client_mode=client_mode,
             min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
             allreduce_timeout=cfg.averaging_timeout, next_chunk_timeout=cfg.averaging_timeout / 3,
             compression=make_compression(cfg.grad_compression),
-            state_compression=make_compression(cfg.state_compression), bandwidth=bandwidth,
+            state_compression=make_compression(cfg.state_compression), bandwidth=bandwidth, **checks,
         )
+        #: Whatever a download brings is checked before it touches the model: shapes, dtypes, finite,
+        #: metadata in range; with the peer checks also against the run's reports and our own loss.
+        self._validator = diloco_state_validator(
+            self.outer.params, cfg.inner_steps, own_epoch=lambda: self.local_epoch,
+            peer_epochs=defences.evidence.peer_epochs if defences is not None else None,
+            model_check=self._check_model if defences is not None else None)
+        if defences is not None:
+            self.averager.state_validator = self._validator
 
     # ------------------------------------------------------------------ the node's protocol
 
@@ -196,16 +210,15 @@ class DiLoCoOptimizer:
         self.cfg = cfg
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._micro_batches == 0:  # mid-way through an inner batch the gradients keep accumulating
-            self.inner.zero_grad(set_to_none=set_to_none)
+        """Clear the current micro-batch's gradients (earlier ones of the inner batch are kept apart)."""
+        self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self, batch_size: int | None = None) -> None:
         """One micro-batch; every ``inner_batch_size`` sequences an inner AdamW step; when the swarm's
         round clock says the round is over, the outer round."""
         self.samples_this_round += batch_size or self.cfg.batch_size
         self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
-        self._micro_batches += 1
-        if self._micro_batches < self._accumulate:
+        if not self._micro.add():
             return
         self._inner_step()
         self._settle_round(block=False)
@@ -220,15 +233,11 @@ class DiLoCoOptimizer:
             self._outer_round()
 
     def _inner_step(self) -> None:
-        if self._accumulate > 1:
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.div_(self._accumulate)
+        self._micro.load_mean()
         set_schedule_position(self.scheduler, schedule_position(self.local_epoch, self.inner_step,
                                                                 self.cfg.inner_steps))
         self.inner.step()
         self.inner_step += 1
-        self._micro_batches = 0
 
     def _maybe_schedule_round(self) -> None:
         """Start matchmaking shortly before the swarm's round clock says the round ends, so every
@@ -343,9 +352,14 @@ class DiLoCoOptimizer:
                 pseudo = [outer - average for outer, average in zip(self.outer.params, buffers, strict=True)]
         self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
+            group_size, received = len(group or ()), None
+            if self._defences is not None:
+                measured = self._defences.take_round(str(self.dht.peer_id))
+                if group is not None and measured is not None:
+                    group_size, received = measured.group_size, measured.averaged_fraction
             report = RoundReport(ok=group is not None, duration=time.perf_counter() - started,
-                                 group_size=len(group or ()), peers_online=self._tracker.global_progress.num_peers,
-                                 received_fraction=1.0)
+                                 group_size=group_size, peers_online=self._tracker.global_progress.num_peers,
+                                 received_fraction=received)
             self.stats.record_round(report, self._payload_bytes)
 
     def flush(self) -> None:
@@ -355,32 +369,61 @@ class DiLoCoOptimizer:
     # ------------------------------------------------------------------ state
 
     def load_state_from_peers(self) -> bool:
-        """Download outer params, momentum and round position from a peer; bounded, never raises."""
+        """Download outer params, momentum and round position from a peer; bounded, never raises.
+
+        Every state is checked before it is adopted (:meth:`_adopt`); a fresh node that finds only
+        bad donors trains from its own initialisation."""
         if time.monotonic() - self._last_failed_sync < max(30.0, self.cfg.averaging_timeout):
             return False
         self._settle_round(block=True)  # a downloaded state replaces the round in flight, not the reverse
         started = time.perf_counter()
         self.stats.download_started()
+        rejected = 0
         for attempt in range(1, self.cfg.load_state_attempts + 1):
             try:
                 loaded = self.averager.load_state_from_peers(timeout=self.cfg.load_state_timeout)
             except Exception as exc:
                 logger.warning("state download attempt %d failed: %r", attempt, exc)
                 continue
-            if loaded is not None:
-                self._adopt(*loaded)
+            rejected += len(getattr(self.averager, "last_download_rejections", ()))
+            if loaded is not None and self._adopt(*loaded):
                 self.stats.download_finished(True, time.perf_counter() - started)
                 return True
+            rejected += loaded is not None
             if attempt < self.cfg.load_state_attempts:
                 # A node that has just joined may not see the donors' DHT entries yet.
                 time.sleep(2.0 * attempt)
         self.stats.download_finished(False, 0.0)
         self._last_failed_sync = time.monotonic()
-        logger.warning("could not download state from any peer; continuing with local state")
+        if isinstance(self._tracker, RobustRoundTracker):
+            self._tracker.distrust_unsupported(max(30.0, self.cfg.averaging_timeout))
+        if rejected and self.local_epoch == 0:
+            logger.warning("every donor's state was rejected: training from this node's own initialisation")
+        else:
+            logger.warning("could not download state from any peer; continuing with local state")
         return False
 
+    def _check_model(self, metadata: Any, tensors: Any, donor: str) -> Verdict:
+        """The downloaded outer parameters' validation loss here, against ours and the run's reports."""
+        if self._evaluate is None or self._defences is None:
+            return Verdict.good()
+        averager = self.averager
+        check = make_loss_check(self.params, self._evaluate, own_loss=lambda: None,
+                                peer_losses=self._defences.evidence.peer_val_losses,
+                                lock=lambda: averager.lock_averaged_tensors)
+        return check(metadata, tensors, donor)
+
     @torch.no_grad()
-    def _adopt(self, metadata: dict[str, Any], tensors: list[torch.Tensor]) -> None:
+    def _adopt(self, metadata: Any, tensors: Any) -> bool:
+        """Switch to a downloaded state once it passes the structural checks (count, shapes, dtypes,
+        finite values, epoch and inner step in range); False, and nothing changed, if it does not."""
+        try:
+            verdict = self._validator.structure(metadata, tensors)
+        except Exception as exc:  # the validator never raises; if it ever did, the state is not adopted
+            verdict = Verdict.bad("bad_state", f"could not be checked ({type(exc).__name__})")
+        if not verdict.ok:
+            logger.warning("not adopting the downloaded state: %s", verdict.reason)
+            return False
         count = len(self.params)
         for outer, param, value in zip(self.outer.params, self.params, tensors[:count], strict=True):
             outer.copy_(value)
@@ -388,10 +431,12 @@ class DiLoCoOptimizer:
         for outer, buffer in zip(self.outer.params, tensors[count:], strict=True):
             self.outer.optimizer.state[outer]["momentum_buffer"] = buffer.clone()
         # Finish the donor's current round with it instead of drifting a partial round behind.
-        self.inner_step = min(int(metadata.get("inner_step", 0)), self.cfg.inner_steps - 1)
-        self.samples_this_round = self._micro_batches = 0
+        self.inner_step = int(metadata["inner_step"])
+        self.samples_this_round = 0
+        self._micro.reset()
         self._set_epoch(int(metadata["epoch"]))
         logger.info("loaded round %d (inner step %d) from a peer", self.local_epoch, self.inner_step)
+        return True
 
     def checkpoint_state(self) -> dict[str, Any]:
         optimizer = {"inner": self.inner.state_dict(), "outer": self.outer.optimizer.state_dict(),

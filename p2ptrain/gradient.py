@@ -5,6 +5,14 @@ nobody about them except its log, and its ``load_state_from_peers`` retries fore
 donor answers (hivemind #653).  :class:`GradientOptimizer` keeps that behaviour, bounds the state
 download, records every averaging round and download into :class:`SwarmStats`, and implements
 :class:`~p2ptrain.swarm_optimizer.SwarmOptimizer` so the node never reads hivemind's attributes.
+
+With :class:`~p2ptrain.defences.Defences` (the peer checks, on by default) it builds hardened
+averagers in place of hivemind's, under hivemind's wire names: a validated, donor-aware state
+download with an O(1) schedule catch-up (:class:`~p2ptrain.safestate.SafeTrainingStateAverager`),
+a robust gradient all-reduce (:class:`~p2ptrain.safeaverager.HardenedGradientAverager`) and a
+progress tracker that believes only identity-bound peers and an epoch several of them agree on
+(:class:`~p2ptrain.robustprogress.RobustProgressTracker`).  An owned run's admission gate wraps
+whichever class is used (:func:`~p2ptrain.admission_averager.admitting`).
 """
 
 from __future__ import annotations
@@ -18,13 +26,20 @@ from typing import Any
 import hivemind
 import torch
 from hivemind.averaging.control import AveragingStage
+from hivemind.optim.progress_tracker import ProgressTracker
+from hivemind.optim.state_averager import TrainingStateAverager
 
-from p2ptrain.admission_averager import Admission, AdmittingOptimizerMixin
+from p2ptrain.admission_averager import Admission, AdmittingOptimizerMixin, admitting
 from p2ptrain.compression import wire_bytes
 from p2ptrain.config import TrainingSection
+from p2ptrain.defences import Defences
 from p2ptrain.livetraining import retune
+from p2ptrain.modelcheck import make_loss_check
 from p2ptrain.optim import warmup_cosine, withdraw_progress
+from p2ptrain.robustprogress import RobustProgressTracker
+from p2ptrain.robustreduce import ReduceRule
 from p2ptrain.roundstats import RoundReport
+from p2ptrain.statecheck import Verdict
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
 
@@ -38,9 +53,11 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
     """
 
     def __init__(self, *args: Any, stats: SwarmStats, load_state_attempts: int, retry_sync_after: float,
-                 wire_format: str = "none", admission: Admission | None = None,
-                 wait: Callable[[float], object] = time.sleep, **kwargs: Any) -> None:
+                 wire_format: str = "none", admission: Admission | None = None, defences: Defences | None = None,
+                 evaluate: Callable[[], float] | None = None, wait: Callable[[float], object] = time.sleep,
+                 **kwargs: Any) -> None:
         self._admission = admission
+        self._defences, self._evaluate = defences, evaluate
         #: Sleeps between download attempts; the node's stop event (True: stop asked, try no more).
         self._wait = wait
         self.stats = stats
@@ -128,6 +145,56 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
 
     # ------------------------------------------------------------------ hivemind overrides
 
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> ProgressTracker:
+        defences = self._defences
+        if defences is None:
+            return super()._make_progress_tracker(target_batch_size, **kwargs)
+        opt: Any = self
+        tracker = RobustProgressTracker(dht=opt.dht, prefix=opt.run_id, target_batch_size=target_batch_size,
+                                        client_mode=opt.client_mode, status_loglevel=opt.status_loglevel, start=True,
+                                        gate=defences.gate, bound=defences.evidence.bound_keys, **kwargs)
+        defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
+        return tracker
+
+    def _make_state_averager(self, **kwargs: Any) -> TrainingStateAverager:
+        defences = self._defences
+        if defences is None and self._admission is None:
+            return super()._make_state_averager(**kwargs)
+        cls: type[TrainingStateAverager] = TrainingStateAverager
+        if defences is not None:
+            from p2ptrain.safestate import SafeTrainingStateAverager
+
+            cls = SafeTrainingStateAverager
+            kwargs.update(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_parameters(),
+                          peer_epochs=defences.evidence.peer_epochs, model_check=self._check_model)
+        if self._admission is not None:
+            cls = admitting(cls, self._admission)
+        # hivemind.Optimizer names its state averager's settings in its own _make_state_averager;
+        # the same settings here, for our class.
+        opt: Any = self
+        return cls(dht=opt.dht, prefix=f"{opt.run_id}_state_averager", min_matchmaking_time=opt.matchmaking_time,
+                   allreduce_timeout=opt.allreduce_timeout, shutdown_timeout=opt.shutdown_timeout,
+                   offload_optimizer=opt.offload_optimizer, custom_gradients=opt.offload_optimizer,
+                   status_loglevel=opt.status_loglevel, next_chunk_timeout=opt.next_chunk_timeout,
+                   client_mode=opt.client_mode, auxiliary=opt.auxiliary, start=True, **kwargs)
+
+    def _check_model(self, metadata: Any, tensors: Any, donor: str) -> Verdict:
+        """The downloaded model's validation loss here, against ours and the run's reports."""
+        if self._evaluate is None or self._defences is None:
+            return Verdict.good()
+        averager = self.state_averager
+        check = make_loss_check(list(averager.main_parameters), self._evaluate, own_loss=lambda: None,
+                                peer_losses=self._defences.evidence.peer_val_losses,
+                                lock=lambda: averager.lock_averaged_tensors)
+        return check(metadata, tensors, donor)
+
+    def _should_load_state_from_peers(self) -> bool:
+        # After a download that found no usable state, train on (local progress) instead of returning
+        # from every step to a download that is not retried yet: that would stall the node.
+        if time.monotonic() - self._last_failed_sync < self._retry_sync_after:
+            return False
+        return super()._should_load_state_from_peers()
+
     # Cancelling a round while it is still looking for a group can leave hivemind's matchmaking
     # broken for good ("aclose(): asynchronous generator is already running"; every later round
     # then fails with "could not find a group").  hivemind cancels a pre-scheduled round when, at
@@ -161,9 +228,13 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
             return
         ok = maybe_step_control.done() and not maybe_step_control.cancelled() \
             and maybe_step_control.exception() is None
-        report = RoundReport(ok=ok, duration=time.perf_counter() - started,
-                             group_size=len(maybe_step_control.result()) if ok else 0,
-                             peers_online=self.tracker.global_progress.num_peers, received_fraction=1.0)
+        group_size, received = len(maybe_step_control.result()) if ok else 0, None
+        if self._defences is not None:
+            measured = self._defences.take_round(str(self.dht.peer_id))
+            if ok and measured is not None:
+                group_size, received = measured.group_size, measured.averaged_fraction
+        report = RoundReport(ok=ok, duration=time.perf_counter() - started, group_size=group_size,
+                             peers_online=self.tracker.global_progress.num_peers, received_fraction=received)
         self.stats.record_round(report, self._payload_bytes)
         if not ok:
             logger.warning("averaging round failed; applied local gradients instead")
@@ -200,6 +271,8 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
                     break
             self.stats.download_finished(False, 0.0)
             self._last_failed_sync = time.monotonic()
+            if isinstance(self.tracker, RobustProgressTracker):
+                self.tracker.distrust_unsupported(self._retry_sync_after)
             logger.warning("could not download state from any peer; continuing with local state")
 
         self.state_averager.load_state_from_peers = bounded  # type: ignore[method-assign]

@@ -24,6 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from p2ptrain import health
+from p2ptrain.peergate import OFFENCE_KINDS
 from p2ptrain.status import (
     RECEIVED_FRACTION_BUCKETS,
     ROUND_DURATION_BUCKETS,
@@ -184,6 +185,7 @@ class P2PTrainCollector(Collector):
                        s.cpu_idle_seconds_total)
         yield _counter("rejected_peer_records", "Peer records dropped as forged, malformed or oversized.",
                        max(s.rejected_records_total, swarm.rejected_records_total))
+        yield from _offences(s)
         yield from _run(s)
         yield from _credit(s, swarm)
 
@@ -208,6 +210,20 @@ def _credit(s: StatusSnapshot, swarm: SwarmView) -> Iterator[Metric]:
                       "its peers report read.", swarm.data_coverage)
     yield from _gauge("data_last_pass_coverage_ratio", "Share of the swarm's previous pass over the training "
                       "shards that its peers report read.", swarm.data_last_pass_coverage)
+
+
+def _offences(s: StatusSnapshot) -> Iterator[Metric]:
+    """What peers did that this node's checks refused, by kind (every kind, so rates start at 0)."""
+
+    family = CounterMetricFamily(_P + "peer_offenses", "Offences by peers (bad states, averaging parts, "
+                                 "implausible claims) caught by this node's checks, by kind.", labels=["kind"])
+    for kind in OFFENCE_KINDS:
+        family.add_metric([kind], max(0.0, float(s.peer_offenses_by_kind.get(kind, 0))))
+    yield family
+    yield _g("peers_excluded", "Peers excluded now from this node's averaging groups and donor lists.",
+             s.peers_excluded)
+    yield _g("peer_checks_enabled", "1 when this node checks what peers send (swarm.peer_checks), else 0.",
+             float(s.peer_checks))
 
 
 def _run(s: StatusSnapshot) -> Iterator[Metric]:

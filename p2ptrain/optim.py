@@ -83,19 +83,25 @@ def build_optimizer(
     stats: SwarmStats,
     bandwidth: float | None = None,
     admission: Any = None,
+    defences: Any = None,
+    evaluate: Callable[[], float] | None = None,
     wait: Callable[[float], object] = time.sleep,
 ) -> SwarmOptimizer:
     """The swarm optimizer for ``cfg.mode``: hivemind gradient averaging, or the DiLoCo outer loop.
 
     ``bandwidth`` is this node's :func:`bandwidth_hint` (None: no hint); ``admission`` an owned
     run's :class:`~p2ptrain.admission.AdmissionGate` (None: averagers take part with any peer);
-    ``wait`` the node's stop event's wait, for pauses between state-download attempts.
+    ``defences`` the node's :class:`~p2ptrain.defences.Defences` (None: plain hivemind, trusting
+    every peer); ``evaluate`` the node's validation pass, which the state download uses to look at a
+    donor's model before adopting it; ``wait`` the node's stop event's wait, for pauses between
+    state-download attempts.
     """
     if cfg.mode == "diloco":
         from p2ptrain.diloco import DiLoCoOptimizer  # the gradient path never needs it
 
         return DiLoCoOptimizer(model.parameters(), dht, averaging_run_id, cfg, client_mode=client_mode,
-                               stats=stats, bandwidth=bandwidth, admission=admission)
+                               stats=stats, bandwidth=bandwidth, admission=admission, defences=defences,
+                               evaluate=evaluate)
     # hivemind's matchmaking can deadlock when a request may outlive the matchmaking window (two
     # peers each waiting for the other to answer), so requests get half of it.  hivemind.Optimizer
     # passes averager_opts to its state averager only: the gradient averager gets them through
@@ -104,6 +110,15 @@ def build_optimizer(
     if bandwidth is not None:
         averager_opts["bandwidth"] = bandwidth
     from p2ptrain.gradient import GradientOptimizer  # it imports this module's helpers
+
+    grad_averager: Any = GradientAverager
+    if defences is not None:
+        from p2ptrain.robustreduce import ReduceRule
+        from p2ptrain.safeaverager import HardenedGradientAverager
+
+        grad_averager = functools.partial(HardenedGradientAverager, gate=defences.gate,
+                                          reduce_rule=ReduceRule.for_gradients(max_weight=cfg.target_batch_size),
+                                          round_reports=defences.rounds)
 
     return GradientOptimizer(
         dht=dht,
@@ -129,12 +144,22 @@ def build_optimizer(
         state_averaging_compression=make_compression(cfg.state_compression),
         load_state_compression=make_compression(cfg.state_compression),
         averager_opts=averager_opts,
-        grad_averager_factory=functools.partial(GradientAverager, **averager_opts),
+        grad_averager_factory=_with_options(grad_averager, averager_opts),
         verbose=False,
         stats=stats,
         admission=admission,
         load_state_attempts=cfg.load_state_attempts,
         retry_sync_after=max(30.0, cfg.averaging_timeout),
         wire_format=cfg.grad_compression,
+        defences=defences,
+        evaluate=evaluate,
         wait=wait,
     )
+
+
+def _with_options(factory: Any, options: dict[str, Any]) -> functools.partial[Any]:
+    """``factory`` (a class, or a partial of one) with ``options`` added, still a partial of the class
+    (the admission gate wraps the class it finds there)."""
+    if isinstance(factory, functools.partial):
+        return functools.partial(factory.func, *factory.args, **{**factory.keywords, **options})
+    return functools.partial(factory, **options)

@@ -21,8 +21,10 @@ import math
 import multiprocessing as mp
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from p2ptrain.status import OffenderEntry
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,17 @@ OFFENCE_KINDS: tuple[str, ...] = (
     "bad_model",          # a downloaded model whose loss is implausible for its claimed progress
 )
 
+#: Offences that are a judgement (a part far from the others, an average that moved ours far): honest
+#: peers can trip them now and then (one fresh from a state download next to a trained one), so a peer
+#: is excluded for them only after this many rounds with one, each at least STRIKE_GAP_SECONDS
+#: apart (one round's parts count once) and the last within STRIKE_WINDOW_SECONDS.  Non-finite or
+#: malformed data and bad states are never honest: they exclude at once.
+JUDGED_KINDS = frozenset({"oversized_part", "deviant_part", "bad_result"})
+JUDGED_STRIKES = 3
+STRIKE_GAP_SECONDS = 1.0
+STRIKE_WINDOW_SECONDS = 120.0
+#: Offenders listed in the status snapshot and the swarm view (newest first).
+LISTED_OFFENDERS = 32
 #: Default ban: long enough that a peer that keeps misbehaving is out of most rounds.
 DEFAULT_BAN_SECONDS = 600.0
 _NAME_BYTES = 64
@@ -51,8 +64,12 @@ class _Slot(ctypes.Structure):
         ("reason", ctypes.c_char * _REASON_BYTES),
         ("kind", ctypes.c_int32),
         ("count", ctypes.c_int64),
+        ("strikes", ctypes.c_int64),
         ("first_at", ctypes.c_double),
         ("last_at", ctypes.c_double),
+        # When the last strike was counted: the gap between strikes runs from there, not from the
+        # last offence (a sender refused several times a second must still collect its strikes).
+        ("strike_at", ctypes.c_double),
         ("until", ctypes.c_double),
     ]
 
@@ -85,6 +102,20 @@ class Offender:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class OffenceFigures:
+    """What the snapshot says about offences: counts by kind, who is excluded now, the latest offenders."""
+
+    checks_on: bool = False
+    by_kind: dict[str, int] = field(default_factory=dict)
+    excluded: int = 0
+    offenders: tuple[OffenderEntry, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
 
 
 class PeerGate:
@@ -135,28 +166,44 @@ class PeerGate:
 
     # ------------------------------------------------------------------ offences
 
-    def offend(self, peer: Any, kind: str, reason: str, *, ban_seconds: float | None = None) -> None:
-        """Count an offence, log it once (WARNING, peer ID named) and ban the peer; never raises."""
+    def offend(self, peer: Any, kind: str, reason: str, *, ban_seconds: float | None = None,
+               certain: bool = False) -> None:
+        """Count an offence and ban the peer (one WARNING line naming it); never raises.
+
+        An offence of :data:`JUDGED_KINDS` bans only on the peer's :data:`JUDGED_STRIKES`-th round
+        with one (until then one INFO line: the part was refused, the peer is not excluded), unless
+        ``certain`` (e.g. a non-finite average, which no honest reducer returns)."""
         if kind not in OFFENCE_KINDS:
             raise ValueError(f"unknown offence kind {kind!r}")  # a programming error, not swarm weather
         name = peer_name(peer)
         seconds = self.default_ban_seconds if ban_seconds is None else ban_seconds
         now = self._clock()
         until = now + seconds if math.isfinite(seconds) else math.inf
+        needed = JUDGED_STRIKES if kind in JUDGED_KINDS and not certain else 1
         with self._lock:
             self._counts[OFFENCE_KINDS.index(kind)] += 1
             slot = self._slot_for(_digest(name), now)
-            if slot.count == 0 or slot.until <= now:
-                slot.first_at = now
+            if slot.count == 0 or (slot.until <= now and now - slot.last_at > STRIKE_WINDOW_SECONDS):
+                slot.first_at, slot.strikes = now, 0
+            if slot.strikes == 0 or now - slot.strike_at >= STRIKE_GAP_SECONDS:
+                slot.strikes += 1
+                slot.strike_at = now
             slot.name = name.encode()[:_NAME_BYTES]
             slot.reason = reason.encode(errors="replace")[:_REASON_BYTES]
             slot.kind = OFFENCE_KINDS.index(kind)
             slot.count += 1
             slot.last_at = now
-            slot.until = max(slot.until, until)
-            self._version.value += 1
-        span = "for the rest of the run" if not math.isfinite(until) else f"for {seconds:.0f}s"
-        logger.warning("peer %s: %s (%s); excluded %s", name, kind, reason, span)
+            strikes, already = int(slot.strikes), slot.until > now
+            banning = strikes >= needed
+            if banning:
+                slot.until = max(slot.until, until)
+                self._version.value += 1
+        if not banning:
+            logger.info("peer %s: %s (%s); refused (%d of %d before it is excluded)", name, kind, reason,
+                        strikes, needed)
+        elif not already or needed == 1:
+            span = "for the rest of the run" if not math.isfinite(until) else f"for {seconds:.0f}s"
+            logger.warning("peer %s: %s (%s); excluded %s", name, kind, reason, span)
 
     def _in_use(self) -> list[_Slot]:
         return [self._slots[i] for i in range(self._used.value)]
@@ -195,3 +242,19 @@ class PeerGate:
                 if slot.count and (include_expired or slot.until > now)
             ]
         return sorted(rows, key=lambda o: -o.last_at)
+
+    def figures(self) -> OffenceFigures:
+        """Counts by kind, how many peers are excluded now, and the latest offenders (for the snapshot)."""
+        now = self._clock()
+        offenders = self.offenders()
+        listed = tuple(OffenderEntry(peer_id=o.peer_id, kind=o.kind, reason=o.reason, offences=o.offences,
+                                     last_at=o.last_at, banned_until=o.banned_until,
+                                     excluded=o.banned_until is None or o.banned_until > now)
+                       for o in offenders[:LISTED_OFFENDERS])
+        excluded = sum(o.banned_until is None or o.banned_until > now for o in offenders)
+        return OffenceFigures(checks_on=True, by_kind=self.offence_counts(), excluded=excluded, offenders=listed)
+
+
+def no_offences() -> OffenceFigures:
+    """The figures of a node without peer checks: every kind at 0."""
+    return OffenceFigures(checks_on=False, by_kind=dict.fromkeys(OFFENCE_KINDS, 0))

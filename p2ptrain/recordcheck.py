@@ -30,7 +30,8 @@ MAX_RECORDS_PER_VIEW = 256
 MAX_SAMPLES_PER_SECOND = 1e7
 MAX_UPTIME_SECONDS = 1e9
 MAX_ABS_LOSS = 1e6
-_BINDING_CACHE = 4096
+#: Binding checks remembered: more than a flood of records a view reads, so each is verified once.
+_BINDING_CACHE = 16384
 #: Why records are dropped, in the order of the shared counters.
 REJECT_REASONS: tuple[str, ...] = ("size", "signature", "schema", "not_a_key", "unbound", "wrong_identity",
                                    "stale", "future", "over_cap")
@@ -103,6 +104,8 @@ class RecordChecker:
     def __init__(self, run_id: str, ttl: float) -> None:
         self._run_id, self._ttl = run_id, ttl
         self._bindings: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        #: Parsed records by a digest of (subkey, value): a view rereads the same records every few seconds.
+        self._parsed: collections.OrderedDict[bytes, tuple[str, str, Any]] = collections.OrderedDict()
 
     def problem(self, subkey: Any, value: Any, now: float) -> tuple[str, str]:
         """(reason, one line) of why a record is refused; ("", "") when it is accepted."""
@@ -112,31 +115,45 @@ class RecordChecker:
             raw = MSGPackSerializer.dumps(value)
         except Exception:
             return "schema", "record cannot be serialized"
-        if len(raw) > MAX_RECORD_BYTES:
-            return "size", f"record is {len(raw)} bytes (limit {MAX_RECORD_BYTES})"
-        if not isinstance(value, dict):
-            return "schema", f"record is a {type(value).__name__}, not a map"
-        try:
-            model = PeerRecordModel.parse_obj(value)
-        except pyd.ValidationError as exc:
-            return "schema", f"schema: {exc.errors()[0].get('msg', 'invalid')}"
+        digest = hashlib.blake2b(subkey + b"\0" + raw, digest_size=16).digest()
+        cached = self._parsed.get(digest)
+        if cached is None:
+            cached = self._parse(subkey, raw, value)
+            self._parsed[digest] = cached
+            if len(self._parsed) > _BINDING_CACHE:
+                self._parsed.popitem(last=False)
+        reason, problem, model = cached
+        if problem:
+            return reason, problem
         if model.published_at > now + CLOCK_SKEW_SECONDS:
             return "future", "published_at is in the future"
         if model.published_at < now - self._ttl - CLOCK_SKEW_SECONDS:
             return "stale", "published_at is too old"
+        return "", ""
+
+    def _parse(self, subkey: bytes, raw: bytes, value: Any) -> tuple[str, str, Any]:
+        """The checks that do not depend on the time: (reason, problem, parsed model)."""
+        if len(raw) > MAX_RECORD_BYTES:
+            return "size", f"record is {len(raw)} bytes (limit {MAX_RECORD_BYTES})", None
+        if not isinstance(value, dict):
+            return "schema", f"record is a {type(value).__name__}, not a map", None
+        try:
+            model = PeerRecordModel.parse_obj(value)
+        except pyd.ValidationError as exc:
+            return "schema", f"schema: {exc.errors()[0].get('msg', 'invalid')}", None
         identity_key, proof = value.get("identity_key"), value.get("key_proof")
         if not isinstance(identity_key, bytes) or not isinstance(proof, bytes):
-            return "unbound", "record carries no identity binding"
+            return "unbound", "record carries no identity binding", None
         if len(identity_key) > MAX_PUBLIC_KEY_BYTES or len(proof) > 1024:
-            return "size", "identity binding is oversized"
+            return "size", "identity binding is oversized", None
         problem = credit_problem(value)
         if problem:
-            return "schema", problem
+            return "schema", problem, None
         fingerprint = value.get("model_fingerprint")
         if fingerprint is not None and (not isinstance(fingerprint, str) or len(fingerprint) > 64):
-            return "schema", "model_fingerprint is not a short string"
+            return "schema", "model_fingerprint is not a short string", None
         problem = self._binding_problem(model.peer_id, subkey, identity_key, proof)
-        return ("wrong_identity", f"peer {model.peer_id}: {problem}") if problem else ("", "")
+        return ("wrong_identity", f"peer {model.peer_id}: {problem}", None) if problem else ("", "", model)
 
     def _binding_problem(self, peer_id: str, subkey: bytes, identity_key: bytes, proof: bytes) -> str:
         cache_key = hashlib.blake2b(b"\0".join((peer_id.encode(), subkey, identity_key, proof)),
@@ -150,13 +167,22 @@ class RecordChecker:
         return problem
 
 
+_checkers: dict[tuple[str, float], RecordChecker] = {}
+
+
 def bound_fingerprints(found: Any, run_id: str, now: float, ttl: float = 60.0) -> dict[str, str]:
-    """Peer ID -> model fingerprint, from the valid, identity-bound records of a ``<run>_peers`` lookup."""
-    checker, fingerprints = RecordChecker(run_id, ttl), {}
+    """Peer ID -> model fingerprint, from the valid, identity-bound records of a ``<run>_peers`` lookup
+    that name one (bindings verified once per process: a flood of records costs its checks once).
+    Every record is looked at: honest ones must not hide behind a crowd."""
+    checker = _checkers.get((run_id, ttl))
+    if checker is None:
+        checker = _checkers[(run_id, ttl)] = RecordChecker(run_id, ttl)
+    fingerprints: dict[str, str] = {}
     entries = found.value if found is not None and isinstance(getattr(found, "value", None), dict) else {}
-    for subkey, item in list(entries.items())[:4 * MAX_RECORDS_PER_VIEW]:
+    for subkey, item in entries.items():
         value = getattr(item, "value", None)
-        if getattr(item, "expiration_time", 0.0) >= now and not checker.problem(subkey, value, now)[1] \
-                and isinstance(value.get("model_fingerprint"), str):
+        if not isinstance(value, dict) or not isinstance(value.get("model_fingerprint"), str):
+            continue  # says nothing about the model: not worth a signature check
+        if getattr(item, "expiration_time", 0.0) >= now and not checker.problem(subkey, value, now)[1]:
             fingerprints[value["peer_id"]] = value["model_fingerprint"]
     return fingerprints

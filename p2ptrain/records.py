@@ -16,12 +16,13 @@ identity binding, publication time) before it enters the :class:`SwarmView`, whi
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import logging
 import math
 import multiprocessing as mp
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import pydantic.v1 as pyd  # hivemind 1.1.12's SchemaValidator is written against pydantic's v1 API
@@ -29,7 +30,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.utils import MSGPackSerializer
+from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from p2ptrain.identity import NodeIdentity
@@ -51,6 +52,9 @@ from p2ptrain.status import NodeState, PeerRecord, SwarmView
 logger = logging.getLogger(__name__)
 
 _DEDUP_CAPACITY = 4096
+#: Live records under the run's key a DHT node holds: four views' worth, well under hivemind's 4 MiB
+#: message limit even at the largest record size.
+MAX_SUBKEYS_HELD = 4 * MAX_RECORDS_PER_VIEW
 #: Room for the signature hivemind appends (a base64 RSA-2048 signature plus its brackets).
 _MAX_SIGNED_BYTES = MAX_RECORD_BYTES + 512
 
@@ -140,6 +144,36 @@ class SizeValidator(RecordValidatorBase):
         return 20  # validation runs in decreasing priority: size first, then signature (10), then schema
 
 
+class SubkeyCapValidator(RecordValidatorBase):
+    """Holds at most ``cap`` live records under the run's key in this DHT node (records already held
+    are always refreshed).  hivemind sends a key's whole dictionary in one message, and messages are
+    limited (4 MiB): a flood of thousands of valid records would make the key unreadable to every
+    node that does not hold a replica.  Runs last, so only records that passed every other check
+    take a place."""
+
+    def __init__(self, key_id: bytes, counter: RejectCounter, cap: int = MAX_SUBKEYS_HELD) -> None:
+        self._key_id, self._counter, self._cap = key_id, counter, cap
+        self._live: dict[bytes, float] = {}
+
+    def validate(self, record: DHTRecord) -> bool:
+        if record.key != self._key_id:
+            return True
+        now = get_dht_time()
+        if record.subkey in self._live or len(self._live) < self._cap:
+            self._live[record.subkey] = max(self._live.get(record.subkey, 0.0), record.expiration_time)
+            return True
+        self._live = {subkey: until for subkey, until in self._live.items() if until > now}
+        if len(self._live) < self._cap:
+            self._live[record.subkey] = record.expiration_time
+            return True
+        self._counter.reject("over_cap", record.subkey, record.value[:_MAX_SIGNED_BYTES])
+        return False
+
+    @property
+    def priority(self) -> int:
+        return -10  # after the signature and schema checks: junk takes no place
+
+
 def record_validators(run_id: str, private_key: RSAPrivateKey | None = None) -> list[RecordValidatorBase]:
     """Validators to pass first in ``hivemind.DHT(record_validators=...)`` (before any other
     RSASignatureValidator, which then merges into ours).  ``private_key`` defaults to hivemind's
@@ -150,6 +184,7 @@ def record_validators(run_id: str, private_key: RSAPrivateKey | None = None) -> 
         SizeValidator(key_id, counter),
         _CountingSignatureValidator(key_id, counter, private_key),
         _CountingSchemaValidator(key_id, counter, prefix=run_id),
+        SubkeyCapValidator(key_id, counter),
     ]
 
 
@@ -208,6 +243,7 @@ class RecordBook:
         identity: NodeIdentity | None = None,
         fingerprint: str = "",
         max_records: int = MAX_RECORDS_PER_VIEW,
+        trusted: Callable[[], Collection[str]] | None = None,
     ) -> None:
         signers = [v for v in validators if isinstance(v, _CountingSignatureValidator)]
         if not signers:
@@ -222,8 +258,16 @@ class RecordBook:
         self._get_timeout = get_timeout
         self._clock = clock
         self._max_records = max_records
+        self._trusted = trusted
+        #: Peers in our DHT's routing table (their libp2p identity authenticated in DHT traffic): a crowd of
+        #: made-up identities never gets there.  Refreshed by :meth:`poll`.
+        self._dht_peers: frozenset[str] = frozenset()
+        self._dht_peers_pending: Any = None
         self._pending: tuple[Any, float] | None = None
         self._last_view = SwarmView()
+        #: Record key (the DHT subkey) -> peer ID, for the records of the last view: each bound to its peer.
+        self.bound_keys: dict[bytes, str] = {}
+        self._last_keys: dict[str, bytes] = {}
         self._checker = RecordChecker(run_id, ttl)
         identity = identity if identity is not None else identity_of(dht)
         self._binding: dict[str, Any] = {}
@@ -242,10 +286,13 @@ class RecordBook:
         dht, local = self._dht_rejects.by_reason(), self._local_rejects.by_reason()
         return {reason: dht[reason] + local[reason] for reason in REJECT_REASONS}
 
-    def publish(self, record: PeerRecord) -> None:
-        """Store our record (stamped with the current time) without waiting for the DHT."""
+    def publish(self, record: PeerRecord, fingerprint: str = "") -> None:
+        """Store our record (stamped with the current time) without waiting for the DHT; ``fingerprint``
+        (if given) is published as the model this node trains."""
         now = self._clock()
         data = {**to_wire(PeerRecord.from_dict({**record.to_dict(), "published_at": now})), **self._binding}
+        if fingerprint:
+            data["model_fingerprint"] = fingerprint
         if len(MSGPackSerializer.dumps(data)) > MAX_RECORD_BYTES:
             logger.warning("own peer record is over %d bytes; not published", MAX_RECORD_BYTES)
             return
@@ -280,11 +327,30 @@ class RecordBook:
             self._pending = None
         if self._pending is None:
             self._pending = (self._dht.get(self._key, latest=True, return_future=True), time.monotonic())
+        self._refresh_dht_peers()
         return self._last_view
+
+    @property
+    def dht_peers(self) -> frozenset[str]:
+        """Peer IDs in our DHT's routing table as of the last poll (libp2p authenticated them)."""
+        return self._dht_peers
+
+    def _refresh_dht_peers(self) -> None:
+        pending = self._dht_peers_pending
+        if pending is not None and pending.done():
+            self._dht_peers_pending = None
+            with contextlib.suppress(Exception):  # the DHT process busy or gone: keep the last list
+                self._dht_peers = frozenset(pending.result())
+        if self._dht_peers_pending is None and hasattr(self._dht, "run_coroutine"):
+            try:
+                self._dht_peers_pending = self._dht.run_coroutine(_routing_peers, return_future=True)
+            except Exception:
+                self._dht_peers_pending = None
 
     def _view(self, found: Any, now: float) -> SwarmView:
         entries = found.value if found is not None and isinstance(found.value, dict) else {}
         newest: dict[str, tuple[PeerRecord, bytes]] = {}
+        keys: dict[str, bytes] = {}
         for subkey, item in entries.items():
             value, expiration = getattr(item, "value", None), getattr(item, "expiration_time", 0.0)
             record = self._check(subkey, value, expiration, now)
@@ -294,14 +360,37 @@ class RecordBook:
             previous = newest.get(record.peer_id)
             if previous is None or record.published_at > previous[0].published_at:
                 newest[record.peer_id] = (record, self._digest_of(subkey, value))
-        return summarize(tuple(sorted(self._capped(newest), key=lambda r: r.peer_id)), self.rejected_total)
+                keys[record.peer_id] = subkey
+        # A lookup returns one node's copy of the key, and under a flood nodes hold different records
+        # (each holds a bounded number): records of the last view stay until they go stale.
+        for record in self._last_view.peers:
+            subkey = self._last_keys.get(record.peer_id)
+            if record.peer_id not in newest and subkey is not None \
+                    and record.published_at >= now - self._ttl - CLOCK_SKEW_SECONDS:
+                newest[record.peer_id] = (record, subkey)
+                keys[record.peer_id] = subkey
+        kept = self._capped(newest, now)
+        self._last_keys = {record.peer_id: keys[record.peer_id] for record in kept}
+        self.bound_keys = {keys[record.peer_id]: record.peer_id for record in kept}
+        return summarize(tuple(sorted(kept, key=lambda r: r.peer_id)), self.rejected_total)
 
-    def _capped(self, newest: dict[str, tuple[PeerRecord, bytes]]) -> list[PeerRecord]:
-        """At most ``max_records``: peers already in the last view first, then the freshest records."""
+    def _capped(self, newest: dict[str, tuple[PeerRecord, bytes]], now: float) -> list[PeerRecord]:
+        """At most ``max_records``: trusted peers first (``trusted``: e.g. the peers this node joined
+        through and those it averaged with), then peers our DHT has talked to, then peers already in
+        the last view, then the freshest records (a time in the future counts as now: a flood cannot
+        win by dating itself ahead).  A crowd of records for made-up identities fills what is left."""
         if len(newest) <= self._max_records:
             return [record for record, _ in newest.values()]
         known = {p.peer_id for p in self._last_view.peers}
-        ranked = sorted(newest.values(), key=lambda item: (item[0].peer_id not in known, -item[0].published_at))
+        try:
+            trusted = set(self._trusted()) if self._trusted is not None else set()
+        except Exception:  # a help in ranking, never a reason to lose the view
+            trusted = set()
+        met = self._dht_peers
+        ranked = sorted(newest.values(), key=lambda item: (item[0].peer_id not in trusted,
+                                                            item[0].peer_id not in met,
+                                                            item[0].peer_id not in known,
+                                                            -min(item[0].published_at, now)))
         for _, digest in ranked[self._max_records:]:
             self._local_rejects.reject("over_cap", digest)
         return [record for record, _ in ranked[:self._max_records]]
@@ -323,6 +412,11 @@ class RecordBook:
             self._local_rejects.reject(reason, self._digest_of(subkey, value))
             return None
         return PeerRecord.from_dict(value)
+
+
+async def _routing_peers(_dht: Any, node: Any) -> list[str]:
+    """Runs in the DHT's process: the peer IDs in its routing table."""
+    return [str(peer) for peer in list(node.protocol.routing_table.peer_id_to_uid)]
 
 
 def agreed_epoch(epochs: Sequence[int]) -> int:

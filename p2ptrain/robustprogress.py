@@ -5,8 +5,17 @@ and sums everyone's samples: one peer claiming epoch 2**40 makes every node thin
 downloads state, and its optimizer jumps its own epoch there), and one peer claiming huge sample counts
 or rates makes every node step early.  :class:`RobustProgressTracker` overrides
 ``_parse_swarm_progress_data`` (and ``global_epoch``, so a new ban takes effect at once): entries of
-gated peers are dropped, the entry count, each peer's samples and rate are bounded, and the global epoch
-is :func:`robust_global_epoch`.
+gated peers are dropped, each peer's samples and rate are bounded, and the global epoch is
+:func:`robust_global_epoch`.
+
+An entry's peer ID is self-declared (its DHT subkey is an RSA key anyone can make), so one process
+could write many entries, or one in an honest peer's name.  Given the bound record keys
+(``bound``: record key -> peer ID, from :class:`p2ptrain.evidence.PeerEvidence`), only entries written
+with the key a peer's identity-bound record names get a say in the epoch, and they win over other
+entries claiming the same peer.  Without any (no records read yet, or none published) every entry
+votes; when several claim one peer ID and none is bound, the most modest wins.  Every entry counts
+as a peer and towards the samples, each bounded.  Entries are filtered and merged per peer before
+their number is capped.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainingProgress, ProgressTracker
@@ -53,20 +62,26 @@ def robust_global_epoch(own: int, others: Sequence[int], *, quorum: int = 2, uns
 
 
 class RobustProgressTracker(ProgressTracker):
-    """hivemind's ``ProgressTracker`` with bounded, gated, agreement-based swarm progress.
+    """hivemind's ``ProgressTracker`` with bounded, gated, identity-bound, agreement-based swarm progress.
 
     ``max_samples_per_second`` bounds each peer's claimed rate; a peer's samples count at most
     ``target_batch_size`` (all a single peer can usefully contribute to one epoch).
     """
 
     def __init__(self, *args: Any, gate: PeerGate | None = None, max_samples_per_second: float = 1e5,
-                 quorum: int = 2, **kwargs: Any) -> None:
-        self._gate, self._max_rate, self._quorum = gate, max_samples_per_second, quorum
+                 quorum: int = 2, bound: Callable[[], Mapping[bytes, str]] | None = None, **kwargs: Any) -> None:
+        self._gate, self._max_rate, self._quorum, self._bound = gate, max_samples_per_second, quorum, bound
+        #: The object ``bound`` belongs to (a PeerEvidence): its ``version`` says when to recount.
+        self._bound_source = getattr(bound, "__self__", None)
+        self._parsed_bound_version = -1
         self._raw_metadata: Any = None
         self._distrust_until = -math.inf
         self._gate_version = gate.version if gate is not None else 0
         #: Epoch of each non-client peer in the last refresh, by peer ID (for state validation).
         self.peer_epochs: dict[str, int] = {}
+        #: The same, only while entries were bound to record keys (empty otherwise: self-declared IDs).
+        self.bound_peer_epochs: dict[str, int] = {}
+        self._bound_mode = False
         super().__init__(*args, **kwargs)
 
     def distrust_unsupported(self, seconds: float) -> None:
@@ -78,38 +93,79 @@ class RobustProgressTracker(ProgressTracker):
 
     @property
     def global_epoch(self) -> int:
-        if self._gate is not None and self._gate.version != self._gate_version:
-            self._gate_version = self._gate.version  # a new ban: recount without waiting for the next fetch
+        banned = self._gate is not None and self._gate.version != self._gate_version
+        if banned or self._bound_version() != self._parsed_bound_version:
+            # A new ban, or new records to bind entries with: recount without waiting for the next fetch.
+            self._gate_version = self._gate.version if self._gate is not None else 0
             self.global_progress = self._parse_swarm_progress_data(self._raw_metadata)
         return self.global_progress.epoch
 
-    def _entries(self, metadata: Any) -> list[LocalTrainingProgress]:
-        """Valid entries of peers other than us and not gated, at most one per peer ID, bounded in number."""
-        own = self.dht.peer_id.to_bytes()
-        by_peer: dict[bytes, LocalTrainingProgress] = {}
-        for item in list(metadata.values())[:MAX_PROGRESS_ENTRIES]:
+    def _bound_version(self) -> int:
+        return int(getattr(self._bound_source, "version", 0))
+
+    def _bound_keys(self) -> Mapping[bytes, str]:
+        try:
+            return self._bound() if self._bound is not None else {}
+        except Exception:  # evidence is a help, never a reason to stop counting progress
+            return {}
+
+    def _entries(self, metadata: Any) -> list[tuple[bool, LocalTrainingProgress]]:
+        """(bound, entry): one entry per peer (ours included when published with our key), gated peers
+        left out, bound ones first; at most ``MAX_PROGRESS_ENTRIES``."""
+        own_id = self.dht.peer_id.to_bytes()
+        self._parsed_bound_version = self._bound_version()
+        bound = self._bound_keys()
+        self._bound_mode = bool(bound)
+        claims: dict[bytes, list[tuple[bool, LocalTrainingProgress]]] = {}
+        for subkey, item in metadata.items():
             value = getattr(item, "value", None)
-            if value is None:
+            if not isinstance(value, dict):
                 continue
             try:
                 entry = LocalTrainingProgress.parse_obj(value)
-                gated = self._gate is not None and entry.peer_id != own and self._gate.is_gated(PeerID(entry.peer_id))
+                name = str(PeerID(entry.peer_id))
             except Exception:  # the DHT's schema check already ran; anything odd left is skipped
                 continue
-            if gated or not math.isfinite(entry.time) or entry.epoch > MAX_EPOCH:
+            if not math.isfinite(entry.time) or entry.epoch > MAX_EPOCH:
                 continue
-            previous = by_peer.get(entry.peer_id)
-            if previous is None or entry.time > previous.time:
-                by_peer[entry.peer_id] = entry
-        return list(by_peer.values())
+            if entry.peer_id == own_id:
+                if subkey == self._local_public_key:
+                    claims[own_id] = [(True, entry)]
+                continue  # an entry in our name with another key is a forgery
+            is_bound = bound.get(subkey) == name if isinstance(subkey, bytes) else False
+            if self._gate is not None and self._gate.is_gated(name):
+                continue
+            claims.setdefault(entry.peer_id, []).append((is_bound, entry))
+        chosen: list[tuple[bool, LocalTrainingProgress]] = []
+        for peer, found in claims.items():
+            if peer == own_id:
+                chosen.append(found[0])
+            elif any(is_bound for is_bound, _ in found):
+                chosen.append(max(((b, e) for b, e in found if b), key=lambda item: item[1].time))
+            else:  # several keys claim one peer and none is bound to it: the modest claim wins
+                chosen.append(min(found, key=lambda item: (item[1].epoch, item[1].samples_accumulated)))
+        chosen.sort(key=lambda item: (item[1].peer_id != own_id, not item[0], -item[1].time))
+        return chosen[:MAX_PROGRESS_ENTRIES]
+
+    def _set_round_target(self, num_peers: int) -> None:
+        """Called with the number of peers counted, before the progress is summed (see DiLoCo's round clock)."""
 
     def _parse_swarm_progress_data(self, metadata: Any) -> GlobalTrainingProgress:
         self._raw_metadata = metadata
         now = get_dht_time()
-        entries = self._entries(metadata) if isinstance(metadata, dict) else []
+        marked = self._entries(metadata) if isinstance(metadata, dict) else []
+        entries = [entry for _, entry in marked]
         own_id = self.dht.peer_id.to_bytes()
         others = [e for e in entries if e.peer_id != own_id]
-        self.peer_epochs = {str(PeerID(e.peer_id)): e.epoch for e in others if not e.client_mode}
+        self._set_round_target(len(entries))
+        # The epoch is what several peers agree on, and only identity-bound entries get a say once
+        # any are known (anyone can write an entry in any name, with as many keys as it likes); all
+        # entries still count as peers to average with and towards the samples, each bounded.
+        voters = [e for bound, e in marked if bound and e.peer_id != own_id and not e.client_mode]
+        if not voters:
+            voters = [e for e in others if not e.client_mode]
+        self.peer_epochs = {str(PeerID(e.peer_id)): e.epoch for e in voters}
+        self.bound_peer_epochs = dict(self.peer_epochs) if self._bound_mode and any(b for b, _ in marked) else {}
         local = self.local_progress
         epoch = robust_global_epoch(local.epoch, list(self.peer_epochs.values()), quorum=self._quorum,
                                     unsupported=time.monotonic() >= self._distrust_until)

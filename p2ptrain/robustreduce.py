@@ -37,10 +37,14 @@ class ReduceRule:
 
     #: A sender's self-reported weight is capped here (what its samples can plausibly be).
     max_weight: float = math.inf
+    #: ... and at this many times the reference weight (ours when we send one, else the median):
+    #: volunteers' machines differ 2-10x in speed, a sender claiming far more samples than that lies.
+    max_weight_ratio: float = math.inf
     #: A part whose norm exceeds this times the reference norm is rejected.  Honest gradients differ
     #: by up to ~10x (a peer fresh from its initialisation next to a trained one): 25 leaves room.
     max_norm_ratio: float = 25.0
-    #: Parameter rounds: a part further than this times our own part's norm from it is rejected.
+    #: Optional: a part further than this times the reference norm from ours is rejected.  No built-in
+    #: rule sets it: honest replicas differ by what parameter and DiLoCo rounds are there to repair.
     max_deviation_ratio: float | None = None
     #: A reducer's returned change to our part above this times our part's norm is refused.
     max_result_ratio: float = 25.0
@@ -51,14 +55,27 @@ class ReduceRule:
     min_senders_for_clip: int = 3
 
     @classmethod
-    def for_gradients(cls, max_weight: float) -> ReduceRule:
-        """Gradient rounds: weight = samples accumulated, at most ``max_weight`` (the target batch)."""
-        return cls(max_weight=max_weight)
+    def for_gradients(cls, max_weight: float, max_weight_ratio: float = 8.0) -> ReduceRule:
+        """Gradient rounds: weight = samples accumulated, at most ``max_weight`` (the target batch)
+        and ``max_weight_ratio`` times the reference weight."""
+        return cls(max_weight=max_weight, max_weight_ratio=max_weight_ratio)
 
     @classmethod
     def for_parameters(cls) -> ReduceRule:
         """Parameter rounds (drift repair): every peer weighs 1, parameters differ only by drift."""
-        return cls(max_weight=1.0, max_deviation_ratio=0.5, max_result_ratio=0.5, abs_tolerance=1e-3)
+        # No bound on the distance from ours either: a node fresh from a state download (a donor a
+        # few epochs behind) differs by that much, which is what these rounds repair.
+        return cls(max_weight=1.0, abs_tolerance=1e-3)
+
+    @classmethod
+    def for_diloco(cls, max_weight: float, max_weight_ratio: float = 8.0) -> ReduceRule:
+        """DiLoCo rounds average parameters weighted by the samples of the round; weights are capped
+        as in gradient rounds."""
+        # No bound on how far a peer's parameters are from ours: peers of different speeds make
+        # different numbers of inner steps, so honest replicas differ by a round's worth of training,
+        # which is what the round averages away.  Norms (25x the group's), finiteness and weights
+        # are still checked, and groups of three or more are combined with CenteredClip.
+        return cls(max_weight=max_weight, max_weight_ratio=max_weight_ratio, abs_tolerance=1e-3)
 
 
 @dataclass(frozen=True)
@@ -90,11 +107,13 @@ def screen_parts(parts: Mapping[int, tuple[torch.Tensor, float]], local: int | N
             norms[sender] = float(tensor.norm())
             accepted[sender] = (tensor, min(float(weight), rule.max_weight))
     own = accepted.get(local) if local is not None else None
-    if own is not None and own[1] > 0 and norms[local] > 0:  # type: ignore[index]
-        reference = norms[local]  # type: ignore[index]
-    else:
-        ordered = sorted(norms.values())
-        reference = ordered[len(ordered) // 2] if ordered else 0.0  # the upper median
+    # The reference is the upper median of the norms, or our own part's when that is larger: a node
+    # whose own part is small (fresh from a state download, a short accumulation) must not take an
+    # honest majority for liars; in a group of two nobody is out-voted.
+    ordered = sorted(norms.values())
+    reference = ordered[len(ordered) // 2] if ordered else 0.0
+    if own is not None and own[1] > 0:
+        reference = max(reference, norms[local])  # type: ignore[index]
     for sender in list(accepted):
         if sender == local:
             continue
@@ -104,13 +123,20 @@ def screen_parts(parts: Mapping[int, tuple[torch.Tensor, float]], local: int | N
             rejected[sender] = Rejection("oversized_part", f"norm {norms[sender]:.3g} > {limit:.3g}")
         elif rule.max_deviation_ratio is not None and own is not None:
             distance = float((tensor - own[0]).norm())
-            limit = _bound(rule.max_deviation_ratio, norms[local], tensor.numel(), rule)  # type: ignore[index]
+            limit = _bound(rule.max_deviation_ratio, reference, tensor.numel(), rule)
             if distance > limit:
                 rejected[sender] = Rejection("deviant_part", f"distance {distance:.3g} from ours > {limit:.3g}")
         if sender in rejected:
             del accepted[sender]
     if local is not None and local in parts and local not in accepted:
         rejected.pop(local, None)  # our own bad part is dropped silently: not an offence of a peer
+    if math.isfinite(rule.max_weight_ratio) and accepted:
+        own_weight = accepted[local][1] if local in accepted else 0.0
+        weights = sorted(weight for _, weight in accepted.values())
+        reference = own_weight if own_weight > 0 else weights[len(weights) // 2]
+        if reference > 0:
+            cap = rule.max_weight_ratio * reference
+            accepted = {sender: (tensor, min(weight, cap)) for sender, (tensor, weight) in accepted.items()}
     return accepted, rejected
 
 
@@ -173,6 +199,8 @@ class RoundReport:
 
     averager: str
     group_size: int
+    #: The group's peer IDs (this node's among them), as libp2p authenticated them.
+    peers: tuple[str, ...]
     senders: int
     #: (sender, part) contributions this node was to reduce, and how many it accepted.
     contributions_expected: int
@@ -192,6 +220,21 @@ class RoundReport:
         if self.contributions_expected == 0:
             return 1.0
         return self.contributions_received / self.contributions_expected
+
+    @property
+    def averaged_fraction(self) -> float:
+        """How much of this round was really averaged, as this node saw it: the smaller of the share
+        of contributions it received as a reducer and the share of its own tensors that came back
+        averaged from the other reducers (their parts refused or missing keep our own values)."""
+        results = self.results_received / self.results_expected if self.results_expected > 0 else 1.0
+        return max(0.0, min(1.0, self.received_fraction, results))
+
+    def met(self, own: str) -> tuple[str, ...]:
+        """Peers this node averaged with in this round: the group less itself and those refused."""
+        if not self.ok:
+            return ()
+        refused = {peer for peer, _, _ in self.rejected}
+        return tuple(peer for peer in self.peers if peer != own and peer not in refused)
 
 
 class RoundReports:

@@ -18,24 +18,40 @@ from typing import Any
 import torch
 from hivemind.optim.progress_tracker import GlobalTrainingProgress, ProgressTracker
 
+from p2ptrain.robustprogress import RobustProgressTracker
 
-class SwarmRoundTracker(ProgressTracker):
-    """hivemind's progress tracker with a target that grows with the number of training peers.
+
+class _RoundTarget:
+    """Put before a hivemind progress tracker: its target grows with the number of training peers.
 
     ``per_peer_samples`` is the round length of one average peer; the tracker's target (and so its
     estimated end of round, ``estimated_next_update_time``) is that times the peers reporting
     progress (client-mode peers train too; paused peers withdraw their entry and do not count).
     """
 
+    target_batch_size: int
+
     def __init__(self, *args: Any, per_peer_samples: int, **kwargs: Any) -> None:
         self.per_peer_samples = per_peer_samples
-        super().__init__(*args, target_batch_size=per_peer_samples, **kwargs)
+        super().__init__(*args, target_batch_size=per_peer_samples, **kwargs)  # type: ignore[call-arg]
+
+    def _set_round_target(self, num_peers: int) -> None:
+        self.target_batch_size = self.per_peer_samples * max(1, num_peers)
+
+
+class SwarmRoundTracker(_RoundTarget, ProgressTracker):
+    """hivemind's progress tracker (every entry counts, the highest epoch wins) with the round target."""
 
     def _parse_swarm_progress_data(self, metadata: Any) -> GlobalTrainingProgress:
         peers = [entry for entry in metadata.values() if getattr(entry, "value", None) is not None] \
             if isinstance(metadata, dict) else []
-        self.target_batch_size = self.per_peer_samples * max(1, len(peers))
+        self._set_round_target(len(peers))
         return super()._parse_swarm_progress_data(metadata)
+
+
+class RobustRoundTracker(_RoundTarget, RobustProgressTracker):
+    """:class:`p2ptrain.robustprogress.RobustProgressTracker` (bound, gated entries; an epoch several
+    peers agree on) with the round target counted over the peers it believes."""
 
 
 def schedule_position(epoch: int, inner_step: int, inner_steps: int) -> int:

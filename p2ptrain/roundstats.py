@@ -5,11 +5,14 @@ received a third of the contributions it expected (it logs "Reducer: received 33
 tensors" and goes on).  Here each round is reported as a :class:`RoundReport` and sorted into one
 of three outcomes (:func:`classify`):
 
-- **ok** ("full"): it completed, its group held at least two peers and at least half of the peers
-  online, and at least 90% of the contributions expected from that group arrived.  That is what a
-  user means by "my update was averaged with the swarm".
-- **partial**: it completed but missed one of those marks (a small group, a peer that dropped out
-  mid-round).  The node applied a real but thinner average.
+- **ok** ("full"): it completed, its group held every peer of the run that was online (at least two;
+  in swarms of 20 or more, 95% of them: someone is always joining or leaving), and at least 95% of
+  the contributions expected in it arrived, as the node's reducer measured them.  That is what a
+  user means by "my update was averaged with the swarm".  Peers this node excludes as offenders
+  are not counted as online: nobody averages with them on purpose.
+- **partial**: it completed but missed one of those marks (a group of two in a swarm of three, a
+  peer that dropped out mid-round, parts that never arrived or were refused).  The node applied a
+  real but thinner average.
 - **failed**: it did not complete (no group found, timed out, an error); the node applied its own
   update only.
 
@@ -30,9 +33,10 @@ from typing import Any
 from p2ptrain.status import RECEIVED_FRACTION_BUCKETS, ROUND_DURATION_BUCKETS
 
 #: A completed round is "full" only if at least this share of its expected contributions arrived.
-FULL_RECEIVED_FRACTION = 0.9
-#: ... and its group held at least this share of the peers online (self included).
-FULL_GROUP_COVERAGE = 0.5
+FULL_RECEIVED_FRACTION = 0.95
+#: ... and its group held at least this share of the peers online (self included), rounded up: with
+#: fewer than 20 peers that is all of them.
+FULL_GROUP_COVERAGE = 0.95
 #: Completed rounds the median received fraction is taken over.
 RECENT_ROUNDS = 100
 #: Durations kept for the TUI's sparkline.
@@ -41,8 +45,9 @@ RECENT_DURATIONS = 60
 
 @dataclass(frozen=True)
 class RoundReport:
-    """One averaging round as this node saw it.  The averager reports ``received_fraction`` (parts
-    received / parts expected over the reducers this node ran); the node adds ``peers_online``."""
+    """One averaging round as this node saw it.  The averager reports ``received_fraction`` (what
+    was really averaged: see :attr:`p2ptrain.robustreduce.RoundReport.averaged_fraction`); the node
+    adds ``peers_online``."""
 
     #: The round completed (its all-reduce returned); False for no group, timeouts, errors.
     ok: bool
@@ -52,8 +57,9 @@ class RoundReport:
     group_size: int
     #: Peers of the run online when the round ended, this node included; 0 if unknown.
     peers_online: int
-    #: Share (0..1) of the contributions expected from the group that actually arrived.
-    received_fraction: float
+    #: Share (0..1) of the contributions expected from the group that actually arrived; None when
+    #: not measured (the peer checks are off: plain hivemind does not say).
+    received_fraction: float | None
 
     def bounded(self) -> RoundReport:
         """A copy with every figure made finite and in range (the averager process is trusted code,
@@ -62,10 +68,12 @@ class RoundReport:
         def count(value: int) -> int:
             return value if isinstance(value, int) and value > 0 else 0
 
-        fraction = self.received_fraction if math.isfinite(self.received_fraction) else 0.0
+        fraction = self.received_fraction
+        if fraction is not None:
+            fraction = min(1.0, max(0.0, fraction)) if math.isfinite(fraction) else 0.0
         duration = self.duration if math.isfinite(self.duration) and self.duration > 0 else 0.0
         return RoundReport(ok=bool(self.ok), duration=duration, group_size=count(self.group_size),
-                           peers_online=count(self.peers_online), received_fraction=min(1.0, max(0.0, fraction)))
+                           peers_online=count(self.peers_online), received_fraction=fraction)
 
 
 class RoundOutcome(enum.StrEnum):
@@ -80,9 +88,10 @@ def classify(report: RoundReport) -> RoundOutcome:
         return RoundOutcome.FAILED
     # A stale swarm view may know fewer peers than the group had: the group is then all of them.
     online = max(report.peers_online, report.group_size)
-    covered = report.group_size >= 2 and report.group_size >= FULL_GROUP_COVERAGE * online
-    # A hair of float slack: 9 of 10 parts is exactly 0.9 however it was computed.
-    if covered and report.received_fraction >= FULL_RECEIVED_FRACTION - 1e-9:
+    # A hair of float slack: 19 of 20 is exactly 0.95 however it was computed.
+    covered = report.group_size >= 2 and report.group_size >= math.ceil(FULL_GROUP_COVERAGE * online - 1e-9)
+    received = report.received_fraction
+    if covered and (received is None or received >= FULL_RECEIVED_FRACTION - 1e-9):
         return RoundOutcome.OK
     return RoundOutcome.PARTIAL
 
@@ -162,11 +171,13 @@ class RoundStats:
             self._duration_sum += report.duration
             if report.ok:
                 self._last_completed = report
-                self._received.append(report.received_fraction)
-                self._received_buckets[_bucket(report.received_fraction, RECEIVED_FRACTION_BUCKETS)] += 1
-                self._received_sum += report.received_fraction
-            if outcome is RoundOutcome.PARTIAL:
-                self._window_partial.append(report.received_fraction)
+            fraction = report.received_fraction
+            if report.ok and fraction is not None:
+                self._received.append(fraction)
+                self._received_buckets[_bucket(fraction, RECEIVED_FRACTION_BUCKETS)] += 1
+                self._received_sum += fraction
+            if outcome is RoundOutcome.PARTIAL and fraction is not None:
+                self._window_partial.append(fraction)
         return outcome
 
     def figures(self) -> RoundFigures:
@@ -206,8 +217,9 @@ class RoundStats:
         minutes = max(1, round(elapsed / 60))
         parts = []
         if n_partial:
-            parts.append(f"{n_partial} partial round{'s' if n_partial != 1 else ''} in the last {minutes} min, "
-                         f"median {statistics.median(partial):.0%} received")
+            received = f", median {statistics.median(partial):.0%} received" if partial else ""
+            parts.append(f"{n_partial} partial round{'s' if n_partial != 1 else ''} in the last {minutes} min"
+                         f"{received}")
         if failed:
             parts.append(f"{failed} failed" if n_partial else f"{failed} failed round{'s' if failed != 1 else ''} "
                          f"in the last {minutes} min")

@@ -34,10 +34,10 @@ from hivemind.averaging.allreduce import AveragingMode
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.compression import deserialize_torch_tensor
 from hivemind.optim.grad_averager import GradientAverager
-from hivemind.p2p import P2PContext, PeerID
+from hivemind.p2p import P2PContext, P2PDaemonError, PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture, get_dht_time
-from hivemind.utils.asyncio import aiter_with_timeout, as_aiter, azip
+from hivemind.utils.asyncio import as_aiter, azip
 from hivemind.utils.streaming import combine_from_streaming
 from hivemind.utils.timed_storage import ValueWithExpiration
 
@@ -45,11 +45,14 @@ from p2ptrain.allreduce_guard import RobustAllReduceRunner
 from p2ptrain.peergate import PeerGate
 from p2ptrain.pinned import require_hivemind
 from p2ptrain.robustreduce import ReduceRule, RoundReport, RoundReports
-from p2ptrain.statecheck import MAX_EPOCH, StateValidator, Verdict
+from p2ptrain.statecheck import MAX_EPOCH, StateValidator, Verdict, advertised_epoch
 
 require_hivemind(__name__)
 
 logger = logging.getLogger(__name__)
+
+#: Verdicts that compare a donor with what other peers report: banned for a while, not for good.
+_JUDGEMENTS = frozenset({"implausible_epoch", "bad_model"})
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,10 @@ class HardenedAveragerMixin:
     ``gate``, ``reduce_rule`` and ``round_reports`` must be created before the averager (they are
     shared with its forked process).  ``state_validator`` is required to download state;
     ``max_donor_priority`` bounds the epoch a donor may advertise (e.g. the robust global epoch + 2);
-    ``known_peers`` lists peers seen training, tried first as donors.
+    ``known_peers`` lists peers seen training, tried first as donors.  A donor whose state is malformed
+    (its own doing, whatever anyone else says) is banned for ``state_ban_seconds``; one rejected on a
+    judgement against other peers' reports (an implausible epoch, a poor model) for ``judgement_ban_seconds``,
+    since those reports may themselves be forged.
     """
 
     _gate: PeerGate | None
@@ -93,15 +99,19 @@ class HardenedAveragerMixin:
     def __init__(self, *args: Any, gate: PeerGate | None = None, reduce_rule: ReduceRule | None = None,
                  round_reports: RoundReports | None = None, state_validator: StateValidator | None = None,
                  max_donors: int = 4, state_ban_seconds: float = math.inf,
+                 judgement_ban_seconds: float | None = None,
                  max_donor_priority: Callable[[], float | None] | None = None,
                  known_peers: Callable[[], Sequence[str]] | None = None, **kwargs: Any) -> None:
         self._gate, self._reduce_rule, self._round_reports = gate, reduce_rule or ReduceRule(), round_reports
         self.state_validator = state_validator
         self._max_donors, self._state_ban_seconds = max_donors, state_ban_seconds
+        self._judgement_ban_seconds = judgement_ban_seconds
         self._max_donor_priority, self._known_peers = max_donor_priority, known_peers
         #: What the last download attempt rejected: (peer ID, reason); how many of them were offences.
         self.last_download_rejections: list[tuple[str, str]] = []
         self._lied = 0
+        #: Where the state that passed the last download's checks came from: (donor peer ID, its metadata).
+        self.last_download_source: tuple[str, Any] | None = None
         super().__init__(*args, **kwargs)
 
     def _is_gated(self, peer: Any) -> bool:
@@ -183,6 +193,7 @@ class HardenedAveragerMixin:
         reducer, container = runner.tensor_part_reducer, runner.tensor_part_container
         self._round_reports.put(RoundReport(
             averager=self.prefix, group_size=len(group_info.peer_ids),  # type: ignore[attr-defined]
+            peers=tuple(str(peer) for peer in group_info.peer_ids),
             senders=len(runner.sender_peer_ids),
             contributions_expected=reducer.num_parts * len(runner.sender_peer_ids),
             contributions_received=reducer.contributions_accepted,
@@ -202,6 +213,7 @@ class HardenedAveragerMixin:
         """Try donors one at a time until one's state passes the validator; ban the ones that lie."""
         self.last_download_rejections = []
         self._lied = 0
+        self.last_download_source = None
         validator = self.state_validator
         if validator is None:
             logger.warning("%s has no state validator: not downloading state", type(self).__name__)
@@ -222,9 +234,12 @@ class HardenedAveragerMixin:
             if donor is None:
                 break
             tried.add(donor)
-            verdict = validator(reply["metadata"], reply["tensors"], donor)
+            verdict = advertised_epoch(reply["metadata"], reply.get("priority"))
+            if verdict.ok:
+                verdict = validator(reply["metadata"], reply["tensors"], donor)
             if verdict.ok:
                 logger.info("state from %s passed every check", donor)
+                self.last_download_source = (donor, reply["metadata"])
                 return StateDownload(donor, reply["metadata"], list(reply["tensors"]))
             self._reject(donor, verdict)
         if self.last_download_rejections:
@@ -237,7 +252,9 @@ class HardenedAveragerMixin:
         self.last_download_rejections.append((peer, verdict.reason))
         self._lied += bool(verdict.kind)
         if verdict.kind and self._gate is not None:
-            self._gate.offend(peer, verdict.kind, verdict.reason, ban_seconds=self._state_ban_seconds)
+            judged = verdict.kind in _JUDGEMENTS
+            self._gate.offend(peer, verdict.kind, verdict.reason,
+                              ban_seconds=self._judgement_ban_seconds if judged else self._state_ban_seconds)
         elif verdict.kind:
             logger.warning("peer %s: %s (%s)", peer, verdict.kind, verdict.reason)
         else:
@@ -265,7 +282,7 @@ class HardenedAveragerMixin:
         failures: list[tuple[str, str, str]] = []
         try:
             deadline = time.monotonic() + timeout
-            for peer in await self._donor_candidates(set(exclude), max_priority, set(prefer)):
+            for peer, priority in await self._donor_candidates(set(exclude), max_priority, set(prefer)):
                 if time.monotonic() >= deadline:
                     break
                 result = await self._read_state(peer, shapes, max_bytes, deadline)
@@ -273,7 +290,7 @@ class HardenedAveragerMixin:
                     failures.append(result)
                     continue
                 future.set_result(dict(donor=str(peer), metadata=result["metadata"], tensors=result["tensors"],
-                                       failures=failures))
+                                       failures=failures, priority=priority))
                 return
         except Exception as exc:
             logger.debug("looking for a state donor failed: %r", exc, exc_info=True)
@@ -281,7 +298,8 @@ class HardenedAveragerMixin:
             if not future.done():
                 future.set_result(dict(donor=None, failures=failures))
 
-    async def _donor_candidates(self, exclude: set[str], max_priority: float | None, prefer: set[str]) -> list[PeerID]:
+    async def _donor_candidates(self, exclude: set[str], max_priority: float | None,
+                                prefer: set[str]) -> list[tuple[PeerID, float]]:
         """Donors by priority (an unsigned number any peer can write: only plausible ones count)."""
         key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"  # type: ignore[attr-defined]
         found = await self.dht.get(key, latest=True, return_future=True)  # type: ignore[attr-defined]
@@ -299,19 +317,22 @@ class HardenedAveragerMixin:
             if peer == self.peer_id or name in exclude or self._is_gated(peer):  # type: ignore[attr-defined]
                 continue
             ranked.append(((name in prefer, float(value), random.random()), peer))
-        return [peer for _, peer in sorted(ranked, key=lambda item: item[0], reverse=True)]
+        return [(peer, rank[1]) for rank, peer in sorted(ranked, key=lambda item: item[0], reverse=True)]
 
     async def _read_state(self, peer: PeerID, shapes: Sequence[Sequence[int]], max_bytes: int,
                           deadline: float) -> dict[str, Any] | tuple[str, str, str]:
         """One donor's stream, aborted at the first violation; a (peer, offence kind, reason) on failure."""
-        chunk_timeout = self.next_chunk_timeout or self.request_timeout  # type: ignore[attr-defined]
+        # A donor first gathers and serialises its state: give that more than a chunk's time (hivemind
+        # waits for it without a bound); each later chunk gets the averager's chunk timeout, at least 2 s.
+        chunk_timeout = max(2.0, self.next_chunk_timeout or self.request_timeout)  # type: ignore[attr-defined]
+        first_timeout = max(10.0, chunk_timeout)
         stub = self.get_stub(self._p2p, peer, namespace=self.prefix)  # type: ignore[attr-defined]
         metadata, tensors, parts, received = None, [], [], 0
         stream = None
         try:
             stream = await asyncio.wait_for(stub.rpc_download_state(averaging_pb2.DownloadRequest()),
-                                            timeout=chunk_timeout)
-            async for message in aiter_with_timeout(stream, timeout=chunk_timeout):
+                                            timeout=min(first_timeout, max(0.1, deadline - time.monotonic())))
+            async for message in _with_timeouts(stream, first_timeout, chunk_timeout):
                 received += len(message.tensor_part.buffer) + len(message.metadata)
                 if received > max_bytes:
                     return str(peer), "bad_state", f"sent over {max_bytes} bytes"
@@ -342,8 +363,9 @@ class HardenedAveragerMixin:
         except (TimeoutError, ConnectionError, OSError) as exc:
             return str(peer), "", f"{type(exc).__name__} while downloading"
         except Exception as exc:
-            # p2p errors (peer gone, handler refused) are weather; anything else broke in decoding.
-            weather = type(exc).__module__.startswith("hivemind.p2p")
+            # p2p errors (peer gone, handler refused, a peer we will not dial) are weather; anything
+            # else broke in decoding.
+            weather = isinstance(exc, P2PDaemonError) or type(exc).__module__.startswith("hivemind.p2p")
             return str(peer), "" if weather else "bad_state", f"{type(exc).__name__}: {str(exc)[:80]}"
         finally:
             if stream is not None:
@@ -352,6 +374,18 @@ class HardenedAveragerMixin:
         if metadata is None:
             return str(peer), "", "sent no state"
         return dict(metadata=metadata, tensors=tensors)
+
+
+async def _with_timeouts(stream: AsyncIterator[Any], first: float, each: float) -> AsyncIterator[Any]:
+    """The stream's messages, the first within ``first`` seconds, every later one within ``each``."""
+    iterator, timeout = stream.__aiter__(), first
+    while True:
+        try:
+            message = await asyncio.wait_for(iterator.__anext__(), timeout=timeout)
+        except StopAsyncIteration:
+            return
+        yield message
+        timeout = each
 
 
 class HardenedAverager(HardenedAveragerMixin, DecentralizedAverager):

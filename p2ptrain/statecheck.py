@@ -170,14 +170,15 @@ def plausible_epoch(claim: int, others: Sequence[int], *, own: int, slack: int =
                     relative: float = 0.25) -> Verdict:
     """Is a donor's epoch believable next to what the run's *other* peers report?
 
-    A claim behind ours is not adopted (but is no offence).  Peers at epoch 0 (fresh, not synced)
+    A claim not ahead of ours is not adopted (but is no offence).  Peers at epoch 0 (fresh, not synced)
     say nothing about where the run is; with no other reports the claim stands (the structural and
     model checks still apply).  Otherwise it may exceed the upper median of the others by at most
     :func:`epoch_ceiling`'s margin: a single other peer is believed only that far, a claim far above
     everyone else's is a lie, and peers lagging behind do not make an honest donor look like one.
     """
-    if claim < own:
-        return Verdict.refuse(f"epoch {claim} is behind ours ({own})")
+    if claim <= own:
+        # Not ahead of us: nothing to gain (a fresh peer serving its initialisation is no offence).
+        return Verdict.refuse(f"epoch {claim} is not ahead of ours ({own})")
     reports = sorted(e for e in others if isinstance(e, int) and 0 < e <= MAX_EPOCH)
     if not reports:
         return Verdict.good()
@@ -188,25 +189,58 @@ def plausible_epoch(claim: int, others: Sequence[int], *, own: int, slack: int =
     return Verdict.good()
 
 
+#: Peers' reported validation losses "agree" when all lie within this share of their median.
+LOSS_AGREEMENT = 0.25
+#: How much worse than the reference a donor's model may score and still be taken.  Honest models
+#: wobble: a donor evaluated two seconds after the state we hold scored 4% worse than it in a
+#: two-node run (a judgement then bans the donor for ``swarm.ban_seconds``, which splits a small
+#: swarm), and reports are published minutes apart.  Garbage is far off: constant parameters score
+#: ln(256) = 5.5 on the byte-level model against 1-3 for a trained one.
+LOSS_TOLERANCE = 0.2
+
+
+def advertised_epoch(metadata: Any, priority: float | None, *, slack: int = 10) -> Verdict:
+    """A donor advertises its epoch as its donor priority (hivemind sets one from the other); a state
+    claiming an epoch far above what its donor advertised is a lie told to jump the queue with a
+    modest priority and a huge claim.  Metadata that is not a map is left to the other checks."""
+    epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
+    if priority is None or not isinstance(epoch, int) or isinstance(epoch, bool):
+        return Verdict.good()
+    if not math.isfinite(priority) or epoch > epoch_ceiling(max(0, int(priority)), slack=slack):
+        return Verdict.bad("implausible_epoch", f"serves epoch {epoch} but advertised {priority:.0f} as a donor")
+    return Verdict.good()
+
+
 def check_candidate_loss(candidate: float, *, own: float | None, honest: Sequence[float],
-                         tolerance: float = 0.03) -> Verdict:
+                         tolerance: float = LOSS_TOLERANCE, agreement: float = LOSS_AGREEMENT) -> Verdict:
     """The donor's model, evaluated here on the shared validation batches, against a reference.
 
-    The reference is the median validation loss the run's other peers report (they evaluate the same
-    batches) or, with no reports, our own model's loss: a state that claims more training than ours
-    but does worse than ``(1 + tolerance)`` times the reference is not adopted.
+    When the run's peers' reports agree (all within ``agreement`` of their median; they evaluate the
+    same batches), the median is the reference: a donor worse than ``(1 + tolerance)`` times it is
+    rejected, unless this node is itself trained that far (its own loss near the median) and the
+    donor is no worse than it.  When reports disagree (one honest report among forged ones is enough)
+    or there are none, our own model's loss is the reference.  A fresh node cannot judge by its own
+    model (anything beats a random initialisation), so it needs the reports; forged ones can only
+    decide when no honest peer reports at all, and what they decide is a ban for a while.
     """
     if not math.isfinite(candidate):
         return Verdict.bad("bad_model", f"the downloaded model's validation loss is {candidate}")
+    slack = 1 + tolerance
+    has_own = own is not None and math.isfinite(own)
     reports = sorted(x for x in honest if math.isfinite(x))
-    if reports:
-        reference, source = reports[len(reports) // 2], f"the median of {len(reports)} peer(s)' reports"
-    elif own is not None and math.isfinite(own):
-        reference, source = own, "our own model's"
-    else:
+    median = reports[len(reports) // 2] if reports else None
+    if median is not None and all(abs(x - median) <= agreement * abs(median) for x in reports):
+        if candidate <= median * slack + 1e-6:
+            return Verdict.good()
+        trained = has_own and own <= median * (1 + agreement)  # type: ignore[operator]
+        if trained and candidate <= own * slack + 1e-6:  # type: ignore[operator]
+            return Verdict.good()
+        return Verdict.bad("bad_model", f"validation loss {candidate:.4f} is worse than the median of "
+                                        f"{len(reports)} peer(s)' reports {median:.4f}")
+    if not has_own:
         return Verdict.good()
-    if candidate > reference * (1 + tolerance) + 1e-6:
-        return Verdict.bad("bad_model", f"validation loss {candidate:.4f} is worse than {source} {reference:.4f}")
+    if candidate > own * slack + 1e-6:  # type: ignore[operator]
+        return Verdict.bad("bad_model", f"validation loss {candidate:.4f} is worse than our own model's {own:.4f}")
     return Verdict.good()
 
 
@@ -224,6 +258,15 @@ class StateValidator:
     peer_epochs: Callable[[], Mapping[str, int]] | None = None
     epoch_slack: int = 10
     model_check: Callable[[Any, Sequence[torch.Tensor], str], Verdict] | None = None
+
+    def structure(self, metadata: Any, tensors: Any) -> Verdict:
+        """Only the checks that need nobody's word: tensor count, shapes, dtypes, finite values, size,
+        and the metadata's schema; never raises."""
+        try:
+            verdict = check_tensors(self.template, tensors)
+            return verdict if not verdict.ok else self.check_metadata(metadata)
+        except Exception as exc:
+            return Verdict.bad("bad_state", f"could not be checked ({type(exc).__name__})")
 
     def __call__(self, metadata: Any, tensors: Any, donor: str) -> Verdict:
         try:

@@ -14,9 +14,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-#: 2: ``averaging_rounds_ok_total`` counts only rounds that averaged a meaningful share of the swarm
-#: (see :mod:`p2ptrain.roundstats`); in 1 it counted every completed round.
-SCHEMA_VERSION = 2
+#: 3: ``averaging_rounds_ok_total`` counts only rounds that averaged the whole swarm online with
+#: (near) all parts received, as this node's reducer measured them (see :mod:`p2ptrain.roundstats`);
+#: in 2 a group of half the peers online was enough and the received share was not measured; in 1
+#: it counted every completed round.
+SCHEMA_VERSION = 3
 
 #: Upper bounds (seconds) of the averaging-round duration histogram; a last +Inf bucket is implied.
 ROUND_DURATION_BUCKETS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -129,8 +131,32 @@ class PeerRecord:
 
 
 @dataclass(frozen=True)
+class OffenderEntry:
+    """A peer this node caught misbehaving (``p2ptrain.peergate``): what it did, when, and whether it is
+    excluded from this node's groups and donor lists right now."""
+
+    peer_id: str = ""
+    #: What it did last (an offence kind: ``nonfinite_part``, ``oversized_part``, ``bad_state``, ...).
+    kind: str = ""
+    reason: str = ""
+    offences: int = 0
+    #: Unix time of its last offence.
+    last_at: float = 0.0
+    #: Unix time its exclusion ends; None: for the rest of the run.
+    banned_until: float | None = None
+    excluded: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OffenderEntry:
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
 class SwarmView:
-    """Every live peer record of the run, as one node sees it."""
+    """Every live peer record of the run, as one node sees it, and the peers it caught misbehaving."""
 
     peers: tuple[PeerRecord, ...] = ()
     swarm_samples_per_second: float = 0.0
@@ -147,22 +173,31 @@ class SwarmView:
     slowest_peer: str = ""
     fastest_peer: str = ""
     rejected_records_total: int = 0
+    #: Offenders, newest first (a peer may be listed here without a record: plain hivemind peers have none).
+    offenders: tuple[OffenderEntry, ...] = ()
 
     @property
     def peers_online(self) -> int:
         return len(self.peers)
 
+    def offender(self, peer_id: str) -> OffenderEntry | None:
+        return next((o for o in self.offenders if o.peer_id == peer_id), None)
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["peers"] = [p.to_dict() for p in self.peers]
+        data["offenders"] = [o.to_dict() for o in self.offenders]
         data["peers_online"] = self.peers_online
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SwarmView:
-        view = _from_dict(cls, {k: v for k, v in data.items() if k != "peers"})
+        view = _from_dict(cls, {k: v for k, v in data.items() if k not in ("peers", "offenders")})
         peers = tuple(PeerRecord.from_dict(p) for p in data.get("peers", []) if isinstance(p, dict))
-        return dataclasses.replace(view, peers=peers)
+        listed = data.get("offenders", [])
+        offenders = tuple(OffenderEntry.from_dict(o) for o in (listed if isinstance(listed, list) else [])
+                          if isinstance(o, dict))
+        return dataclasses.replace(view, peers=peers, offenders=offenders)
 
 
 @dataclass(frozen=True)
@@ -266,11 +301,24 @@ class StatusSnapshot:
     dht_requests_refused_total: int = 0
     averaging_refused_total: int = 0
     records_not_admitted: int = 0
+    #: Whether this node checks what peers send (swarm.peer_checks); False: it trusts every peer.
+    peer_checks: bool = False
+    #: Offences by peers since start, by kind (see p2ptrain.peergate.OFFENCE_KINDS), and in total.
+    peer_offenses_by_kind: dict[str, int] = field(default_factory=dict)
+    peer_offenses_total: int = 0
+    #: Peers excluded from this node's groups and donor lists right now.
+    peers_excluded: int = 0
     #: Monotonic-clock age of the last completed local step; None before the first step.
     seconds_since_progress: float | None = None
     uptime_seconds: float = 0.0
     started_at: float = 0.0
     taken_at: float = 0.0
+
+    @property
+    def rounds_averaged(self) -> int:
+        """Rounds that averaged this node's update with at least one other peer, full or partial (in a
+        swarm of three or more, a full round needs every peer online in one group)."""
+        return self.averaging_rounds_ok_total + self.averaging_rounds_partial_total
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -282,7 +330,9 @@ class StatusSnapshot:
     def from_dict(cls, data: dict[str, Any]) -> StatusSnapshot:
         lists = {k: tuple(data.get(k) or ()) for k in _LIST_FIELDS}
         base = _from_dict(cls, {k: v for k, v in data.items() if k not in lists})
-        return dataclasses.replace(base, **lists)
+        kinds = {k: v for k, v in base.peer_offenses_by_kind.items()
+                 if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+        return dataclasses.replace(base, **lists, peer_offenses_by_kind=kinds)
 
 
 _LIST_FIELDS = ("visible_maddrs", "recent_round_durations", "round_duration_bucket_counts",

@@ -4,8 +4,9 @@ A node keeps its libp2p identity in its state directory, so its peer ID survives
 holds an exclusive lock next to it so that two live processes can never share one identity (peer
 records sign with it: :mod:`p2ptrain.identity`).  Joining an existing swarm retries with exponential
 backoff until ``swarm.bootstrap_timeout``; after that it fails with one line that names the peers it
-tried.  The run's model fingerprint entry is a hint anyone can write; only peers seen training
-another model make a node refuse to join.
+tried.  The run's model fingerprint entry is a hint anyone can write; only several peers' identity-
+bound records naming another model (or the record of the peer it joined through) make a node refuse
+to join.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import base58
 import hivemind
 from hivemind.p2p import P2PDaemonError
 from hivemind.utils import get_dht_time
@@ -38,7 +38,8 @@ BOOTSTRAP_FAILED = "bootstrap failed"
 #: Foreign fingerprints looked into (oldest first) and progress entries read per key: a flood of
 #: entries costs a bounded number of lookups.
 _MAX_FOREIGN_FINGERPRINTS = 4
-_MAX_EVIDENCE_ENTRIES = 512
+#: Distinct peers whose identity-bound records must name another model before a node refuses to join.
+MIN_FINGERPRINT_WITNESSES = 2
 #: (run, fingerprint) entries already warned about: each conflicting entry is one warning per process.
 _ignored: set[tuple[str, str]] = set()
 
@@ -199,65 +200,70 @@ def read_run_fingerprints(dht: hivemind.DHT, run_id: str) -> list[FingerprintEnt
     return sorted(entries, key=lambda e: (e.first_seen, e.fingerprint))
 
 
-def training_progress_keys(run_id: str, fingerprint: str) -> tuple[str, ...]:
-    """The DHT keys where peers training ``fingerprint`` in ``run_id`` report progress (gradient mode,
-    DiLoCo): the node's averaging run id is ``<run_id>_<fingerprint>``."""
-    base = f"{run_id}_{fingerprint}"
-    return f"{base}_progress", f"{base}_diloco_progress"
-
-
-def fingerprint_evidence(dht: Any, run_id: str, fingerprints: Sequence[str]) -> dict[str, int]:
-    """How many distinct live peers (not us) are seen training each fingerprint: their progress
-    entries under its keys, plus identity-bound peer records that name it."""
+def fingerprint_evidence(dht: Any, run_id: str, fingerprints: Sequence[str],
+                         trusted: Collection[str] = ()) -> tuple[dict[str, int], set[str]]:
+    """How many distinct live peers (not us) are seen training each fingerprint, by their identity-bound
+    peer records, and which fingerprints a ``trusted`` peer's record names.  hivemind's progress
+    entries do not count: their peer ID is self-declared, so anyone can write one under any model's keys."""
     from p2ptrain.records import bound_fingerprints, peers_key  # records pull in hivemind's validators
 
-    own = getattr(dht, "peer_id", None)
-    own_bytes = own.to_bytes() if hasattr(own, "to_bytes") else b""
-    seen: dict[str, set[str]] = {fingerprint: set() for fingerprint in fingerprints}
-    for fingerprint in fingerprints:
-        for key in training_progress_keys(run_id, fingerprint):
-            found = dht.get(key, latest=True)
-            entries = found.value if found is not None and isinstance(getattr(found, "value", None), dict) else {}
-            for item in list(entries.values())[:_MAX_EVIDENCE_ENTRIES]:
-                value = getattr(item, "value", None)
-                peer = value.get("peer_id") if isinstance(value, dict) else None
-                if isinstance(peer, bytes) and peer != own_bytes:
-                    seen[fingerprint].add(base58.b58encode(peer).decode())
+    own = str(getattr(dht, "peer_id", ""))
     try:
         records = bound_fingerprints(dht.get(peers_key(run_id), latest=True), run_id, get_dht_time())
-    except Exception:  # records are extra evidence; without them the progress entries still count
+    except Exception:  # no records to read: no evidence either way
         records = {}
+    seen: dict[str, set[str]] = {fingerprint: set() for fingerprint in fingerprints}
     for peer, fingerprint in records.items():
-        if fingerprint in seen and peer != str(own):
+        if fingerprint in seen and peer != own:
             seen[fingerprint].add(peer)
-    return {fingerprint: len(peers) for fingerprint, peers in seen.items()}
+    vouched = {fingerprint for fingerprint, peers in seen.items() if peers & set(trusted)}
+    return {fingerprint: len(peers) for fingerprint, peers in seen.items()}, vouched
 
 
-def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_seen: float) -> float:
+def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_seen: float,
+                      trusted: Collection[str] = (), *, publish: bool = True) -> float:
     """Refuse to join a run whose peers train another model; otherwise (re)publish ours. Returns first_seen.
 
     The fingerprint entries are unsigned: anyone can write one, so an entry alone never stops a node.
-    When the oldest entry differs from ours, the node looks at who actually trains what (progress
-    entries and identity-bound records of live peers): it raises :class:`FingerprintMismatch` only
-    when some peer trains another fingerprint and none is seen training ours.  Otherwise the entry is
-    ignored with one warning.
+    When the oldest entry differs from ours, the node looks at who actually trains what: the
+    identity-bound records of live peers.  It raises :class:`FingerprintMismatch` only when no record
+    names ours and either at least :data:`MIN_FINGERPRINT_WITNESSES` peers' records name one other
+    model, or the record of a ``trusted`` peer does (the peers this node was told to join through:
+    their records cannot be forged).  No single stranger with one identity can arrange either.
+    Otherwise it warns once per entry and looks again at the next refresh.  ``publish=False`` only
+    checks (a peer that never trains, such as ``p2ptrain fetch``, claims nothing).
     """
     entries = read_run_fingerprints(dht, run_id)
-    if entries and entries[0].fingerprint != fingerprint and (run_id, entries[0].fingerprint) not in _ignored:
+    if entries and entries[0].fingerprint != fingerprint:
         others = [e.fingerprint for e in entries if e.fingerprint != fingerprint][:_MAX_FOREIGN_FINGERPRINTS]
-        evidence = fingerprint_evidence(dht, run_id, [fingerprint, *others])
-        trained = sorted(((evidence[other], other) for other in others if evidence[other] > 0), reverse=True)
-        if evidence[fingerprint] == 0 and trained:
-            count, theirs = trained[0]
+        evidence, vouched = fingerprint_evidence(dht, run_id, [fingerprint, *others], trusted)
+        trained = sorted(((evidence[other], other in vouched, other) for other in others if evidence[other] > 0),
+                         reverse=True)
+        if evidence[fingerprint] == 0 and trained and (trained[0][0] >= MIN_FINGERPRINT_WITNESSES or
+                                                      any(other in vouched for _, _, other in trained)):
+            count, _, theirs = max(trained, key=lambda item: (item[1], item[0]))
             raise FingerprintMismatch(
                 f"model fingerprint {fingerprint} differs from run {run_id!r}'s model {theirs} "
                 f"({count} peer(s) train it); use the same [task] settings as the swarm, or another swarm.run_id"
             )
-        _ignored.add((run_id, entries[0].fingerprint))  # decided once: later refreshes only republish ours
-        logger.warning("ignoring model fingerprint %s published under run %r: %s", entries[0].fingerprint,
-                       run_id, f"{evidence[fingerprint]} peer(s) train ours ({fingerprint})"
-                       if evidence[fingerprint] else "no live peer is seen training it")
+        if (run_id, entries[0].fingerprint) not in _ignored:
+            _ignored.add((run_id, entries[0].fingerprint))  # one warning per entry and process
+            if evidence[fingerprint]:
+                why = f"{evidence[fingerprint]} peer(s) train ours ({fingerprint})"
+            elif trained:
+                why = f"only {trained[0][0]} peer's record names it, too few to believe"
+            else:
+                why = "no live peer is seen training it"
+            logger.warning("ignoring model fingerprint %s published under run %r: %s", entries[0].fingerprint,
+                           run_id, why)
     first_seen = next((e.first_seen for e in entries if e.fingerprint == fingerprint), first_seen)
+    if not publish:
+        return first_seen
     dht.store(_fingerprint_key(run_id), subkey=fingerprint, value=first_seen,
               expiration_time=get_dht_time() + FINGERPRINT_TTL, return_future=True)
     return first_seen
+
+
+def peer_ids_of(maddrs: Sequence[str]) -> list[str]:
+    """The peer IDs named in multiaddrs (``.../p2p/<id>``), e.g. a node's initial peers."""
+    return [addr.rsplit("/p2p/", 1)[1].split("/")[0] for addr in maddrs if "/p2p/" in addr]

@@ -68,13 +68,20 @@ class Trainer:
         self.samples_processed += self.batch_size
         return StepStats(loss_value, self.batch_size, time.perf_counter() - started, False, self.epoch)
 
-    @torch.no_grad()
     def validation_loss(self) -> float:
-        model = self.task.model
-        model.eval()
-        total, count = 0.0, 0
-        for batch in self.task.validation_batches():
-            total += float(self.task.loss_fn(model, batch))
+        return validation_loss(self.task)
+
+
+@torch.no_grad()
+def validation_loss(task: Task) -> float:
+    """Mean loss over the task's validation batches (the same on every node), model back in train mode."""
+    model = task.model
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for batch in task.validation_batches():
+            total += float(task.loss_fn(model, batch))
             count += 1
+    finally:
         model.train()
-        return total / count if count else math.nan
+    return total / count if count else math.nan

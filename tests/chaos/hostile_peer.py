@@ -2,24 +2,29 @@
 
 Usage::
 
-    python -m tests.chaos.hostile_peer --config NODE.toml --join ADDR [--join ADDR...] ATTACK [options]
+    python -m tests.chaos.hostile_peer --config NODE.toml --join ADDR [--join ADDR...] ATTACK [ATTACK...] [options]
 
 ``--config`` is an honest node's config: the hostile builds the same model (so it speaks under the
 same fingerprinted averaging keys) but never touches that node's state directory or identity.  Attacks:
 
-* ``donor``       claims epoch ``--epoch`` (default 5000) in its progress and its donor priority, and
-                  serves parameters that are all 0.0123 as its state (``--state nan``: NaN parameters,
-                  ``--state short``: one tensor missing; ``--inner-step`` for DiLoCo's round position);
+* ``donor``       claims epoch ``--epoch`` (default 5000) in its progress and serves parameters that are
+                  all 0.0123 as its state (``--state nan``: NaN parameters, ``--state short``: one tensor
+                  missing; ``--inner-step`` for DiLoCo's round position).  Its donor priority is the epoch,
+                  or with ``--first-in-line`` one above the best honest peer's (read from their records),
+                  and it publishes an identity-bound record of its own: honest nodes then try it first;
 * ``freeze``      the same with epoch 2**40;
 * ``fingerprint`` writes a forged, older model fingerprint entry for the run, again and again;
 * ``scaled``      averages real gradients scaled by 100 with a weight of 10**6, every round it can join;
 * ``nonfinite``   averages NaN gradients every round it can join;
-* ``records``     floods ``--flood`` (default 5000) well-formed, signed records into the run's peer
-                  records, and forges one in the name of ``--victim``.
+* ``records``     floods ``--flood`` (default 5000) valid records of made-up peers, each bound to an
+                  identity of its own (a Sybil crowd), claiming absurd but in-schema figures, and keeps a
+                  forged record in the name of ``--victim`` newer than the victim's own.
 
-It prints one line ``hostile <attack> ready as <peer id>`` once it is in place, then keeps attacking
-until SIGTERM/SIGINT or ``--duration`` seconds.  In DiLoCo runs ``donor``/``freeze``/``scaled``/
-``nonfinite`` act on the DiLoCo averager instead.  Test-only; run it as its own process.
+Several attacks may run in one process (``donor`` and ``freeze`` exclude each other, as do ``scaled``
+and ``nonfinite``).  It prints one line ``hostile <attacks> ready as <peer id>`` once they are in place,
+then keeps attacking until SIGTERM/SIGINT or ``--duration`` seconds.  In DiLoCo runs
+``donor``/``freeze``/``scaled``/``nonfinite`` act on the DiLoCo averager instead.  Test-only; run it as
+its own process.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import base64
 import contextlib
 import dataclasses
 import functools
+import itertools
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -50,7 +57,9 @@ from hivemind.utils.crypto import RSAPublicKey
 
 from p2ptrain.config import NodeConfig, load_config
 from p2ptrain.fingerprint import model_fingerprint
+from p2ptrain.identity import NodeIdentity
 from p2ptrain.optim import ClippedAdamW, warmup_cosine
+from p2ptrain.recordcheck import binding_message
 from p2ptrain.records import peers_key
 from p2ptrain.tasks.loader import build_task
 
@@ -103,9 +112,10 @@ def _averager_options(target: Target) -> dict[str, Any]:
 
 
 def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.Event, state: str = "constant",
-                inner_step: int = 0) -> list[Any]:
-    """Advertise ``epoch`` (progress and donor priority) and serve a bad state: constant parameters,
-    NaN parameters, or one tensor short (``state``), with DiLoCo's ``inner_step`` as given."""
+                inner_step: int = 0, first_in_line: bool = False, identity: NodeIdentity | None = None) -> list[Any]:
+    """Advertise ``epoch`` in progress and serve a bad state: constant parameters, NaN parameters, or one
+    tensor short (``state``), with DiLoCo's ``inner_step`` as given.  ``first_in_line``: a donor priority
+    just above the best honest peer's, and an identity-bound record of its own (with ``identity``)."""
     fill = float("nan") if state == "nan" else CONSTANT
     params = [torch.nn.Parameter(torch.full_like(p, fill)) for p in target.model.parameters()]
     training = target.cfg.training
@@ -141,16 +151,45 @@ def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.E
             offload_optimizer=True, custom_gradients=True, **common)
         averager.local_epoch = epoch
     averager.state_sharing_priority = float(epoch)
+    record_key = RSASignatureValidator().local_public_key  # the key its progress entries are written with
 
     def keep_claiming() -> None:
         samples = 0
         while not stop.is_set():
             samples = samples % training.target_batch_size + training.batch_size  # looks busy, never done
             tracker.report_local_progress(epoch, samples)
-            stop.wait(5.0)
+            if first_in_line:
+                best = max((e for e in honest_epochs(dht, target) if e != epoch), default=0)
+                averager.state_sharing_priority = float(best + 1)
+                if identity is not None:
+                    publish_own_record(dht, target, identity, record_key, best + 1)
+            stop.wait(2.0)
 
     threading.Thread(target=keep_claiming, daemon=True).start()
     return [tracker, averager]
+
+
+def honest_epochs(dht: hivemind.DHT, target: Target) -> list[int]:
+    """The epochs the run's progress entries report (what an honest donor's priority would be)."""
+    key = f"{target.averaging_run_id}_diloco_progress" if target.diloco else f"{target.averaging_run_id}_progress"
+    found = dht.get(key, latest=True)
+    entries = found.value if found is not None and isinstance(found.value, dict) else {}
+    epochs = []
+    for item in list(entries.values())[:300]:
+        value = getattr(item, "value", None)
+        if isinstance(value, dict) and isinstance(value.get("epoch"), int) and value["epoch"] < 10**6:
+            epochs.append(value["epoch"])
+    return epochs
+
+
+def publish_own_record(dht: hivemind.DHT, target: Target, identity: NodeIdentity, record_key: bytes,
+                       epoch: int) -> None:
+    """A valid record bound to the hostile's own identity: it looks like any training peer."""
+    value = {**_record(identity.peer_id, epoch, 50.0, time.time()), "model_fingerprint": target.fingerprint,
+             "identity_key": identity.public_key,
+             "key_proof": identity.sign(binding_message(target.cfg.swarm.run_id, record_key))}
+    dht.store(peers_key(target.cfg.swarm.run_id), value, expiration_time=get_dht_time() + 20, subkey=record_key,
+              return_future=True)
 
 
 # ---------------------------------------------------------------------------------------------- averaging
@@ -235,44 +274,100 @@ def _record(peer_id: str, epoch: int, rate: float, published_at: float) -> dict[
             "published_at": published_at}
 
 
-async def _store_many(key: str, values: list[dict[str, Any]], subkeys: list[bytes], expiration: float,
-                      _dht: hivemind.DHT, node: Any) -> int:
-    """Runs inside the DHT's process (``DHT.run_coroutine``): one batched store of many subkeys."""
-    stored = await node.store_many([key] * len(values), values, expiration, subkeys=subkeys)
+_STAGED: list[tuple[dict[str, Any], bytes]] = []
+"""Records handed to the DHT's process, waiting to be stored (it lives in that process)."""
+
+
+async def _stage(values: list[dict[str, Any]], subkeys: list[bytes], _dht: hivemind.DHT, node: Any) -> int:
+    """Runs inside the DHT's process: keep records for :func:`_store_staged` (the pipe into that process
+    takes small messages only, a DHT store is fastest with many subkeys at once)."""
+    _STAGED.extend(zip(values, subkeys, strict=True))
+    return len(_STAGED)
+
+
+async def _store_staged(key: str, expiration: float, batch: int, _dht: hivemind.DHT, node: Any) -> int:
+    """Runs inside the DHT's process: store up to ``batch`` staged records in one go."""
+    chunk = _STAGED[:batch]
+    del _STAGED[:batch]
+    if not chunk:
+        return 0
+    stored = await node.store_many([key] * len(chunk), [value for value, _ in chunk], expiration,
+                                   subkeys=[subkey for _, subkey in chunk])
     return sum(bool(ok) for ok in stored.values())
 
 
-def forge_victim(dht: hivemind.DHT, target: Target, victim: str, subkey: bytes, stop: threading.Event) -> None:
-    """Keep a forged record in ``victim``'s name newer than the victim's own (it republishes every 5 s)."""
-    key = peers_key(target.cfg.swarm.run_id)
+def forge_victim(dht: hivemind.DHT, target: Target, victim: str, signer: Any, stop: threading.Event) -> None:
+    """Keep a forged record in ``victim``'s name newer than the victim's own (it republishes every 5 s):
+    signed by a key of ours and bound to an identity of ours, which does not hash to the victim's ID."""
+    key, forger = peers_key(target.cfg.swarm.run_id), signer.identities[-1]
     while not stop.is_set():
-        dht.store(key, _record(victim, 999_999, 1e9, time.time() + 55), expiration_time=get_dht_time() + 60,
-                  subkey=subkey)
+        subkey = signer.subkeys[-1]
+        value = {**_record(victim, 999_999, 1e6, time.time() + 55), "identity_key": forger.public_key,
+                 "key_proof": forger.sign(binding_message(target.cfg.swarm.run_id, subkey))}
+        dht.store(key, value, expiration_time=get_dht_time() + 60, subkey=subkey)
         stop.wait(4.0)
 
 
-def flood_records(addrs: list[str], target: Target, count: int, victim: str) -> tuple[hivemind.DHT, int, bytes]:
-    """``count`` signed records of made-up peers (the largest numbers the schema allows) and one forged
-    record in ``victim``'s name; returns the DHT, how many stores the swarm accepted, and the record
-    key kept for the victim's forgery."""
-    keys = [rsa.generate_private_key(public_exponent=65537, key_size=1024) for _ in range(count + 1)]
+def sybil_keys(count: int) -> list[rsa.RSAPrivateKey]:
+    """``count`` distinct RSA-1024 keys, fast: every pair of a small pool of primes is a modulus (the
+    keys share factors, which matters to nobody here; generating 5000 keys one by one takes minutes)."""
+    pool: list[int] = []
+    while len(pool) * (len(pool) - 1) // 2 < count:
+        numbers = rsa.generate_private_key(public_exponent=65537, key_size=1024).private_numbers()
+        pool += [numbers.p, numbers.q]
+    keys = []
+    for p, q in itertools.islice(itertools.combinations(pool, 2), count):
+        d = pow(65537, -1, (p - 1) * (q - 1))
+        numbers = rsa.RSAPrivateNumbers(p, q, d, d % (p - 1), d % (q - 1), pow(q, -1, p),
+                                        rsa.RSAPublicNumbers(65537, p * q))
+        keys.append(numbers.private_key(unsafe_skip_rsa_key_validation=True))
+    return keys
+
+
+def flood_records(addrs: list[str], target: Target, count: int, victim: str,
+                  stop: threading.Event) -> tuple[hivemind.DHT, Any, threading.Event]:
+    """``count`` valid records of made-up peers, each signed with a record key of its own and bound to an
+    identity of its own (the largest figures the schema allows), and one key kept for a forgery in
+    ``victim``'s name.  The first few hundred (more than a view holds) are stored before it returns,
+    the rest in the background; returns the DHT, the signer, and an event set once all are stored.
+    It prints ``hostile records stored N`` as it goes."""
+    keys = sybil_keys(count + 1)
     signer = ManyKeySigner(keys)
+    signer.subkeys = list(signer._keys)
+    signer.identities = [NodeIdentity(key) for key in keys]
     dht = hivemind.DHT(initial_peers=addrs, start=True, record_validators=[signer], **_LOOPBACK)
-    subkeys = list(signer._keys)
-    # Published "now + 50 s" (inside the allowed clock skew), so the records stay fresh for a while;
-    # the victim's forgery is also newer than the victim's own record, which a view keeping the
-    # newest record per peer then shows instead.
-    key, published = peers_key(target.cfg.swarm.run_id), time.time() + 50
-    values = [_record(f"12D3KooWFake{i:05d}", 9_223_372_036_854_775_807, 1.7e308, published) for i in range(count)]
-    if victim:
-        values.append(_record(victim, 999_999, 1e9, published))
-    expiration, stored = get_dht_time() + 300, 0
-    step = 40  # hivemind's DHT pipe breaks on messages much over its 64 KiB buffer
-    for start in range(0, len(values), step):
-        batch = functools.partial(_store_many, key, values[start:start + step], subkeys[start:start + step], expiration)
-        with contextlib.suppress(Exception):  # a batch that failed simply did not land
-            stored += dht.run_coroutine(batch)
-    return dht, stored, subkeys[count]
+    run_id = target.cfg.swarm.run_id
+    # Published "now + 50 s" (inside the allowed clock skew), so the records stay fresh for a while.
+    key, published = peers_key(run_id), time.time() + 50
+    values = []
+    for identity, subkey in zip(signer.identities[:count], signer.subkeys[:count], strict=True):
+        values.append({**_record(identity.peer_id, 999_999_999, 9.9e6, published), "identity_key": identity.public_key,
+                       "key_proof": identity.sign(binding_message(run_id, subkey))})
+    expiration, stored, done = get_dht_time() + 300, [0], threading.Event()
+    step, batch = 16, 500  # the pipe into the DHT process breaks on messages of more than ~20 KiB under load
+
+    def store(begin: int, end: int) -> None:
+        for start in range(begin, end, step):
+            dht.run_coroutine(functools.partial(_stage, values[start:min(start + step, end)],
+                                                signer.subkeys[start:min(start + step, end)]))
+        for _ in range(begin, end, batch):
+            if stop.is_set():
+                return
+            with contextlib.suppress(Exception):  # a batch that failed simply did not land
+                stored[0] += dht.run_coroutine(functools.partial(_store_staged, key, expiration, batch))
+            print(f"hostile records stored {stored[0]}", flush=True)
+
+    first = min(count, 300)
+    store(0, first)
+    print(f"hostile records stored {stored[0]}", flush=True)
+
+    def rest() -> None:
+        store(first, count)
+        print(f"hostile records stored {stored[0]} (all)", flush=True)
+        done.set()
+
+    threading.Thread(target=rest, daemon=True).start()
+    return dht, signer, done
 
 
 _LOOPBACK = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False, auto_nat=False)
@@ -280,45 +375,62 @@ _LOOPBACK = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], nat_port_map=False, auto_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hostile_peer", description=__doc__.split("\n\n")[0])
-    parser.add_argument("attack", choices=ATTACKS)
+    parser.add_argument("attacks", nargs="+", choices=ATTACKS, metavar="ATTACK")
     parser.add_argument("--config", type=Path, required=True, help="an honest node's config (run id, model)")
     parser.add_argument("--join", action="append", default=[], required=True)
     parser.add_argument("--epoch", type=int, default=5000)
     parser.add_argument("--state", choices=("constant", "nan", "short"), default="constant",
                         help="donor/freeze: the state served")
     parser.add_argument("--inner-step", type=int, default=0, help="donor/freeze in DiLoCo runs: the round position")
+    parser.add_argument("--first-in-line", action="store_true",
+                        help="donor: a plausible priority and a bound record of its own, so it is tried first")
     parser.add_argument("--flood", type=int, default=5000)
     parser.add_argument("--victim", default="")
     parser.add_argument("--duration", type=float, default=3600.0)
     args = parser.parse_args(argv)
+    attacks = list(dict.fromkeys(args.attacks))
+    if {"donor", "freeze"} <= set(attacks) or {"scaled", "nonfinite"} <= set(attacks):
+        parser.error("donor/freeze and scaled/nonfinite each need a process of their own")
     target = load_target(args.config)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     helpers: list[Any] = []
-    if args.attack == "records":
-        dht, accepted, victim_key = flood_records(args.join, target, args.flood, args.victim)
-        print(f"hostile records stored {accepted}", flush=True)
+    dhts: list[hivemind.DHT] = []
+    if "records" in attacks:
+        flood_dht, signer, _ = flood_records(args.join, target, args.flood, args.victim, stop)
+        dhts.append(flood_dht)
         if args.victim:
-            threading.Thread(target=forge_victim, args=(dht, target, args.victim, victim_key, stop),
+            threading.Thread(target=forge_victim, args=(flood_dht, target, args.victim, signer, stop),
                              daemon=True).start()
-    else:
-        dht = hivemind.DHT(initial_peers=args.join, start=True, **_LOOPBACK)
-        if args.attack in ("donor", "freeze"):
-            helpers = claim_state(dht, target, 2**40 if args.attack == "freeze" else args.epoch, stop, args.state,
-                                  args.inner_step)
-        elif args.attack == "fingerprint":
-            helpers = forge_fingerprint(dht, target, stop)
-        else:
-            helpers = poison_rounds(dht, target, args.attack, stop)
-    print(f"hostile {args.attack} ready as {dht.peer_id}", flush=True)
+    others = [attack for attack in attacks if attack != "records"]
+    if others or not dhts:
+        identity = None
+        options: dict[str, Any] = {}
+        if args.first_in_line:  # an identity of its own, so that its record can be bound to its peer ID
+            identity = NodeIdentity.generate()
+            path = Path(tempfile.mkdtemp(prefix="hostile-")) / "identity.key"
+            identity.write(path)
+            options["identity_path"] = str(path)
+        dht = hivemind.DHT(initial_peers=args.join, start=True, **_LOOPBACK, **options)
+        dhts.insert(0, dht)
+        for attack in others:
+            if attack in ("donor", "freeze"):
+                helpers += claim_state(dht, target, 2**40 if attack == "freeze" else args.epoch, stop, args.state,
+                                       args.inner_step, args.first_in_line, identity)
+            elif attack == "fingerprint":
+                helpers += forge_fingerprint(dht, target, stop)
+            else:
+                helpers += poison_rounds(dht, target, attack, stop)
+    print(f"hostile {' '.join(attacks)} ready as {dhts[0].peer_id}", flush=True)
     stop.wait(args.duration)
     for helper in helpers:
         try:
             helper.shutdown()
         except Exception as exc:  # leaving is best effort; the process ends anyway
             print(f"hostile: shutdown of {type(helper).__name__}: {exc!r}", file=sys.stderr)
-    dht.shutdown()
+    for each in dhts:
+        each.shutdown()
     return 0
 
 

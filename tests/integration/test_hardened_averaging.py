@@ -18,7 +18,7 @@ import torch
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.utils import get_dht_time
 
-from p2ptrain.peergate import PeerGate
+from p2ptrain.peergate import JUDGED_STRIKES, STRIKE_GAP_SECONDS, PeerGate
 from p2ptrain.robustreduce import ReduceRule, RoundReports
 from p2ptrain.safeaverager import HardenedAverager
 from p2ptrain.safestate import diloco_state_validator
@@ -103,21 +103,39 @@ def test_a_lying_sender_is_rejected_named_excluded_and_the_honest_average_surviv
         averagers.append(liar)
         liar_id = str(dhts[2].peer_id)
 
-        first = _round(averagers, [16.0, 16.0, 1e9])
-        assert all(isinstance(r, dict) and len(r) == 3 for r in first[:2]), first
+        # NaN parts exclude the liar at once; parts far larger than the others' are a judgement,
+        # refused every round and excluding on the liar's third round with them.  A gate counts a
+        # round only if the liar's parts or results reached it in time (on a loaded machine some
+        # time out): allow a few more, each still checked for an honest average.
+        rounds = 1 if attack == "nonfinite" else JUDGED_STRIKES + 5
         expected = [(a + b) / 2 for a, b in zip(*honest_values, strict=True)]
-        for averager, own in zip(averagers[:2], honest_values, strict=True):
-            with averager.get_tensors() as tensors:
-                for tensor, mean, mine in zip(tensors, expected, own, strict=True):
-                    assert torch.isfinite(tensor).all()
-                    # every element is the honest mean, or (in the liar's share) our own value
-                    assert torch.all(torch.isclose(tensor, mean, atol=1e-5) | torch.isclose(tensor, mine, atol=1e-5))
+        for index in range(rounds):
+            if all(gate.is_gated(liar_id) for gate in gates):
+                rounds = index
+                break
+            if index:
+                assert index >= JUDGED_STRIKES or not any(gate.is_gated(liar_id) for gate in gates), index
+                time.sleep(1.5 * STRIKE_GAP_SECONDS)  # a new round, for the gate too (late results included)
+                for averager, own in zip(averagers[:2], honest_values, strict=True):
+                    with averager.get_tensors() as tensors:
+                        for tensor, mine in zip(tensors, own, strict=True):
+                            tensor.copy_(mine)
+            results = _round(averagers, [16.0, 16.0, 1e9])
+            assert all(isinstance(r, dict) and len(r) == 3 for r in results[:2]), results
+            for averager, own in zip(averagers[:2], honest_values, strict=True):
+                with averager.get_tensors() as tensors:
+                    for tensor, mean, mine in zip(tensors, expected, own, strict=True):
+                        assert torch.isfinite(tensor).all()
+                        # every element is the honest mean, or (in the liar's share) our own value
+                        assert torch.all(torch.isclose(tensor, mean, atol=1e-5)
+                                         | torch.isclose(tensor, mine, atol=1e-5))
         for gate in gates:
             kinds = {o.kind for o in gate.offenders() if o.peer_id == liar_id}
             assert kinds & {"oversized_part", "nonfinite_part", "bad_result"}, gate.offenders()
             assert gate.is_gated(liar_id)
         report = reports[0].drain()
-        assert len(report) == 1 and report[0].ok and report[0].senders == 3
+        assert len(report) == rounds and all(r.ok and r.senders == 3 for r in report)
+        # The first round, before any exclusion: the liar's third of the parts arrived and was refused.
         assert report[0].contributions_expected > 0
         assert report[0].received_fraction == pytest.approx(2 / 3)
         assert {peer for peer, _, _ in report[0].rejected} == {liar_id}
@@ -168,8 +186,14 @@ def test_a_bad_donor_is_banned_and_the_next_donor_is_used(dhts, lie, kind):
         assert download.metadata == {"epoch": 12, "inner_step": 2}
         assert all(torch.equal(a, b) for a, b in zip(download.tensors, honest_state[1], strict=True))
         [offender] = gate.offenders()
-        assert (offender.peer_id, offender.kind, offender.banned_until) == (liar_id, kind, None)
-        # Banned for the run: the next download goes straight to the honest donor.
+        assert (offender.peer_id, offender.kind) == (liar_id, kind)
+        # A malformed state is the donor's own doing: banned for the run.  An implausible epoch is judged
+        # against other peers' reports, which may be forged: banned for a while only.
+        if kind == "bad_state":
+            assert offender.banned_until is None
+        else:
+            assert offender.banned_until is not None and offender.banned_until - time.time() < gate.default_ban_seconds
+        # The next download goes straight to the honest donor.
         again = joiner.load_state_from_peers(timeout=30.0)
         assert again is not None and again[0]["epoch"] == 12
         assert joiner.last_download_rejections == []
@@ -274,8 +298,9 @@ def test_safe_training_state_averager_rejects_a_huge_epoch_and_adopts_tensors_no
         joined_params = [p for g in joiner.optimizer.param_groups for p in g["params"]]
         assert all(torch.equal(a, b) for a, b in zip(joined_params, honest_params, strict=True))
         [offender] = gate.offenders()
-        assert offender.peer_id == str(dhts[2].peer_id) and offender.kind == "bad_state"
-        assert f"epoch {2**40} is outside" in offender.reason
+        # Caught by the epoch it serves against the priority it advertised, or by the epoch check itself.
+        assert offender.peer_id == str(dhts[2].peer_id) and offender.kind in ("implausible_epoch", "bad_state")
+        assert f"epoch {2**40}" in offender.reason
     finally:
         _shutdown(*averagers)
 

@@ -14,7 +14,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from p2ptrain.status import PeerRecord, StatusSnapshot, SwarmView
+from p2ptrain.status import OffenderEntry, PeerRecord, StatusSnapshot, SwarmView
 from p2ptrain.waiting import wait_until
 
 NOW = 1_760_000_000.0  # the fixed "wall clock" of the tests
@@ -27,6 +27,8 @@ PEER_IDS = (
     "12D3KooWZz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2Rr1Qq9Pp8Oo7Nn6Mm5Kk",
     "12D3KooWMm2Nn3Pp4Qq5Rr6Ss7Tt8Uu9Vv1Ww2Xx3Yy4Zz5Aa6B",
 )
+#: A plain hivemind peer that sent NaN parts: no record of its own, excluded.
+HOSTILE_ID = "12D3KooWHostile1NaNPartsXx7n2Lr5Ts8Uv9Ww1Yy3Zz4Aa5B"
 SCRIPT_LENGTH = 30
 
 
@@ -47,8 +49,15 @@ def swarm_view(now: float = NOW) -> SwarmView:
         for i, (pid, (state, epoch, sps, loss, reach, ago, ver, credit)) in enumerate(zip(PEER_IDS, rows,
                                                                                            strict=True))
     )
+    offenders = (
+        OffenderEntry(peer_id=HOSTILE_ID, kind="nonfinite_part", reason="part has NaN or inf values", offences=3,
+                      last_at=now - 40, banned_until=now + 552, excluded=True),
+        OffenderEntry(peer_id=PEER_IDS[3], kind="oversized_part", reason="norm 3.1e+03 > 41.2", offences=1,
+                      last_at=now - 900, banned_until=now - 300, excluded=False),
+    )
     return SwarmView(peers=peers, swarm_samples_per_second=459.9, global_epoch=42, slowest_peer=PEER_IDS[3],
-                     fastest_peer=PEER_IDS[1], samples_contributed=sum(p.samples_contributed for p in peers),
+                     fastest_peer=PEER_IDS[1], offenders=offenders,
+                     samples_contributed=sum(p.samples_contributed for p in peers),
                      data_pass=3, data_coverage=0.45, data_last_pass_coverage=1.0, shards_total=20)
 
 
@@ -69,7 +78,10 @@ def status_script(now: float = NOW) -> list[StatusSnapshot]:
         cpu_limit_percent=25.0, cpu_used_percent=24.6, cpu_idle_seconds_total=1932.0,
         bytes_sent_total=734_003_200, bytes_received_total=1_288_490_188,
         checkpoint_writes_ok_total=7, last_checkpoint_time=now - 192, uptime_seconds=7385.0,
-        started_at=now - 7385.0, samples_contributed_total=1_046_400, samples_not_averaged_total=2_304,
+        peer_checks=True, peer_offenses_by_kind={"nonfinite_part": 3, "oversized_part": 1}, peer_offenses_total=4,
+        peers_excluded=1,
+        started_at=now - 7385.0,
+        samples_contributed_total=1_046_400, samples_not_averaged_total=2_304,
         data_pass=3, data_shards_consumed=2, data_past_pass_shards=(4, 4, 3), data_shards_total=20,
         data_source="0123456789abcdef", loss_history_epochs=tuple(range(0, 43, 2)),
         loss_history=tuple(5.5 - 3.2 * (1 - 0.9 ** e) for e in range(0, 43, 2)),

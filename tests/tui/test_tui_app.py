@@ -56,7 +56,7 @@ def test_node_view_shows_the_snapshot(make_app: MakeApp) -> None:
         assert text(app, "#run-value") == ("bytelm-demo@mfvu2prtod62tp5pp2vgyrz7ty · manifest v3 · invite  "
                                            "model 9f2c4e1ab37d")
         assert text(app, "#addrs-value").startswith("direct · /ip4/203.0.113.7/tcp/31337")
-        assert text(app, "#epoch-value") == "42 (swarm 42) · 5 peers"
+        assert text(app, "#epoch-value") == "42 (swarm 42) · 5 peers · 1 excluded"
         bar = app.screen.query_one("#progress-bar", ProgressBar)
         assert bar.total == 4096 and bar.progress == (29 * 137) % 4096
         assert text(app, "#avg-value") == "42 rounds · 88% full · median 100% received · group 4/5"
@@ -81,20 +81,25 @@ def test_swarm_view_sort_and_filter(make_app: MakeApp) -> None:
     async def scenario(pilot: Pilot[Any]) -> None:
         await until(pilot, lambda: app.status is not None)
         await pilot.press("2")
-        await until(pilot, lambda: len(table_rows(app)) == 6)
+        await until(pilot, lambda: len(table_rows(app)) == 7)  # 5 peers, 1 offender without a record, totals
         rows = table_rows(app)
         assert rows[-1][0] == "Σ 5 peers" and rows[-1][3] == "459.9" and rows[-1][4] == "μ 2.346"
         assert [r[0] for r in rows if r[0].startswith("▶")] == ["▶ …mVvZ1xAa"]  # this node
         assert [r[6] for r in rows if r[0].startswith("▶")] == ["3s"]
+        # Offenders are marked; the one excluded now says so, and the one without a record gets a row.
+        assert [(r[0], r[1]) for r in rows if r[0].startswith("✗")] == [("✗ …Nn6Mm5Kk", "syncing"),
+                                                                         ("✗ …3Zz4Aa5B", "excluded")]
+        assert rows[-2][7] == "nonfinite_part"
+        assert text(app, "#offenders").startswith("✗ 2 offenders: …3Zz4Aa5B nonfinite_part ×3 (excluded 9m 12s more)")
         await pilot.press("s")  # peer -> state
-        assert [r[1] for r in table_rows(app)[:-1]] == ["paused", "syncing", "training", "training", "training"]
+        assert [r[1] for r in table_rows(app)[:-2]] == ["paused", "syncing", "training", "training", "training"]
         await pilot.press("s", "s")  # -> epoch -> samples/s
-        assert [r[3] for r in table_rows(app)[:-1]] == ["0.0", "12.5", "97.1", "118.4", "231.9"]
+        assert [r[3] for r in table_rows(app)[:-2]] == ["0.0", "12.5", "97.1", "118.4", "231.9"]
         table = app.screen.query_one("#peers", DataTable)
         table.post_message(DataTable.HeaderSelected(table, table.ordered_columns[3].key, 3,
                                                      table.ordered_columns[3].label))
         await pilot.pause(0.1)  # a second click on the same header reverses
-        assert [r[3] for r in table_rows(app)[:-1]] == ["231.9", "118.4", "97.1", "12.5", "0.0"]
+        assert [r[3] for r in table_rows(app)[:-2]] == ["231.9", "118.4", "97.1", "12.5", "0.0"]
         await pilot.press("slash")
         assert app.focused is app.screen.query_one("#filter", Input)
         await pilot.press(*"relayed")
@@ -104,7 +109,7 @@ def test_swarm_view_sort_and_filter(make_app: MakeApp) -> None:
         await pilot.press("enter")
         assert app.focused is table and len(table_rows(app)) == 3
         await pilot.press("slash", "escape")
-        assert len(table_rows(app)) == 6
+        assert len(table_rows(app)) == 7
 
     drive(app, scenario)
 

@@ -37,6 +37,8 @@ def populated_status(now: float | None = None) -> StatusSnapshot:
         averaging_rounds_partial_total=3, last_round_peers_online=4, last_round_received_fraction=2 / 3,
         received_fraction_bucket_counts=(0, 1, 2, 0, 0, 0, 9, 0), received_fraction_sum=10.8333,
         median_received_fraction=1.0, cpu_limit_percent=25.0, cpu_used_percent=24.5, cpu_idle_seconds_total=31.5,
+        peer_checks=True, peer_offenses_by_kind={"nonfinite_part": 3, "bad_state": 1}, peer_offenses_total=4,
+        peers_excluded=2,
         samples_contributed_total=11_904, samples_not_averaged_total=256, data_pass=2, data_shards_consumed=5,
         data_past_pass_shards=(9, 11), data_shards_total=20, data_source="0123456789abcdef",
     )

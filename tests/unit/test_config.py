@@ -66,6 +66,19 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("[training]\naveraging_timeout = 1e9\n", "training.averaging_timeout: Input should be less than or equal"),
         ("[training]\nseed = 18446744073709551616\n", "training.seed: Input should be less than or equal to"),
         ("[volunteer]\nmax_memory_mb = 99999999999\n", "volunteer.max_memory_mb: Input should be less than or equal"),
+        # Peer checks: ban times are finite, positive and bounded; the switch is a boolean.
+        ("[swarm]\nban_seconds = 0\n", "swarm.ban_seconds: Input should be greater than 0"),
+        ("[swarm]\nban_seconds = -5.0\n", "swarm.ban_seconds: Input should be greater than 0 (got -5.0)"),
+        ("[swarm]\nban_seconds = inf\n", "swarm.ban_seconds: Input should be a finite number (got inf)"),
+        ("[swarm]\nban_seconds = 1e9\n", "swarm.ban_seconds: Input should be less than or equal to 2592000"),
+        ("[swarm]\nban_seconds = \"600\"\n", "swarm.ban_seconds: Input should be a valid number (got '600')"),
+        ("[swarm]\nbad_state_ban_seconds = -1.0\n",
+         "swarm.bad_state_ban_seconds: Input should be greater than or equal to 0 (got -1.0)"),
+        ("[swarm]\nbad_state_ban_seconds = nan\n", "swarm.bad_state_ban_seconds: Input should be a finite number"),
+        ("[swarm]\nbad_state_ban_seconds = 1e12\n",
+         "swarm.bad_state_ban_seconds: Input should be less than or equal to 31536000"),
+        ("[swarm]\npeer_checks = \"off\"\n", "swarm.peer_checks: Input should be a valid boolean (got 'off')"),
+        ("[swarm]\npeer_checks = 0\n", "swarm.peer_checks: Input should be a valid boolean (got 0)"),
         # Host syntax.
         ("[api]\nhost = \"not a host!!\"\n", "api.host: not an IP address or host name"),
         ("[api]\nhost = \"\"\n", "api.host: not an IP address or host name (e.g. 127.0.0.1, 0.0.0.0, ::1, localhost) "
@@ -283,3 +296,9 @@ def test_cli_config_init_writes_and_refuses_to_overwrite(tmp_path: Path) -> None
 def test_cli_version(tmp_path: Path) -> None:
     result = _cli("--version", cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.startswith("p2ptrain ")
+
+
+def test_log_level_takes_any_case_like_the_command_line_flag():
+    assert NodeConfig.model_validate({"node": {"log_level": "debug"}}).node.log_level == "DEBUG"
+    with pytest.raises(ValueError, match="node.log_level"):
+        NodeConfig.model_validate({"node": {"log_level": "loud"}})

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+from types import SimpleNamespace
+
 import torch
 
 from p2ptrain.diloco import OuterStep
@@ -79,3 +83,60 @@ def test_overlapped_round_keeps_local_progress_made_meanwhile() -> None:
     # The next pseudo-gradient counts those steps exactly once.
     assert torch.allclose(outer.pseudo_gradients([param])[0], torch.tensor([0.25, -0.5]))
     assert pseudo[0].tolist() == [0.5, 1.0]
+
+
+class _NoSwarm:
+    """Stands in for the round tracker and the averager: a swarm of one, never at the end of a round."""
+
+    client_mode = False
+    state_sharing_priority = 0.0
+    global_epoch = 0
+    ready_to_update_epoch = False
+    global_progress = SimpleNamespace(num_peers=1, samples_accumulated=0)
+    estimated_next_update_time = float("inf")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def report_local_progress(self, *args: object) -> None:
+        pass
+
+    def pause_updates(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def update_epoch(self, epoch: int) -> None:
+        pass
+
+
+def test_a_nonfinite_micro_batch_anywhere_in_an_inner_batch_is_dropped_alone(monkeypatch) -> None:
+    """The trainer drops a micro-batch with NaN gradients by calling zero_grad; in the middle of an inner
+    batch (inner_batch_size > batch_size) that must drop it and keep the micro-batches before it."""
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.swarmstats import SwarmStats
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", _NoSwarm)
+    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: _NoSwarm)
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=16, inner_steps=10, lr=0.1, warmup_epochs=0)
+    optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
+    seen: list[torch.Tensor] = []
+    inner_step = optimizer.inner.step
+    monkeypatch.setattr(optimizer.inner, "step", lambda: (seen.append(param.grad.clone()), inner_step())[1])
+
+    def micro_batch(grad: float, dropped: bool = False) -> None:  # what Trainer.step does with the optimizer
+        param.grad = torch.full((3,), grad)
+        if dropped:
+            optimizer.zero_grad()
+            return
+        optimizer.step(batch_size=8)
+        optimizer.zero_grad()
+
+    micro_batch(1.0)
+    micro_batch(math.nan, dropped=True)  # second in its inner batch
+    micro_batch(3.0)
+    micro_batch(math.inf, dropped=True)  # first in the next one
+    micro_batch(5.0)
+    micro_batch(7.0)
+    assert [g.tolist() for g in seen] == [[2.0] * 3, [6.0] * 3]  # the means of the accepted micro-batches
+    assert torch.isfinite(param).all() and optimizer.inner_step == 2

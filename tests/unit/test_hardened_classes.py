@@ -96,10 +96,41 @@ def test_after_a_failed_sync_a_lone_claim_is_not_believed_for_a_while():
     assert tracker.global_epoch == 8  # agreement is still believed
 
 
-def test_no_entries_and_duplicate_peer_entries():
+def test_no_entries_and_two_keys_claiming_one_peer():
     tracker = _tracker()
     assert tracker._parse_swarm_progress_data(None).num_peers == 0
-    newer = _entry(1, 7)
-    newer.value["time"] = 2.0e12
-    progress = tracker._parse_swarm_progress_data({b"a": _entry(1, 5), b"b": newer})
-    assert progress.num_peers == 1 and progress.epoch == 7  # one peer, its newest entry
+    forged = _entry(1, 7)
+    forged.value["time"] = 2.0e12  # newer than the peer's own entry
+    progress = tracker._parse_swarm_progress_data({b"a": _entry(1, 5), b"b": forged})
+    assert progress.num_peers == 1 and progress.epoch == 5  # one peer; nothing says which is real: the modest claim
+
+
+def test_with_bound_keys_only_entries_written_with_a_peers_record_key_count():
+    """One process with many RSA keys can write entries in any name; only the key a peer's identity-bound
+    record names speaks for that peer."""
+    honest = {b"k1": str(PeerID(_peer(1))), b"k2": str(PeerID(_peer(2)))}
+    tracker = RobustProgressTracker(_FakeDht(), "run", 100, start=False, bound=lambda: honest)
+    tracker.local_progress = tracker._get_local_progress(10, 0)
+    forged_victim = _entry(1, 5000)
+    forged_victim.value["time"] = 2.0e12
+    metadata = {b"k1": _entry(1, 10, samples=40), b"k2": _entry(2, 11, samples=30),
+                b"x1": forged_victim,                                    # another key in peer 1's name
+                b"x2": _entry(7, 5000), b"x3": _entry(8, 5000)}          # a quorum of two made-up peers
+    progress = tracker._parse_swarm_progress_data(metadata)
+    assert progress.epoch == 11  # the two made-up peers agree on 5000, but have no say
+    assert set(tracker.peer_epochs.values()) == {10, 11}
+    # They still count as peers to average with (and towards the samples, each bounded).
+    assert progress.num_peers == 4
+
+
+def test_a_flood_of_entries_is_filtered_and_merged_before_it_is_capped():
+    from p2ptrain.robustprogress import MAX_PROGRESS_ENTRIES
+
+    gate = PeerGate()
+    tracker = _tracker(gate)
+    tracker.local_progress = tracker._get_local_progress(3, 0)
+    flood = {bytes([n % 256, n // 256]) + b"f": _entry(9, 1, rate=1.0) for n in range(2 * MAX_PROGRESS_ENTRIES)}
+    gate.offend(PeerID(_peer(9)), "nonfinite_part", "test")  # the flooder is banned: none of it counts
+    honest = {b"h": _entry(1, 4), b"i": _entry(2, 4)}
+    progress = tracker._parse_swarm_progress_data({**flood, **honest})  # honest entries come last
+    assert progress.num_peers == 2 and progress.epoch == 4

@@ -73,6 +73,17 @@ def test_populated_snapshot_values_and_types():
     assert "peer_id" not in text and "QmSelf" not in text  # no peer-id labels, ever
 
 
+def test_offences_by_kind_without_peer_ids():
+    from p2ptrain.peergate import OFFENCE_KINDS
+
+    text, m = scrape(populated_status(now=NOW))
+    assert m[("p2ptrain_peer_offenses_total", (("kind", "nonfinite_part"),))] == 3
+    assert m[("p2ptrain_peer_offenses_total", (("kind", "bad_state"),))] == 1
+    assert all(("p2ptrain_peer_offenses_total", (("kind", kind),)) in m for kind in OFFENCE_KINDS)  # 0 included
+    assert m[("p2ptrain_peers_excluded", ())] == 2 and m[("p2ptrain_peer_checks_enabled", ())] == 1
+    assert "# TYPE p2ptrain_peer_offenses_total counter" in text
+
+
 def test_owned_run_metrics_and_a_plain_run_s():
     _, m = scrape(populated_status(now=NOW))
     assert m[("p2ptrain_run_info", (("admission", "invite"), ("run_id", "demo"), ("run_ref", "demo@" + "a" * 26)))] == 1

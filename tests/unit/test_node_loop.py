@@ -27,17 +27,13 @@ from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, Swa
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.trainer import StepStats
+from tests.support.clock import ManualClock
 
 STEPS_PER_EPOCH = 4
 STEP_SECONDS = 0.1
+PEER = "/ip4/127.0.0.1/tcp/4001/p2p/QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeOptimizer:
@@ -87,7 +83,7 @@ class FakeOptimizer:
 class FakeTrainer:
     """Each step advances the fake clock; an epoch every STEPS_PER_EPOCH steps."""
 
-    def __init__(self, optimizer: FakeOptimizer, clock: FakeClock, on_step: Any = None) -> None:
+    def __init__(self, optimizer: FakeOptimizer, clock: ManualClock, on_step: Any = None) -> None:
         self.optimizer, self.clock, self.on_step = optimizer, clock, on_step
         self.steps = self.samples_processed = self.nonfinite_skips = 0
 
@@ -149,7 +145,7 @@ class FakeSwarm(JoinedSwarm):
 class FakeBuilder:
     """The builder's methods with fakes; an owned run's plan and keeper are whatever a test sets."""
 
-    def __init__(self, clock: FakeClock, *, swarm_epoch: int = 0, fail_join: Exception | None = None,
+    def __init__(self, clock: ManualClock, *, swarm_epoch: int = 0, fail_join: Exception | None = None,
                  fail_build: Exception | None = None, on_step: Any = None) -> None:
         self.optimizer = FakeOptimizer(swarm_epoch)
         self.parts = FakeParts(FakeTrainer(self.optimizer, clock, on_step), self.optimizer)
@@ -178,8 +174,9 @@ class FakeBuilder:
         return self.keeper
 
     def build_training(self, config: NodeConfig, swarm: JoinedSwarm, stats: SwarmStats, *, live_peers: Any,
-                       wall_clock: Any, long_operation: Any, run: Any = None, wait: Any = None) -> Any:
-        self.built_with = {"config": config, "run": run, "wait": wait}
+                       wall_clock: Any, long_operation: Any, run: Any = None, defences: Any = None,
+                       wait: Any = None) -> Any:
+        self.built_with = {"config": config, "run": run, "defences": defences, "wait": wait}
         if self.fail_build is not None:
             raise self.fail_build
         return self.parts
@@ -188,7 +185,7 @@ class FakeBuilder:
 class RecordingHooks(NodeHooks):
     """Records what the node told it; ``idle`` advances the fake clock like a real paused pass."""
 
-    def __init__(self, clock: FakeClock) -> None:
+    def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
         self.calls: list[str] = []
         self.outlets: NodeOutlets | None = None
@@ -229,14 +226,15 @@ def _config(tmp_path: Path, **training: Any) -> NodeConfig:
                          "training": {"validate_every": 1e6, **training}, "checkpoint": {"interval": 1e6}}, "test")
 
 
-def _node(tmp_path: Path, builder_kwargs: dict[str, Any] | None = None, **training: Any,
+def _node(tmp_path: Path, builder_kwargs: dict[str, Any] | None = None, join: tuple[str, ...] = (), **training: Any,
           ) -> tuple[Node, FakeBuilder, RecordingHooks, list[int]]:
-    clock = FakeClock()
+    """A node on fakes; ``join``: its initial peers (none: it starts the swarm, so it syncs with nobody)."""
+    clock = ManualClock()
     builder = FakeBuilder(clock, **(builder_kwargs or {}))
     hooks = RecordingHooks(clock)
     threads: list[int] = []
-    node = Node(_config(tmp_path, **training), hooks=hooks, builder=builder, clock=clock,  # type: ignore[arg-type]
-                wall_clock=lambda: 1.7e9, set_threads=threads.append, paused_wait=0.0)
+    node = Node(_config(tmp_path, **training), extra_peers=join, hooks=hooks, builder=builder,  # type: ignore[arg-type]
+                clock=clock, wall_clock=lambda: 1.7e9, set_threads=threads.append, paused_wait=0.0)
     return node, builder, hooks, threads
 
 
@@ -323,7 +321,7 @@ def test_sighup_reload_applies_the_new_settings_in_the_loop(tmp_path, caplog):
 def test_a_reloaded_cpu_share_holds_the_loop_and_shows_in_the_snapshot(tmp_path):
     """volunteer.max_cpu_percent from a SIGHUP reaches the loop's duty cycle: each 0.1 s step (a
     fully busy core) is then followed by 0.1 s of idling, and status shows the new limit and use."""
-    clock = FakeClock()
+    clock = ManualClock()
     builder = FakeBuilder(clock, on_step=lambda step: on_step(step))
     hooks = RecordingHooks(clock)
 
@@ -372,9 +370,15 @@ def test_the_optimizer_waits_through_the_node_s_stop_event(tmp_path):
 
 
 def test_a_newcomer_behind_the_swarm_downloads_its_state_once(tmp_path):
-    node, builder, _, _ = _node(tmp_path, {"swarm_epoch": 7}, max_epochs=8)
+    node, builder, _, _ = _node(tmp_path, {"swarm_epoch": 7}, join=(PEER,), max_epochs=8)
     assert node.run() == 0
     assert builder.optimizer.downloads == 1 and builder.parts.trainer.steps == STEPS_PER_EPOCH
+
+
+def test_the_node_that_started_the_swarm_never_waits_to_sync(tmp_path):
+    node, builder, _, _ = _node(tmp_path, {"swarm_epoch": 7}, max_epochs=1)
+    assert node.run() == 0
+    assert builder.optimizer.downloads == 0 and builder.parts.trainer.steps == STEPS_PER_EPOCH
 
 
 def test_a_node_in_step_with_the_swarm_does_not_download(tmp_path):
@@ -385,7 +389,7 @@ def test_a_node_in_step_with_the_swarm_does_not_download(tmp_path):
 
 def test_a_stop_while_syncing_skips_training_but_still_checkpoints(tmp_path, caplog):
     caplog.set_level("INFO")
-    node, builder, hooks, _ = _node(tmp_path, {"swarm_epoch": 5})
+    node, builder, hooks, _ = _node(tmp_path, {"swarm_epoch": 5}, join=(PEER,))
     builder.optimizer.load_state_from_peers = lambda: node.request_stop("SIGTERM") or False  # type: ignore
     assert node.run() == 0
     assert "TRAINING" not in _states(caplog) and builder.parts.checkpoints == 1
@@ -413,7 +417,7 @@ def test_an_api_host_this_machine_does_not_have_exits_78_before_joining(tmp_path
 
     config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "api": {"host": "nonexistent.invalid"}},
                           "test")  # passes config check: the name is well formed
-    builder = FakeBuilder(FakeClock())
+    builder = FakeBuilder(ManualClock())
     node = Node(config, hooks=ServiceHooks(config, None, SystemdNotifier(None)), builder=builder,  # type: ignore
                 set_threads=lambda _: None)
     assert node.run() == 78

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_node_loop import STEPS_PER_EPOCH, FakeBuilder, FakeClock, RecordingHooks
+from test_node_loop import STEPS_PER_EPOCH, FakeBuilder, RecordingHooks
 from test_ownedrun import MemoryDHT
 
 from p2ptrain.config import TaskSection, TrainingSection, parse_config
@@ -29,6 +29,7 @@ from p2ptrain.owner import OwnerKey
 from p2ptrain.rundht import fetch_manifest, publish_manifest
 from p2ptrain.status import NodeState, PeerRecord, SwarmView
 from p2ptrain.swarm import PeersRefused, identity_path
+from tests.support.clock import ManualClock
 
 SELF = "QmXyX6Ps4qyR2awJLJ5nwzg5n7Vdjk1CHidb8p2GbthpvF"
 OTHER = "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3"
@@ -47,7 +48,7 @@ def _next(manifest: Any, key: OwnerKey, **changes: Any) -> Any:
 class OwnedBuilder(FakeBuilder):
     """The real plan and keeper; the keeper's DHT is in memory and polls on the fake clock."""
 
-    def __init__(self, clock: FakeClock, dht: MemoryDHT, **kwargs: Any) -> None:
+    def __init__(self, clock: ManualClock, dht: MemoryDHT, **kwargs: Any) -> None:
         super().__init__(clock, **kwargs)
         self.clock, self.dht = clock, dht
 
@@ -73,7 +74,7 @@ class OwnedBuilder(FakeBuilder):
 
 def _node(tmp_path: Path, dht: MemoryDHT, swarm: dict[str, Any], *, on_step: Any = None, **training: Any,
           ) -> tuple[Node, OwnedBuilder, RecordingHooks]:
-    clock = FakeClock()
+    clock = ManualClock()
     builder = OwnedBuilder(clock, dht, on_step=on_step)
     hooks = RecordingHooks(clock)
     config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "api": {"enabled": False},
@@ -154,7 +155,7 @@ def test_a_bad_manifest_or_invite_is_exit_78_one_line_and_nothing_written(tmp_pa
         state.mkdir()
         identity_path(state).write_bytes((tmp_path / "elsewhere" / "identity.key").read_bytes())
         before = sorted(p.name for p in state.iterdir())
-    node = Node(config, hooks=RecordingHooks(FakeClock()), builder=NodeBuilder())
+    node = Node(config, hooks=RecordingHooks(ManualClock()), builder=NodeBuilder())
     assert node.run() == 78
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("p2ptrain: ") and re.search(message, err), err
@@ -249,7 +250,7 @@ def test_an_invite_in_a_config_without_a_manifest_asks_for_the_identity_first(tm
     invite = issue_invite(key, manifest.ref, OTHER, 1)
     config = parse_config({"node": {"state_dir": str(tmp_path / "state")},
                            "swarm": {"run": str(manifest.ref), "invite": invite}}, "test")
-    node = Node(config, hooks=RecordingHooks(FakeClock()), builder=NodeBuilder())
+    node = Node(config, hooks=RecordingHooks(ManualClock()), builder=NodeBuilder())
     assert node.run() == 78
     assert "has no identity yet" in capsys.readouterr().err and not (tmp_path / "state").exists()
 
@@ -270,7 +271,7 @@ def test_a_one_line_join_that_contradicts_the_manifest_ends_before_anything_is_w
 def test_a_one_line_join_without_a_peer_to_ask_is_one_line_and_writes_nothing(tmp_path, owner, capsys):
     _, manifest = owner
     config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "swarm": {"run": str(manifest.ref)}}, "t")
-    node = Node(config, hooks=RecordingHooks(FakeClock()), builder=NodeBuilder())
+    node = Node(config, hooks=RecordingHooks(ManualClock()), builder=NodeBuilder())
     assert node.run() == 78
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "swarm.initial_peers: run owned@" in err and "--join ADDR" in err, err

@@ -9,21 +9,16 @@ import os
 import pytest
 from hivemind.p2p import PeerID
 
-from p2ptrain.peergate import OFFENCE_KINDS, PeerGate, peer_name
+from p2ptrain.peergate import JUDGED_STRIKES, OFFENCE_KINDS, STRIKE_WINDOW_SECONDS, PeerGate, peer_name
+from tests.support.clock import ManualClock
 
 PEER = "QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_an_offence_bans_counts_and_logs_one_warning_naming_the_peer(caplog):
-    clock = _Clock()
+    clock = ManualClock()
     gate = PeerGate(default_ban_seconds=60, clock=clock)
     with caplog.at_level(logging.WARNING, logger="p2ptrain.peergate"):
         gate.offend(PEER, "nonfinite_part", "part 3 has NaN")
@@ -52,11 +47,11 @@ def test_a_ban_made_in_a_forked_child_is_seen_by_the_parent_and_bumps_the_versio
     before = gate.version
     pid = os.fork()
     if pid == 0:
-        gate.offend(PEER, "oversized_part", "norm 1e6 > 10")
+        gate.offend(PEER, "nonfinite_part", "part 1 has NaN")
         os._exit(0)
     os.waitpid(pid, 0)
     assert gate.is_banned(PEER) and gate.version == before + 1
-    assert gate.offence_counts()["oversized_part"] == 1
+    assert gate.offence_counts()["nonfinite_part"] == 1
 
 
 def test_repeat_offences_accumulate_and_a_full_list_evicts_the_soonest_to_expire():
@@ -88,3 +83,43 @@ def test_unknown_offence_kind_is_a_programming_error():
     with pytest.raises(ValueError, match="unknown offence kind 'typo'"):
         PeerGate().offend(PEER, "typo", "x")
     assert "bad_state" in OFFENCE_KINDS
+
+
+def test_a_judged_offence_excludes_only_on_the_third_round_with_one(caplog):
+    """A part far from the others can come from an honest peer now and then: refused each time, the
+    peer is excluded on its third round with one (parts of one round count once); a quiet spell
+    starts the count again.  A non-finite average is certain: excluded at once."""
+    clock = ManualClock()
+    gate = PeerGate(default_ban_seconds=60, clock=clock)
+    with caplog.at_level(logging.INFO, logger="p2ptrain.peergate"):
+        for _ in range(5):  # five parts of one round
+            gate.offend(PEER, "oversized_part", "norm 30 > 25")
+        assert not gate.is_banned(PEER)
+        clock.now += STRIKE_WINDOW_SECONDS + 1  # a quiet spell: the count starts again
+        for round_ in range(JUDGED_STRIKES):
+            assert not gate.is_banned(PEER), round_
+            clock.now += 2.0
+            gate.offend(PEER, "oversized_part", "norm 30 > 25")
+    assert gate.is_banned(PEER)
+    assert gate.offence_counts()["oversized_part"] == 5 + JUDGED_STRIKES
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"peer {PEER}: oversized_part (norm 30 > 25); excluded for 60s"]
+    other = "QmNnooDu7bfjPFoTZYxMNLWUQJyrVwtbZg5gBMjTezGAJN"
+    gate.offend(other, "bad_result", "returned NaN or inf", certain=True)
+    assert gate.is_banned(other)
+
+
+def test_a_sender_refused_several_times_a_second_still_collects_its_strikes():
+    """The gap between strikes runs from the last counted strike, not from the last offence: rounds
+    a fraction of a second apart (a fast swarm, parts and results refused in one round) must not keep
+    a liar one strike short for ever."""
+    clock = ManualClock()
+    gate = PeerGate(default_ban_seconds=60, clock=clock)
+    offences = 0
+    while not gate.is_banned(PEER):
+        gate.offend(PEER, "oversized_part", "norm 30 > 25")
+        offences += 1
+        clock.now += 0.4
+        assert offences <= 10, "never excluded"
+    # strikes at 0.0, 1.2 and 2.4 s: the seventh offence
+    assert offences == 7

@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from p2ptrain.daemon.ratelimit import ClientLimiter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_burst_is_served_at_once_then_requests_queue_then_are_refused() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     limiter = ClientLimiter(rate=10, burst=3, max_wait=0.25, clock=clock)
     waits = [limiter.admit("a") for _ in range(6)]
     assert [w.wait for w in waits[:3]] == [0, 0, 0] and not any(w.refused for w in waits[:3])
@@ -28,7 +21,7 @@ def test_burst_is_served_at_once_then_requests_queue_then_are_refused() -> None:
 
 
 def test_budget_refills_with_time() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     limiter = ClientLimiter(rate=2, burst=2, max_wait=0, clock=clock)
     assert not limiter.admit("a").refused and not limiter.admit("a").refused
     assert limiter.admit("a").refused
@@ -39,14 +32,14 @@ def test_budget_refills_with_time() -> None:
 
 
 def test_retry_after_says_how_long() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     limiter = ClientLimiter(rate=0.1, burst=1, max_wait=0, clock=clock)
     limiter.admit("a")
     assert limiter.admit("a").retry_after == 10
 
 
 def test_client_table_is_bounded() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     limiter = ClientLimiter(rate=1, burst=1, max_wait=0, max_clients=10, clock=clock)
     for i in range(100):
         limiter.admit(f"10.0.0.{i}")

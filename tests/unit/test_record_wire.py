@@ -27,3 +27,28 @@ def test_summarize_empty_and_non_training_peers():
     view = summarize((paused, _record("y", 2.0, 3)), rejected_total=7)
     assert (view.global_epoch, view.slowest_peer, view.fastest_peer) == (4, "y", "y")
     assert view.rejected_records_total == 7
+
+
+def test_a_dht_node_holds_a_bounded_number_of_records_under_the_run_key_refreshes_first():
+    """hivemind sends a key's whole dictionary in one message: a flood must not make it unreadable."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.validation import DHTRecord
+    from hivemind.utils import get_dht_time
+
+    from p2ptrain.records import RejectCounter, SubkeyCapValidator, peers_key
+
+    key = DHTID.generate(source=peers_key("capped")).to_bytes()
+    counter = RejectCounter()
+    cap = SubkeyCapValidator(key, counter, cap=3)
+    later = get_dht_time() + 60
+
+    def record(subkey: bytes, key_id: bytes = key, until: float = later) -> DHTRecord:
+        return DHTRecord(key=key_id, subkey=subkey, value=b"v", expiration_time=until)
+
+    assert all(cap.validate(record(bytes([n]))) for n in range(3))
+    assert not cap.validate(record(b"flood")) and counter.by_reason()["over_cap"] == 1
+    assert cap.validate(record(bytes([1])))  # a record already held is always refreshed
+    assert cap.validate(record(b"other", key_id=b"another key"))  # other keys are not this validator's
+    expired = SubkeyCapValidator(key, counter, cap=1)
+    assert expired.validate(record(b"old", until=get_dht_time() - 1))
+    assert expired.validate(record(b"new"))  # the expired one made room

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -73,6 +74,18 @@ def test_screen_rejects_nonfinite_bad_weight_and_oversized_and_caps_weight():
     assert rejected[3].kind == "oversized_part" and rejected[3].reason.startswith("norm")
 
 
+def test_a_sender_claiming_far_more_samples_than_ours_is_capped_relative_to_ours():
+    parts = _honest(4)
+    contributions = {0: (parts[0], 10.0), 1: (parts[1], 30.0), 2: (parts[2], 10_000.0), 3: (parts[3], 0.0)}
+    accepted, rejected = screen_parts(contributions, 0, ReduceRule.for_gradients(max_weight=50_000.0))
+    assert not rejected
+    assert [accepted[i][1] for i in range(4)] == [10.0, 30.0, 80.0, 0.0]  # 8x ours at most
+    # Tagging along with zero weight: the median weight is the reference.
+    contributions[0] = (parts[0], 0.0)
+    accepted, _ = screen_parts(contributions, 0, ReduceRule.for_gradients(max_weight=50_000.0))
+    assert accepted[2][1] == 8 * 30.0
+
+
 def test_zero_parts_cannot_lower_our_reference():
     """Our own part is the reference: senders of zeros do not make honest parts look oversized."""
     parts = _honest(2)
@@ -92,11 +105,21 @@ def test_our_own_bad_part_is_dropped_silently():
 def test_parameter_rounds_reject_a_part_far_from_ours():
     params = torch.randn(1000)
     drifted = params + 1e-3 * torch.randn(1000)
-    constant = torch.full_like(params, 0.0123)
-    accepted, rejected = screen_parts({0: (params, 1.0), 1: (drifted, 1.0), 2: (constant, 1.0)}, 0,
-                                      ReduceRule.for_parameters())
+    constant = torch.full_like(params, 1.0)
+    rule = ReduceRule(max_weight=1.0, max_deviation_ratio=1.0, abs_tolerance=1e-3)
+    accepted, rejected = screen_parts({0: (params, 1.0), 1: (drifted, 1.0), 2: (constant, 1.0)}, 0, rule)
     assert set(accepted) == {0, 1}
     assert rejected[2].kind == "deviant_part"
+
+
+def test_parameter_rounds_take_a_peer_a_round_behind_with_zero_biases():
+    """A newcomer one round behind still has its zero-initialised biases: the averaging repairs that
+    drift, so its part is no offence (nor is ours to it)."""
+    trained = 0.05 * torch.randn(64)
+    zeros = torch.zeros(64)
+    for own, other in ((zeros, trained), (trained, zeros)):
+        accepted, rejected = screen_parts({0: (own, 1.0), 1: (other, 1.0)}, 0, ReduceRule.for_diloco(max_weight=800))
+        assert set(accepted) == {0, 1} and not rejected
 
 
 def test_result_check_refuses_nonfinite_and_implausible_moves_but_not_honest_ones():
@@ -104,15 +127,15 @@ def test_result_check_refuses_nonfinite_and_implausible_moves_but_not_honest_one
     assert check_result(torch.randn(100) * 0.5, local, ReduceRule()) == ""
     assert "NaN or inf" in check_result(torch.full((100,), math.nan), local, ReduceRule())
     assert check_result(local * 50, local, ReduceRule()).startswith("moved our part")
-    assert check_result(-local, local, ReduceRule.for_parameters()).startswith("moved our part")
+    assert check_result(-2 * local, local, ReduceRule(max_result_ratio=1.0)).startswith("moved our part")
     assert check_result(torch.randn(100), torch.zeros(100), ReduceRule()) == ""  # nothing to compare with
     assert "shape" in check_result(torch.randn(5), local, ReduceRule())
 
 
 def _report(n: int) -> RoundReport:
-    return RoundReport(averager="a", group_size=3, senders=3, contributions_expected=6, contributions_received=n,
-                       results_expected=10, results_received=10, rejected=(("QmX", "nonfinite_part", "nan"),),
-                       clipped=0, ok=True, finished_at=1.0)
+    return RoundReport(averager="a", group_size=3, peers=("a", "b", "QmX"), senders=3, contributions_expected=6,
+                       contributions_received=n, results_expected=10, results_received=10,
+                       rejected=(("QmX", "nonfinite_part", "nan"),), clipped=0, ok=True, finished_at=1.0)
 
 
 def test_round_reports_cross_a_fork_and_never_block_when_full():
@@ -128,6 +151,13 @@ def test_round_reports_cross_a_fork_and_never_block_when_full():
     assert reports.dropped == 2
     assert drained[0].received_fraction == 0.0 and drained[2].received_fraction == pytest.approx(2 / 6)
     assert reports.drain() == []
+
+
+def test_a_round_report_says_how_much_was_averaged_and_whom_this_node_met():
+    report = dataclasses.replace(_report(6), results_received=5)
+    assert report.received_fraction == 1.0 and report.averaged_fraction == 0.5  # half our tensors came back
+    assert report.met("a") == ("b",)  # not ourselves, not the peer refused this round
+    assert dataclasses.replace(report, ok=False).met("a") == ()
 
 
 def test_a_fresh_peers_larger_gradient_is_not_an_offence():

@@ -11,7 +11,7 @@ from p2ptrain.status import RECEIVED_FRACTION_BUCKETS, ROUND_DURATION_BUCKETS, S
 
 
 def report(ok: bool = True, duration: float = 1.0, group: int = 3, online: int = 3,
-           received: float = 1.0) -> RoundReport:
+           received: float | None = 1.0) -> RoundReport:
     return RoundReport(ok=ok, duration=duration, group_size=group, peers_online=online, received_fraction=received)
 
 
@@ -19,18 +19,21 @@ def report(ok: bool = True, duration: float = 1.0, group: int = 3, online: int =
     (False, 0, 3, 0.0, "failed"),
     (False, 3, 3, 1.0, "failed"),        # whatever it claims, a round that did not complete failed
     (True, 3, 3, 1.0, "ok"),
-    (True, 2, 3, 1.0, "ok"),             # two of three peers: most of the swarm
-    (True, 2, 4, 1.0, "ok"),             # exactly half
-    (True, 2, 5, 1.0, "partial"),        # less than half of the peers online
+    (True, 2, 3, 1.0, "partial"),        # two of three peers: a third of the swarm left out
+    (True, 2, 4, 1.0, "partial"),
     (True, 1, 1, 1.0, "partial"),        # a "group" of one averaged with nobody
-    (True, 3, 3, 2 / 3, "partial"),      # a peer dropped out mid-round: 66.7% received
+    (True, 3, 3, 2 / 3, "partial"),      # a peer's parts are missing: 66.7% received
+    (True, 3, 3, 1 / 3, "partial"),
     (True, 2, 2, 0.5, "partial"),
-    (True, 10, 10, 0.9, "ok"),           # one part in ten missing is still a full round
-    (True, 10, 10, 0.89, "partial"),
+    (True, 10, 10, 0.9, "partial"),      # one part in ten missing is not "all"
+    (True, 20, 20, 0.95, "ok"),          # one in twenty is near enough
+    (True, 19, 20, 1.0, "ok"),           # in a big swarm someone is always coming or going
+    (True, 18, 20, 1.0, "partial"),
     (True, 3, 2, 1.0, "ok"),             # the swarm view lags: the group is the whole swarm
     (True, 2, 0, 1.0, "ok"),             # peers online unknown: judged on the group alone
+    (True, 3, 3, None, "ok"),            # not measured (peer checks off): judged on the group alone
 ])
-def test_classify(ok: bool, group: int, online: int, received: float, outcome: str) -> None:
+def test_classify(ok: bool, group: int, online: int, received: float | None, outcome: str) -> None:
     assert classify(report(ok, 1.0, group, online, received).bounded()) == RoundOutcome(outcome)
 
 

@@ -118,7 +118,9 @@ def test_epoch_plausibility_against_the_other_peers():
     assert not plausible_epoch(2000, [1000, 1100, 1200], own=0).ok  # the margin grows with the run...
     assert plausible_epoch(1370, [1000, 1100, 1200], own=0).ok  # ...by a quarter of the median (1100)
     behind = plausible_epoch(3, [3], own=10)
-    assert not behind.ok and behind.kind == "" and "behind ours" in behind.reason
+    assert not behind.ok and behind.kind == "" and "not ahead of ours" in behind.reason
+    fresh = plausible_epoch(0, [], own=0)  # a fresh peer serving its initialisation: useless, no offence
+    assert not fresh.ok and fresh.kind == ""
 
 
 def test_epoch_ceiling():
@@ -127,11 +129,39 @@ def test_epoch_ceiling():
 
 def test_candidate_loss_against_peers_or_our_own():
     assert check_candidate_loss(3.0, own=5.3, honest=[3.1, 2.9, 3.05]).ok
-    worse = check_candidate_loss(5.545, own=5.32, honest=[])
-    assert not worse.ok and worse.kind == "bad_model" and "our own model's 5.3200" in worse.reason
+    worse = check_candidate_loss(5.545, own=4.4, honest=[])
+    assert not worse.ok and worse.kind == "bad_model" and "our own model's 4.4000" in worse.reason
+    # An honest donor's model wobbles: 4% worse than the state we took from it seconds before is no lie.
+    assert check_candidate_loss(0.8973, own=0.8602, honest=[]).ok
     assert not check_candidate_loss(5.545, own=5.32, honest=[3.0, 3.1]).ok
     assert not check_candidate_loss(math.nan, own=5.0, honest=[]).ok
     assert check_candidate_loss(4.0, own=None, honest=[]).ok
+
+
+def test_a_state_far_above_what_its_donor_advertised_is_a_lie():
+    from p2ptrain.statecheck import advertised_epoch
+
+    assert advertised_epoch({"epoch": 12}, 12.0).ok and advertised_epoch({"epoch": 20}, 12.0).ok
+    lie = advertised_epoch({"epoch": 5000}, 181.0)
+    assert not lie.ok and lie.kind == "implausible_epoch" and "advertised 181" in lie.reason
+    assert advertised_epoch({"epoch": 5000}, None).ok and advertised_epoch("junk", 3.0).ok
+
+
+def test_forged_loss_reports_can_neither_ban_a_good_donor_nor_pass_a_bad_one():
+    # Reports that disagree (one honest among forged ones) are not used: our own loss is the reference.
+    assert check_candidate_loss(3.0, own=3.0, honest=[0.01, 0.01, 3.1]).ok
+    verdict = check_candidate_loss(4.5, own=3.5, honest=[0.01, 3.2, 3.3])
+    assert not verdict.ok and "our own model's 3.5000" in verdict.reason
+    assert not check_candidate_loss(5.545, own=4.4, honest=[100.0, 3.0]).ok  # forged high reports: ours
+    # A fresh node (its own loss far above the run's) judges by the reports: garbage with a plausible epoch
+    # is refused even though it beats a random initialisation.
+    fresh = check_candidate_loss(5.545, own=5.6, honest=[3.0, 3.1, 2.9])
+    assert not fresh.ok and "median of 3 peer(s)' reports 3.0000" in fresh.reason
+    assert not check_candidate_loss(5.545, own=None, honest=[3.0, 3.1, 2.9]).ok
+    assert check_candidate_loss(3.05, own=None, honest=[3.0, 3.1, 2.9]).ok
+    # A trained node takes a donor as good as itself, a little behind the reports.
+    assert check_candidate_loss(3.05, own=3.0, honest=[2.9, 2.9]).ok
+    assert not check_candidate_loss(3.7, own=3.0, honest=[2.9, 2.9]).ok
 
 
 def test_validator_runs_every_check_and_never_raises():

@@ -26,6 +26,7 @@ from p2ptrain.swarm import (
     start_dht,
 )
 from p2ptrain.waiting import wait_until
+from tests.support.clock import ManualClock
 
 PEER = "/ip4/127.0.0.1/tcp/41400/p2p/QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
 
@@ -67,18 +68,12 @@ def test_dht_kwargs_carry_loopback_safety_switches(tmp_path: Path) -> None:
     assert kwargs["initial_peers"] == [PEER]
 
 
-class _FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class _ClockStopper:
     """A stop event whose waits advance a fake clock instead of sleeping."""
 
-    def __init__(self, clock: _FakeClock) -> None:
+    def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
         self.waits: list[float] = []
 
@@ -89,7 +84,7 @@ class _ClockStopper:
 
 
 def test_bootstrap_retries_with_backoff_then_gives_up(tmp_path: Path) -> None:
-    clock = _FakeClock()
+    clock = ManualClock(0.0)
     stop = _ClockStopper(clock)
     attempts: list[dict[str, Any]] = []
 
@@ -105,7 +100,7 @@ def test_bootstrap_retries_with_backoff_then_gives_up(tmp_path: Path) -> None:
 
 
 def test_bootstrap_succeeds_after_transient_failures(tmp_path: Path) -> None:
-    clock = _FakeClock()
+    clock = ManualClock(0.0)
     calls = {"n": 0}
 
     def flaky_dht(**kwargs: Any) -> Any:
@@ -119,7 +114,7 @@ def test_bootstrap_succeeds_after_transient_failures(tmp_path: Path) -> None:
 
 
 def test_peers_that_refuse_every_request_are_retried_then_named(tmp_path: Path) -> None:
-    clock = _FakeClock()
+    clock = ManualClock(0.0)
     seen: list[dict[str, Any]] = []
 
     def refusing_dht(**kwargs: Any) -> Any:
@@ -160,14 +155,18 @@ def test_first_node_with_a_broken_listen_address_fails_at_once(tmp_path: Path) -
 
 
 class _FakeDHT:
-    """Just enough of hivemind.DHT's get/store for fingerprint claims and progress entries."""
+    """Just enough of hivemind.DHT's get/store for fingerprint claims; ``records`` stands for what the
+    identity-bound peer records say (peer ID -> fingerprint), ``progress`` for hivemind's entries."""
 
     def __init__(self) -> None:
         self.entries: dict[str, float] = {}
+        self.records: dict[str, str] = {}
         self.progress: dict[str, dict[bytes, Any]] = {}
         self.peer_id = PeerID(b"\x12\x20" + b"\x01" * 32)
 
     def get(self, key: str, latest: bool = False) -> Any:
+        if key.endswith("_peers"):
+            return self
         values = self.entries if key.endswith("_model_fingerprint") else self.progress.get(key, {})
         if not values:
             return None
@@ -176,19 +175,31 @@ class _FakeDHT:
     def store(self, key: str, subkey: str, value: float, **kwargs: Any) -> None:
         self.entries[subkey] = value
 
-    def trains(self, fingerprint: str, peer: bytes, mode_suffix: str = "_progress") -> None:
-        """A live peer reporting progress under ``fingerprint``'s averaging keys."""
+    def trains(self, fingerprint: str, peer: str) -> None:
+        """A live peer whose identity-bound record names ``fingerprint``."""
+        self.records[peer] = fingerprint
+
+    def progress_entry(self, fingerprint: str, peer: bytes) -> None:
+        """A hivemind progress entry under ``fingerprint``'s keys: self-declared, anyone can write it."""
         entry = {"peer_id": peer, "epoch": 3, "samples_accumulated": 8, "samples_per_second": 1.0, "time": 1.0,
                  "client_mode": False}
-        self.progress.setdefault(f"run_{fingerprint}{mode_suffix}", {})[b"[owner:" + peer + b"]"] = entry
+        self.progress.setdefault(f"run_{fingerprint}_progress", {})[b"[owner:" + peer + b"]"] = entry
+
+
+@pytest.fixture(autouse=True)
+def _records_of_the_fake_dht(monkeypatch: pytest.MonkeyPatch) -> None:
+    import p2ptrain.records
+
+    monkeypatch.setattr(p2ptrain.records, "bound_fingerprints",
+                        lambda found, run_id, now: dict(found.records) if isinstance(found, _FakeDHT) else {})
 
 
 def test_fingerprint_first_claim_wins_and_a_node_whose_peers_train_another_model_is_refused() -> None:
     dht = _FakeDHT()
     assert claim_fingerprint(dht, "run", "aaaa", first_seen=100.0) == 100.0
     assert claim_fingerprint(dht, "run", "aaaa", first_seen=200.0) == 100.0  # keeps the original time
-    dht.trains("aaaa", b"peer-a")
-    dht.trains("aaaa", b"peer-b", "_diloco_progress")
+    dht.trains("aaaa", "peer-a")
+    dht.trains("aaaa", "peer-b")
     with pytest.raises(FingerprintMismatch,
                        match=r"model fingerprint bbbb differs from run 'run'.s model aaaa \(2 peer\(s\) train it\)"):
         claim_fingerprint(dht, "run", "bbbb", first_seen=300.0)
@@ -199,7 +210,7 @@ def test_a_foreign_fingerprint_entry_alone_never_stops_a_node(caplog: pytest.Log
     """Anyone can write the entry: with nobody seen training it, it is ignored (one warning)."""
     dht = _FakeDHT()
     dht.entries["ffff"] = 1.0  # a stranger's entry, older than anything honest
-    dht.trains("ffff", dht.peer_id.to_bytes())  # only our own progress: not evidence
+    dht.trains("ffff", str(dht.peer_id))  # only our own record: not evidence
     with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm"):
         assert claim_fingerprint(dht, "run-x", "aaaa", first_seen=100.0) == 100.0
         assert claim_fingerprint(dht, "run-x", "aaaa", first_seen=100.0) == 100.0
@@ -208,11 +219,39 @@ def test_a_foreign_fingerprint_entry_alone_never_stops_a_node(caplog: pytest.Log
     assert warnings == ["ignoring model fingerprint ffff published under run 'run-x': no live peer is seen training it"]
 
 
+def test_forged_progress_entries_and_a_single_record_cannot_lock_a_node_out(caplog: pytest.LogCaptureFixture) -> None:
+    """A stranger writes the entry, progress entries in many names under its keys, and one bound record of
+    its own: still too little to stop a node; a second peer's record would be enough."""
+    dht = _FakeDHT()
+    dht.entries["ffff"] = 1.0
+    for n in range(20):
+        dht.progress_entry("ffff", bytes([n]) * 34)
+    dht.trains("ffff", "stranger")
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm"):
+        assert claim_fingerprint(dht, "run-y", "aaaa", first_seen=100.0) == 100.0
+    assert "only 1 peer's record names it, too few to believe" in caplog.text
+    dht.trains("ffff", "second-stranger")
+    with pytest.raises(FingerprintMismatch, match=r"\(2 peer\(s\) train it\)"):
+        claim_fingerprint(dht, "run-y", "aaaa", first_seen=100.0)
+
+
+def test_the_record_of_the_peer_we_joined_through_is_enough_to_refuse() -> None:
+    """A user who points a misconfigured node at a one-node swarm is told at once: the peer it was told to
+    join is trusted, and its identity-bound record cannot be forged."""
+    dht = _FakeDHT()
+    dht.entries["aaaa"] = 1.0
+    dht.trains("aaaa", "QmFirst")
+    assert claim_fingerprint(dht, "run-z", "bbbb", first_seen=5.0) == 5.0  # a stranger's word alone: warned
+    with pytest.raises(FingerprintMismatch, match=r"differs from run 'run-z'.s model aaaa \(1 peer\(s\) train it\)"):
+        claim_fingerprint(dht, "run-z", "bbbb", first_seen=5.0, trusted=("QmFirst",))
+
+
 def test_peers_training_our_model_outweigh_a_foreign_entry_and_its_trainers(caplog: pytest.LogCaptureFixture) -> None:
     dht = _FakeDHT()
     dht.entries["ffff"] = 1.0
-    dht.trains("ffff", b"stranger")
-    dht.trains("aaaa", b"honest")
+    dht.trains("ffff", "stranger")
+    dht.trains("ffff", "stranger-2")
+    dht.trains("aaaa", "honest")
     with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm"):
         assert claim_fingerprint(dht, "run", "aaaa", first_seen=100.0) == 100.0
     assert "1 peer(s) train ours (aaaa)" in caplog.text

@@ -12,14 +12,7 @@ from pathlib import Path
 import pytest
 
 from p2ptrain.daemon.systemd import SystemdNotifier
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 class NotifySocket:
@@ -102,7 +95,7 @@ def test_without_notify_socket_everything_is_silent() -> None:
     notifier = SystemdNotifier.from_environ({"WATCHDOG_USEC": "1000000"})
     assert not notifier.enabled
     assert not notifier.ready() and not notifier.status("x") and not notifier.stopping()
-    pacer = notifier.watchdog_pacer(clock=FakeClock())
+    pacer = notifier.watchdog_pacer(clock=ManualClock())
     assert not pacer.enabled and pacer.interval == 0.0
     assert not pacer.progress()
 
@@ -116,7 +109,7 @@ def test_unreachable_socket_warns_once_and_never_raises(caplog: pytest.LogCaptur
 
 
 def test_watchdog_pings_at_most_every_half_period(path_socket: NotifySocket) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     notifier = SystemdNotifier.from_environ(
         {"NOTIFY_SOCKET": path_socket.address, "WATCHDOG_USEC": "10000000", "WATCHDOG_PID": str(os.getpid())})
     pacer = notifier.watchdog_pacer(clock=clock)
@@ -131,7 +124,7 @@ def test_watchdog_pings_at_most_every_half_period(path_socket: NotifySocket) -> 
 
 
 def test_watchdog_stops_when_progress_stops(path_socket: NotifySocket) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     notifier = SystemdNotifier(path_socket.address, watchdog_usec=2_000_000)
     pacer = notifier.watchdog_pacer(clock=clock)
     pacer.progress()
@@ -143,13 +136,13 @@ def test_watchdog_for_another_pid_is_ignored(path_socket: NotifySocket) -> None:
     notifier = SystemdNotifier.from_environ(
         {"NOTIFY_SOCKET": path_socket.address, "WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "1"}, pid=4242)
     assert notifier.watchdog_usec == 0
-    assert not notifier.watchdog_pacer(clock=FakeClock()).progress()
+    assert not notifier.watchdog_pacer(clock=ManualClock()).progress()
     assert not notifier.watchdog()
     assert path_socket.messages() == []
 
 
 def test_expect_delay_widens_then_restores_timeout(path_socket: NotifySocket) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     pacer = SystemdNotifier(path_socket.address, watchdog_usec=4_000_000).watchdog_pacer(clock=clock)
     assert pacer.expect_delay(120)
     assert pacer.interval == 60.0

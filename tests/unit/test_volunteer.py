@@ -9,6 +9,7 @@ import pytest
 from p2ptrain.config import ConfigError, VolunteerSection, parse_config
 from p2ptrain.status import PauseReason
 from p2ptrain.volunteer import LoadSample, ProcLoadSource, VolunteerPolicy, parse_window
+from tests.support.clock import ManualClock
 
 
 def at(text: str) -> float:
@@ -16,12 +17,6 @@ def at(text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
-class Clock:
-    def __init__(self, start: float) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Load:
@@ -34,7 +29,7 @@ class Load:
         return self.sample
 
 
-def policy(clock: Clock, load: Load | None = None, **fields: object) -> VolunteerPolicy:
+def policy(clock: ManualClock, load: Load | None = None, **fields: object) -> VolunteerPolicy:
     return VolunteerPolicy(VolunteerSection.model_validate(fields), clock=clock, load=load, tz=UTC)
 
 
@@ -44,7 +39,7 @@ def policy(clock: Clock, load: Load | None = None, **fields: object) -> Voluntee
     ("2024-01-02 12:00", False),
 ])
 def test_window_across_midnight(moment: str, inside: bool) -> None:
-    clock = Clock(at(moment))
+    clock = ManualClock(at(moment))
     expected = PauseReason.NONE if inside else PauseReason.SCHEDULE
     assert policy(clock, run_windows=["22:00-07:00"]).pause_reason() is expected
 
@@ -57,11 +52,11 @@ def test_window_across_midnight(moment: str, inside: bool) -> None:
     ("2024-01-01 22:30", True),   # Monday evening
 ])
 def test_weekday_window_belongs_to_its_start_day(moment: str, inside: bool) -> None:
-    assert policy(Clock(at(moment)), run_windows=["Mon-Fri 22:00-07:00"]).in_window() is inside
+    assert policy(ManualClock(at(moment)), run_windows=["Mon-Fri 22:00-07:00"]).in_window() is inside
 
 
 def test_several_windows_and_whole_days() -> None:
-    clock = Clock(at("2024-01-06 13:00"))  # Saturday
+    clock = ManualClock(at("2024-01-06 13:00"))  # Saturday
     p = policy(clock, run_windows=["Mon-Fri 19:00-08:00", "Sat,Sun 00:00-24:00"])
     assert p.pause_reason() is PauseReason.NONE
     clock.now = at("2024-01-03 13:00")  # Wednesday afternoon
@@ -115,7 +110,7 @@ def test_volunteer_env_override() -> None:
 
 
 def test_busy_cpu_pauses_with_hysteresis_and_hold() -> None:
-    clock, load = Clock(at("2024-01-01 12:00")), Load()
+    clock, load = ManualClock(at("2024-01-01 12:00")), Load()
     p = policy(clock, load, busy_cpu_percent=40, busy_resume_ratio=0.5, busy_hold_seconds=60)
     load.sample = LoadSample(other_cpu_percent=10)
     assert p.pause_reason() is PauseReason.NONE
@@ -140,7 +135,7 @@ def test_busy_cpu_pauses_with_hysteresis_and_hold() -> None:
 
 
 def test_busy_pause_lasts_at_least_the_hold_time() -> None:
-    clock, load = Clock(at("2024-01-01 12:00")), Load()
+    clock, load = ManualClock(at("2024-01-01 12:00")), Load()
     p = policy(clock, load, busy_load_threshold=0.5, busy_hold_seconds=120)
     load.sample = LoadSample(other_load_per_core=0.9)
     assert p.pause_reason() is PauseReason.BUSY
@@ -153,7 +148,7 @@ def test_busy_pause_lasts_at_least_the_hold_time() -> None:
 
 
 def test_unknown_load_keeps_decision_and_disabled_detection_reads_nothing() -> None:
-    clock, load = Clock(at("2024-01-01 12:00")), Load()
+    clock, load = ManualClock(at("2024-01-01 12:00")), Load()
     assert policy(clock, load).pause_reason() is PauseReason.NONE
     assert load.calls == 0  # both thresholds 0: busy detection is off
     p = policy(clock, load, busy_cpu_percent=10)
@@ -166,7 +161,7 @@ def test_unknown_load_keeps_decision_and_disabled_detection_reads_nothing() -> N
 
 
 def test_schedule_wins_over_busy_and_reload_applies() -> None:
-    clock, load = Clock(at("2024-01-01 12:00")), Load()
+    clock, load = ManualClock(at("2024-01-01 12:00")), Load()
     load.sample = LoadSample(other_cpu_percent=90)
     p = policy(clock, load, run_windows=["22:00-07:00"], busy_cpu_percent=50)
     assert p.pause_reason() is PauseReason.SCHEDULE
@@ -178,16 +173,16 @@ def test_schedule_wins_over_busy_and_reload_applies() -> None:
 
 
 def test_memory_limit() -> None:
-    p = policy(Clock(0.0), max_memory_mb=100)
+    p = policy(ManualClock(0.0), max_memory_mb=100)
     assert not p.over_memory(100 * 1024 * 1024)
     assert p.over_memory(100 * 1024 * 1024 + 1)
-    assert not policy(Clock(0.0)).over_memory(10**12)
+    assert not policy(ManualClock(0.0)).over_memory(10**12)
 
 
 def test_proc_load_source_reads_this_machine() -> None:
     if not __import__("os").path.exists("/proc/stat"):
         pytest.skip("needs Linux /proc")
-    clock = Clock(0.0)
+    clock = ManualClock(0.0)
     source = ProcLoadSource(min_interval=5.0, clock=clock)
     first = source()
     assert first.other_cpu_percent is None  # a CPU share needs two readings

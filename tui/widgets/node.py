@@ -115,8 +115,9 @@ class NodePanel(Grid):
         addrs = status.visible_maddrs
         more = f"  (+{len(addrs) - 1} more)" if len(addrs) > 1 else ""
         self._set("addrs", f"{status.reachability} · {addrs[0] if addrs else 'no addresses'}{more}")
+        excluded = f" · {status.peers_excluded} excluded" if status.peers_excluded else ""
         self._set("epoch", f"{status.local_epoch} (swarm {status.global_epoch}) · "
-                           f"{status.peers_online} peer{'s' if status.peers_online != 1 else ''}")
+                           f"{status.peers_online} peer{'s' if status.peers_online != 1 else ''}{excluded}")
         self._set("progress", f"{status.samples_accumulated:,} / {status.target_batch_size:,} samples")
         self._bar.update(total=status.target_batch_size or None,
                    progress=min(status.samples_accumulated, status.target_batch_size))

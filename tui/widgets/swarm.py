@@ -1,4 +1,8 @@
-"""The Swarm view: a sortable, filterable table of every peer's record, with a totals row."""
+"""The Swarm view: a sortable, filterable table of every peer's record, with a totals row.
+
+Peers this node caught misbehaving are marked ``✗`` (state ``excluded`` while they are kept out of
+its groups and donor lists); offenders without a record of their own (plain hivemind peers) get a
+row too, after the peers, and a line above the table says what each did."""
 
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, Static
 
-from p2ptrain.status import PeerRecord, SwarmView
+from p2ptrain.status import OffenderEntry, PeerRecord, SwarmView
 from p2ptrain.tui.widgets.format import (
     DASH,
     REACHABILITY_STYLES,
@@ -39,6 +43,9 @@ COLUMNS: tuple[tuple[str, Callable[[PeerRecord], Any]], ...] = (
     ("version", lambda p: p.version),
 )
 TOTAL_KEY = "__total__"
+OFFENDER_MARK = "✗ "
+#: Offenders named in the line above the table (the API lists them all).
+NAMED_OFFENDERS = 3
 
 
 class SwarmPanel(Vertical):
@@ -55,9 +62,11 @@ class SwarmPanel(Vertical):
         self._ready = False  # data can arrive before the table exists
         self.filter_box = Input(placeholder="filter peers (any column); Enter keeps, Esc clears", id="filter")
         self.table: DataTable[Any] = DataTable(id="peers", cursor_type="row", zebra_stripes=True)
+        self.offender_line = Static("", id="offenders")
 
     def compose(self) -> ComposeResult:
         yield self.filter_box
+        yield self.offender_line
         yield self.table
 
     def on_mount(self) -> None:
@@ -86,9 +95,17 @@ class SwarmPanel(Vertical):
 
     def _cells(self, p: PeerRecord) -> list[Text]:
         mine = p.peer_id == self._self_id and bool(p.peer_id)
+        offender = self._view.offender(p.peer_id)
+        if offender is not None:
+            mark, mark_style = OFFENDER_MARK, "bold red"
+        else:
+            mark, mark_style = ("▶ " if mine else "  "), ("bold" if mine else "")
+        state, state_style = p.state, STATE_STYLES.get(p.state, "")
+        if offender is not None and offender.excluded:
+            state, state_style = "excluded", "bold red"
         return [
-            Text(("▶ " if mine else "  ") + short_id(p.peer_id), style="bold" if mine else ""),
-            Text(p.state, style=STATE_STYLES.get(p.state, "")),
+            Text(mark + short_id(p.peer_id), style=mark_style),
+            Text(state, style=state_style),
             Text(str(p.epoch), justify="right"),
             Text(number(p.samples_per_second), justify="right"),
             Text(number(p.loss, 3), justify="right"),
@@ -122,9 +139,50 @@ class SwarmPanel(Vertical):
                 for cell in cells:
                     cell.stylize("reverse")  # this node stands out in any theme
             table.add_row(*cells, key=p.peer_id or None)
+        recorded = {p.peer_id for p in self._view.peers}
+        unrecorded = [o for o in self._view.offenders if o.peer_id not in recorded]
+        if self.filter_text:
+            unrecorded = [o for o in unrecorded if self.filter_text in o.peer_id.lower()
+                          or self.filter_text in o.kind.lower()]
+        for offender in unrecorded:
+            table.add_row(*self._offender_cells(offender), key=f"offender:{offender.peer_id}")
         table.add_row(*self._totals(peers), key=TOTAL_KEY)
         if peers:
             table.move_cursor(row=min(cursor, len(peers) - 1), animate=False)
+        self._render_offenders()
+
+    def _offender_cells(self, o: OffenderEntry) -> list[Text]:
+        """A row for an offender that publishes no record: what it did, and when last."""
+        return [
+            Text(OFFENDER_MARK + short_id(o.peer_id), style="bold red"),
+            Text("excluded" if o.excluded else "offender", style="bold red" if o.excluded else "red"),
+            Text(DASH, justify="right"), Text(DASH, justify="right"), Text(DASH, justify="right"),
+            Text(DASH),
+            Text(duration(self._now - o.last_at) if o.last_at else DASH),
+            Text(o.kind, style="red"),
+        ]
+
+    def _render_offenders(self) -> None:
+        """``✗ 2 offenders: …Mm5Kk nonfinite_part ×3 (excluded 9m 12s more) · …`` above the table."""
+        offenders = self._view.offenders
+        self.offender_line.set_class(bool(offenders), "shown")
+        if not offenders:
+            self.offender_line.update("")
+            return
+        parts = []
+        for o in offenders[:NAMED_OFFENDERS]:
+            if not o.excluded:
+                left = "no longer excluded"
+            elif o.banned_until is None:
+                left = "excluded for the run"
+            else:
+                left = f"excluded {duration(o.banned_until - self._now)} more"
+            count = f" ×{o.offences}" if o.offences > 1 else ""
+            parts.append(f"{short_id(o.peer_id)} {o.kind}{count} ({left})")
+        more = f" · +{len(offenders) - NAMED_OFFENDERS} more" if len(offenders) > NAMED_OFFENDERS else ""
+        noun = "offender" if len(offenders) == 1 else "offenders"
+        self.offender_line.update(Text(f"{OFFENDER_MARK}{len(offenders)} {noun}: " + " · ".join(parts) + more,
+                                       style="red"))
 
     def _totals(self, peers: list[PeerRecord]) -> list[Text]:
         losses = [p.loss for p in peers if p.loss is not None and not math.isnan(p.loss)]
