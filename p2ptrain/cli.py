@@ -120,6 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out_dir", type=Path, metavar="OUT_DIR")
     export.set_defaults(handler=_lazy("p2ptrain.tryit:export_command"))
 
+    fetch = sub.add_parser("fetch", help="download the swarm's current model (no node needed) as an export",
+                           description="Join the swarm as a client-mode peer that never trains, download the "
+                           "current state through the same checks a joining node applies, write it as an export "
+                           "(like p2ptrain export) and leave. Exit 69 if no peer serves a valid state in time.")
+    fetch.add_argument("-c", "--config", type=Path, metavar="PATH",
+                       help="a node config of the run (a plain run: its swarm.run_id and [task]); default: built-in "
+                       "defaults + P2PTRAIN_* env")
+    fetch.add_argument("--join", action="append", default=[], metavar="MADDR",
+                       help="multiaddr of a node in the swarm (repeatable; adds to swarm.initial_peers)")
+    fetch.add_argument("--run", dest="run_ref", metavar="REF",
+                       help="the owned run REF (NAME@hash): its model and settings come from its signed manifest")
+    fetch.add_argument("--manifest", type=Path, metavar="FILE",
+                       help="the run's manifest file, instead of fetching it from the swarm")
+    fetch.add_argument("--timeout", type=_duration, default=120.0, metavar="DURATION",
+                       help="give up (exit 69) when no valid state has arrived after this long (default 120s)")
+    fetch.add_argument("--force", action="store_true", help="replace OUT_DIR if it already holds an export")
+    fetch.add_argument("--torch", action="store_true", help="also write model.pt (a plain torch.save state dict)")
+    fetch.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    fetch.set_defaults(handler=_lazy("p2ptrain.daemon.fetch:fetch_command"))
+
     model_help = "an export dir, a node config (.toml: its newest checkpoint) or a checkpoint file (with -c)"
     sample = sub.add_parser("sample", help="generate text with a trained model")
     sample.add_argument("model", metavar="MODEL", help=model_help)

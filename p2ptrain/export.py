@@ -51,6 +51,8 @@ class CardInfo:
     checkpoint: str = ""
     #: Samples this node contributed to the swarm's model (see p2ptrain.credit).
     samples_contributed: int | None = None
+    fetched_from: str = ""
+    """The peer whose state ``p2ptrain fetch`` downloaded (empty: exported from a local checkpoint)."""
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], run_id: str, checkpoint: str = "") -> CardInfo:
@@ -166,6 +168,14 @@ def _or_unknown(value: object, spec: str = "") -> str:
     return "not recorded" if value is None else format(value, spec)
 
 
+def _origin(run: Mapping[str, Any]) -> str:
+    """The card's row saying where the weights came from: a node's checkpoint, or a peer in the swarm."""
+    if run.get("fetched_from"):
+        return (f"| downloaded | from the swarm (`p2ptrain fetch`), peer {run['fetched_from']}, "
+                f"{_when(run.get('saved_at'))} |\n")
+    return f"| checkpoint | {run.get('checkpoint') or 'not recorded'}, saved {_when(run.get('saved_at'))} |\n"
+
+
 def render_card(config: Mapping[str, Any], name: str) -> str:
     """The model card: what was trained, how far, and the lines that load it."""
     run, task = config["run"], config["task"]
@@ -200,7 +210,7 @@ def render_card(config: Mapping[str, Any], name: str) -> str:
         f"| samples this node contributed | {_or_unknown(run.get('samples_contributed'), ',')} |\n"
         f"| validation loss | {val_text} |\n"
         f"| contributing peers (seen by this node) | {_or_unknown(run.get('contributors'))} |\n"
-        f"| checkpoint | {run.get('checkpoint') or 'not recorded'}, saved {_when(run.get('saved_at'))} |\n"
+        f"{_origin(run)}"
         f"| exported | {config['exported_at']} |\n"
         f"| model fingerprint | {config['fingerprint']} |\n"
         f"| training data | {data} |\n\n"
