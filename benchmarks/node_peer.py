@@ -1,11 +1,13 @@
-"""One peer of the daemon-overhead benchmark: the real node loop, with the service hooks or without.
+"""One peer of the node-loop benchmarks: the real node loop, with the service hooks or without.
 
-Started by :mod:`benchmarks.overhead` as ``python -m benchmarks.node_peer``.  Both variants run
+Started by :mod:`benchmarks.overhead` and :mod:`benchmarks.defences` as ``python -m
+benchmarks.node_peer``.  Both variants run
 :class:`p2ptrain.daemon.node.Node` on the same config; ``--hooks service`` adds what ``p2ptrain
 run`` adds (HTTP API with /metrics, signed peer records on their own timer, the volunteer policy
 checks), ``--hooks bare`` uses the no-op hooks.  Once the node trains, a meter thread reads its
 own counters: when every peer trains it waits ``--warmup`` seconds, counts samples for
-``--measure`` seconds, writes the result and stops the node.
+``--measure`` seconds (with the averaging rounds that ended meanwhile and the offences counted),
+writes the result and stops the node.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from p2ptrain.config import load_config
 from p2ptrain.daemon.hooks import NodeHooks, SwarmPresence
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.service import ServiceHooks
 from p2ptrain.daemon.systemd import SystemdNotifier
+from p2ptrain.roundstats import RoundFigures
 from p2ptrain.waiting import WaitTimeout, wait_until
 
 #: How long a peer waits for the others before it gives up (the harness kills it later anyway).
@@ -71,6 +75,14 @@ def _step_edges(node: Node, seconds: float) -> tuple[tuple[int, float], tuple[in
     return first, last
 
 
+def _round_figures(before: RoundFigures, after: RoundFigures) -> dict[str, Any]:
+    """The averaging rounds that ended in the window: counts by outcome and their mean duration."""
+    ended = after.rounds_total - before.rounds_total
+    return {"rounds": [after.rounds_ok - before.rounds_ok, after.rounds_partial - before.rounds_partial,
+                       after.rounds_failed - before.rounds_failed],
+            "round_seconds": (after.duration_sum - before.duration_sum) / ended if ended else None}
+
+
 def meter(node: Node, args: argparse.Namespace) -> None:
     """Measure this peer's samples/s in the shared window, write the result, stop the node."""
     run_dir = Path(args.run_dir)
@@ -81,9 +93,13 @@ def meter(node: Node, args: argparse.Namespace) -> None:
         if not _wait_for_files([run_dir / f"training.{r}" for r in range(args.world)], BARRIER_TIMEOUT, node):
             return
         time.sleep(args.warmup)
+        before = node.swarm_stats.rounds.figures()
         (first, began), (last, ended) = _step_edges(node, args.measure)
         result = {"hooks": args.hooks, "rank": args.rank, "samples": last - first, "seconds": ended - began,
-                  "seq_per_s": (last - first) / (ended - began) if ended > began else 0.0}
+                  "seq_per_s": (last - first) / (ended - began) if ended > began else 0.0,
+                  **_round_figures(before, node.swarm_stats.rounds.figures()),
+                  "peer_checks": node.defences is not None,
+                  "offences": node.defences.figures().total if node.defences is not None else 0}
         Path(args.out).write_text(json.dumps(result), encoding="utf-8")
         # Keep training until every peer has measured, so nobody's window loses its partner.
         (run_dir / f"measured.{args.rank}").touch()

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -71,28 +72,35 @@ class Readers:
             self.next_watch += self.watch_every
 
 
-def node_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def node_overrides(args: argparse.Namespace, peer_checks: bool = True) -> dict[str, dict[str, Any]]:
+    """The node config of every peer: the model, the training mode and its pacing from ``args``."""
     return {
         "task": {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads, "seq_len": 128},
         "training": {"mode": args.mode, "batch_size": args.micro_batch, "target_batch_size": args.global_batch,
-                     "inner_steps": args.inner_steps, "threads": 1, "warmup_epochs": 0,
-                     "validate_every": 1e6, "averaging_timeout": 30.0},
+                     "inner_steps": args.inner_steps, "inner_batch_size": args.inner_batch, "threads": 1,
+                     "warmup_epochs": 0, "validate_every": 1e6, "averaging_timeout": 30.0},
         "checkpoint": {"interval": 1e6},
         "node": {"log_level": "WARNING"},
+        "swarm": {"peer_checks": peer_checks},
     }
 
 
-def run_once(args: argparse.Namespace, hooks: str, index: int) -> dict[str, Any]:
-    """One swarm of ``--peers`` node loops with ``hooks``; bounded; every process reaped."""
-    run_dir = Path(tempfile.mkdtemp(prefix=f"overhead-{index}-{hooks}-", dir=args.out))
+def peer_state_dir(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"peer{rank}" / "state"
+
+
+def run_swarm(args: argparse.Namespace, hooks: str, run_dir: Path, overrides: dict[str, dict[str, Any]],
+              tick: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """``--peers`` node loops (:mod:`benchmarks.node_peer`) in ``run_dir``, each peer's result.
+
+    Bounded by ``--run-timeout``; every process reaped; ``tick`` runs about every 0.1 s meanwhile.
+    """
     procs: list[subprocess.Popen[bytes]] = []
-    state_dirs = [run_dir / f"peer{rank}" / "state" for rank in range(args.peers)]
-    readers = Readers(state_dirs, args.scrape_every, args.watch_every)
     try:
-        for rank, state_dir in enumerate(state_dirs):
+        for rank in range(args.peers):
             config = run_dir / f"peer{rank}" / "node.toml"
             config.parent.mkdir(parents=True)
-            config.write_text(local_node_config(state_dir, f"overhead-{index}", node_overrides(args)),
+            config.write_text(local_node_config(peer_state_dir(run_dir, rank), run_dir.name, overrides),
                               encoding="utf-8")
             cmd = [sys.executable, "-m", "benchmarks.node_peer", "--hooks", hooks, "--config", str(config),
                    "--run-dir", str(run_dir), "--rank", str(rank), "--world", str(args.peers),
@@ -102,12 +110,19 @@ def run_once(args: argparse.Namespace, hooks: str, index: int) -> dict[str, Any]
             with open(run_dir / f"peer{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                               start_new_session=True))
-        wait_for_peers(procs, args.run_timeout, f"{hooks} run {index}", lambda rank: run_dir / f"peer{rank}.log",
-                       tick=readers.tick if hooks == "service" else None)
-        results = [json.loads((run_dir / f"result.{rank}.json").read_text()) for rank in range(args.peers)]
+        wait_for_peers(procs, args.run_timeout, run_dir.name, lambda rank: run_dir / f"peer{rank}.log", tick=tick)
+        return [json.loads((run_dir / f"result.{rank}.json").read_text()) for rank in range(args.peers)]
     finally:
         for proc in procs:
             kill_group(proc)
+
+
+def run_once(args: argparse.Namespace, hooks: str, index: int) -> dict[str, Any]:
+    """One swarm of ``--peers`` node loops with ``hooks``, read by its users while it trains."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"overhead-{index}-{hooks}-", dir=args.out))
+    readers = Readers([peer_state_dir(run_dir, rank) for rank in range(args.peers)], args.scrape_every,
+                      args.watch_every)
+    results = run_swarm(args, hooks, run_dir, node_overrides(args), readers.tick if hooks == "service" else None)
     return {"hooks": hooks, "run": index, "seq_per_s": sum(r["seq_per_s"] for r in results),
             "per_peer": [round(r["seq_per_s"], 2) for r in results], "endpoint_answers": readers.answers}
 
@@ -134,25 +149,32 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any], args: argparse
     return "\n".join(lines) + "\n"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.splitlines()[0])
+def add_swarm_args(p: argparse.ArgumentParser, *, inner_steps: int, inner_batch: int) -> None:
+    """The options of a swarm of node loops measured side by side (also :mod:`benchmarks.defences`)."""
     p.add_argument("--peers", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("reports/benchmarks"))
     p.add_argument("--repeats", type=int, default=2, help="runs of each variant, alternating")
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of training before the window opens")
     p.add_argument("--measure", type=float, default=30.0, help="seconds in each measurement window")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--global-batch", type=int, default=128, help="gradient mode: sequences per epoch")
+    p.add_argument("--inner-steps", type=int, default=inner_steps, help="DiLoCo: inner steps per round (H)")
+    p.add_argument("--inner-batch", type=int, default=inner_batch,
+                   help="DiLoCo: sequences per inner step (0: the micro-batch)")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--n-layers", type=int, default=4)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--run-timeout", type=float, default=180.0, help="seconds before a run's peers are killed")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.splitlines()[0])
+    add_swarm_args(p, inner_steps=500, inner_batch=0)
     p.add_argument("--scrape-every", type=float, default=15.0, help="seconds between scrapes of every node's /metrics")
     p.add_argument("--watch-every", type=float, default=1.0,
                    help="seconds between reads of the first node's status and peers (p2ptrain top)")
     p.add_argument("--mode", choices=("gradient", "diloco"), default="diloco",
                    help="diloco (default) keeps averaging rounds out of the window, so the daemon's cost shows")
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--global-batch", type=int, default=128)
-    p.add_argument("--inner-steps", type=int, default=500)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--n-layers", type=int, default=4)
-    p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--run-timeout", type=float, default=180.0, help="seconds before a run's peers are killed")
     args = p.parse_args(argv)
     if args.peers < 1 or args.repeats < 1 or args.measure <= 0 or args.warmup < 0 or args.scrape_every <= 0 \
             or args.watch_every <= 0:
