@@ -26,10 +26,14 @@ demo: venv
 system-deps:
 	.ci/install-system-deps.sh
 
-# pytest's exit code 5 (no tests collected) is a failure here, not a pass.
+# Unit and TUI tests run in two processes, a file per process at a time (the TUI snapshots serve a
+# fixed port); the multi-node tests then run one at a time, since what they check depends on timing.  PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5
+# (no tests collected) is a failure here, not a pass.
 test: venv system-deps
-	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+	@run() { $(PY) -m pytest "$$@"; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; [ $$rc -eq 0 ]; }; \
+	if [ -n "$(PYTEST_ARGS)" ]; then run $(PYTEST_ARGS); \
+	else run -n 2 --dist loadfile tests/unit tests/tui && run tests/integration tests/chaos; fi
 
 lint: venv
 	$(VENV)/bin/ruff check p2ptrain daemon tui tests benchmarks

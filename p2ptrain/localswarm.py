@@ -8,9 +8,11 @@ at the parent does not hit them mid-step) and are told by the kernel to stop if 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +28,8 @@ from p2ptrain.status import StatusSnapshot, SwarmView
 from p2ptrain.waiting import wait_until
 
 LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
+#: Numbers in a log message (masked to group the same message).
+_NUMBER = re.compile(r"\b[0-9]+(?:\.[0-9]+)?\b")
 #: [training] for a small machine on loopback; an owned run's manifest takes the run-wide part.
 LOOPBACK_TRAINING: dict[str, Any] = {
     "threads": 1, "target_batch_size": 64, "matchmaking_time": 0.5, "averaging_timeout": 15.0,
@@ -163,7 +167,13 @@ class LocalNode:
             return None
 
         def detail() -> str:
-            return f"last state {last[0].state if last else 'unknown'}:\n{self.log_tail()}"
+            if not last:
+                return f"no status read:\n{self.log_tail()}"
+            seen = last[0]
+            return (f"last state {seen.state}, epoch {seen.local_epoch}, {seen.peers_online} peers online, rounds "
+                    f"{seen.averaging_rounds_ok_total} ok / {seen.averaging_rounds_partial_total} partial / "
+                    f"{seen.averaging_rounds_failed_total} failed, {seen.state_downloads_total} state downloads; "
+                    f"its warnings:\n{self.warning_summary()}\nits log's tail:\n{self.log_tail()}")
 
         return wait_until(holds, timeout, f"{what} from {self.name}", interval=0.5, detail=detail)
 
@@ -230,6 +240,20 @@ class LocalNode:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         ensure_identity(identity_path(self.state_dir))
         return peer_id_of_identity(identity_path(self.state_dir))
+
+    def warning_summary(self, kinds: int = 12) -> str:
+        """The log's WARNING and ERROR messages, numbers masked, each with how often it came (most
+        frequent first): what a failed wait needs beyond the last lines."""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        counts: collections.Counter[str] = collections.Counter()
+        for line in text.splitlines():
+            level, _, message = line.partition(" ")[2].partition(" ")[2].partition(" ")
+            if level in ("WARNING", "ERROR"):
+                counts[f"{level} {_NUMBER.sub('N', message.strip())[:160]}"] += 1
+        return "\n".join(f"{n:5d} x {message}" for message, n in counts.most_common(kinds)) or "(none)"
 
     def log_tail(self, lines: int = 30) -> str:
         try:

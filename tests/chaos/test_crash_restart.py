@@ -22,7 +22,7 @@ def test_crash_during_averaging_round(make_node, chaos_report):
     addrs = a.join_addrs()[:1]
     b.start(join=addrs)
     c.start(join=addrs)
-    c.wait_for(lambda s: s.averaging_rounds_ok_total >= 1 and s.peers_online == 3, 150,
+    c.wait_for(lambda s: s.rounds_averaged >= 1 and s.peers_online == 3, 150,
                "a successful round in a swarm of three")
     # The swarm has gathered its global batch: the round that averages it is now in flight.
     target = CHAOS_TRAINING["target_batch_size"]
@@ -37,9 +37,9 @@ def test_crash_during_averaging_round(make_node, chaos_report):
     for node in (a, b):
         def moved_on(s, name=node.name):
             start = before[name]
-            return (s.averaging_rounds_ok_total + s.averaging_rounds_failed_total
-                    > start.averaging_rounds_ok_total + start.averaging_rounds_failed_total
-                    and s.local_epoch > epoch)
+            ended = s.averaging_rounds_ok_total + s.averaging_rounds_partial_total + s.averaging_rounds_failed_total
+            return (ended > start.averaging_rounds_ok_total + start.averaging_rounds_partial_total
+                    + start.averaging_rounds_failed_total and s.local_epoch > epoch)
         node.wait_for(moved_on, 2 * AVERAGING_TIMEOUT + 10, "the in-flight round to end")
         finished[node.name] = time.monotonic() - killed_at
     # Nobody is left stuck: both go on averaging with each other.
@@ -64,7 +64,7 @@ def test_whole_swarm_restart_from_checkpoints(make_node, chaos_report):
     for node in nodes[1:]:
         node.start(join=addrs)
     for node in nodes:
-        node.wait_for(lambda s: s.averaging_rounds_ok_total >= 2, 150, "two averaging rounds")
+        node.wait_for(lambda s: s.rounds_averaged >= 2, 150, "two averaging rounds")
     for node in nodes:
         node.signal(signal.SIGTERM)
     for node in nodes:
@@ -88,7 +88,7 @@ def test_whole_swarm_restart_from_checkpoints(make_node, chaos_report):
         assert resumed[node.name].samples_processed_total >= saved[node.name]["samples_processed"]
         assert "resumed from checkpoint" in node.log_path.read_text()
     for node in nodes:
-        node.wait_for(lambda s: s.averaging_rounds_ok_total >= 1 and s.local_epoch > top_epoch, 120,
+        node.wait_for(lambda s: s.rounds_averaged >= 1 and s.local_epoch > top_epoch, 120,
                       "a round after the restart")
     for node in nodes:
         node.signal(signal.SIGTERM)

@@ -32,21 +32,39 @@ DILOCO = {"mode": "diloco", "inner_steps": 150, "inner_batch_size": 16, "averagi
 #: The benchmark (benchmarks/hetero.py) holds the issue's 2% on a real model; the tiny model of
 #: the chaos suite ends its last round at a point where a few inner steps weigh more.
 MAX_SPREAD = 0.05
+#: The two models' distance, as a share of the distance they moved from the initial model.
+MAX_APART = 0.5
 #: A quarter of one core, as a share of this machine.
 QUARTER_CORE_PERCENT = 25.0 / (os.cpu_count() or 1)
 #: Every way a node logs a DiLoCo round that did not average (scheduling, starting, ending, failing).
 FAILED_ROUND = re.compile(r"could not schedule the DiLoCo round|DiLoCo round \d* ?(could not start|never ended|failed)")
 
 
+def _fresh_task():
+    config = parse_config({"task": TINY_TASK}, "test")
+    return build_task(config.task, config.training, peer_seed=0)
+
+
 def _validation_loss(state: dict) -> float:
     """Of the swarm's model the node holds (DiLoCo: the outer parameters of the last round)."""
-    config = parse_config({"task": TINY_TASK}, "test")
-    task = build_task(config.task, config.training, peer_seed=0)
+    task = _fresh_task()
     task.model.load_state_dict(consensus_weights(task.model, state))
     task.model.eval()
     with torch.no_grad():
         losses = [float(task.loss_fn(task.model, batch)) for batch in task.validation_batches()]
     return sum(losses) / len(losses)
+
+
+def _apart_over_travelled(states: dict[str, dict]) -> float:
+    """How far apart the two swarm models are, as a share of how far they moved from the initial one
+    (all parameters as one vector: independent runs from one start end about 1.4 apart)."""
+    model = _fresh_task().model
+    start = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    fast, slow = (consensus_weights(model, state) for state in states.values())
+    names = [name for name, value in start.items() if value.is_floating_point()]
+    apart = sum(float((fast[n] - slow[n]).pow(2).sum()) for n in names) ** 0.5
+    travelled = sum(float((fast[n] - start[n]).pow(2).sum()) for n in names) ** 0.5
+    return apart / travelled
 
 
 def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, chaos_report):
@@ -84,6 +102,7 @@ def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, ch
     states = {n.name: CheckpointStore(n.state_dir / "checkpoints", keep=100).load_latest().state for n in (fast, slow)}
     losses = {name: _validation_loss(state) for name, state in states.items()}
     spread = abs(losses["fast"] - losses["slow"]) / min(losses.values())
+    apart = _apart_over_travelled(states)
     logs = {n.name: n.log_path.read_text() for n in (fast, slow)}
     # Rounds that failed after the slow node was in (the last one may find its partner gone).
     failed = {name: len(FAILED_ROUND.findall(log.split("reload from SIGHUP", 1)[-1])) for name, log in logs.items()}
@@ -94,10 +113,15 @@ def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, ch
     samples = {name: int(state["samples_processed"]) for name, state in states.items()}
     chaos_report.record("10_heterogeneous_diloco", rounds=ROUNDS, slow_cpu_percent=round(QUARTER_CORE_PERCENT, 2),
                         samples=samples, failed_rounds=failed, slow_rounds_joined=joined, val_loss=losses,
-                        val_loss_spread=round(spread, 4))
+                        val_loss_spread=round(spread, 4), models_apart_over_travelled=round(apart, 4))
     assert states["fast"]["epoch"] == states["slow"]["epoch"] == stop_epoch
     # The slow node trains at a fraction of the fast one's rate, yet averages in (almost) every round.
     assert samples["slow"] < samples["fast"], samples
     assert failed["fast"] <= 1 and failed["slow"] <= 1, failed
     assert joined >= ROUNDS - 1, (joined, before["slow"], last["slow"])
-    assert spread <= MAX_SPREAD, losses
+    # One replica together with the other: far closer to it than to where training started.  A failed
+    # round (at most one, above) leaves the models one local outer step apart, and when that was the
+    # last round, the validation losses of the tiny model can differ by more than MAX_SPREAD.
+    assert apart <= MAX_APART, apart
+    if failed["fast"] == failed["slow"] == 0:
+        assert spread <= MAX_SPREAD, losses

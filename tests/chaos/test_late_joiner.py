@@ -40,7 +40,7 @@ def test_late_joiners_sync_despite_a_dying_donor(make_node, chaos_report):
     assert synced.state_downloads_total >= 1, j1.log_tail()
     swarm_epoch = d2.status().local_epoch
     assert synced.local_epoch >= swarm_epoch - 2, (synced.local_epoch, swarm_epoch)
-    j1.wait_for(lambda s: s.averaging_rounds_ok_total >= 1, 90, "a contribution after joining")
+    j1.wait_for(lambda s: s.rounds_averaged >= 1, 90, "a contribution after joining")
     log = log_text(j1)
     # hivemind names a donor it could not download from, then tries the next one.
     mid_transfer = "Failed to download state from" in log
@@ -56,7 +56,7 @@ def test_late_joiners_sync_despite_a_dying_donor(make_node, chaos_report):
         assert status.state_downloads_total >= 1, name
     assert d2.running, d2.log_tail()
     for node in [d2, j1, *joiners]:
-        node.wait_for(lambda s: s.averaging_rounds_ok_total >= 1 and s.seconds_since_progress is not None
+        node.wait_for(lambda s: s.rounds_averaged >= 1 and s.seconds_since_progress is not None
                       and s.seconds_since_progress < 10, 90, "training with the crowd")
     chaos_report.record(
         "3_late_joiner", parameters=1_800_000, donor_killed_after_seconds=round(killed_after, 1),

@@ -14,7 +14,6 @@ import torch
 
 from p2ptrain.checkpoint import CheckpointStore
 from p2ptrain.config import EX_CONFIG, NodeConfig
-from p2ptrain.status import SwarmView
 from p2ptrain.tasks.assign import owned_shards
 from p2ptrain.tasks.loader import build_task
 from p2ptrain.waiting import wait_until
@@ -65,12 +64,22 @@ def test_two_nodes_average_and_agree(make_node, tmp_path):
         node.wait_for(lambda s: s.averaging_rounds_ok_total >= 3 and s.data_pass >= 1, 150,
                       "three successful averaging rounds and a pass over the data")
     # Coverage, as A's swarm view has it from both nodes' records: some pass read through.
+    # The records also carry the swarm's rate (the first may go out before a node has measured its own).
     view = wait_until(lambda: (v := a.peers()) is not None and v.data_last_pass_coverage == 1.0
-                      and all(p.samples_contributed > 0 for p in v.peers) and len(v.peers) == 2 and v, 60,
+                      and all(p.samples_contributed > 0 for p in v.peers) and len(v.peers) == 2
+                      and v.swarm_samples_per_second > 0 and v, 60,
                       "a pass 100% covered in A's view", interval=1.0, detail=lambda: str(a.peers()))
     assert view.shards_total == 11 and view.samples_contributed == sum(p.samples_contributed for p in view.peers)
-    # Disjoint shares: while both train, each reads only the shards rendezvous hashing gives it.
+    assert view.peers_online == 2
+    status = b.status()
+    assert status.last_round_group_size == 2 and status.peers_online == 2, status
+    # Disjoint shares: while both train, each reads only the shards rendezvous hashing gives it.  A pass
+    # begun before the other node's record was in view is shared out among the peers seen then (the
+    # tiny corpus takes a node through a pass in well under a second): wait for one begun after.
     ids = {node.name: node.status().peer_id for node in (a, b)}
+    for node in (a, b):
+        begun = node.status().data_pass
+        node.wait_for(lambda s, begun=begun: s.data_pass > begun, 90, "a pass begun with both nodes in view")
     for node in (a, b):
         before = node.status().checkpoint_writes_ok_total
         node_client(node, node_token(node)).control("checkpoint")
@@ -106,56 +115,19 @@ def test_two_nodes_average_and_agree(make_node, tmp_path):
     # Credit: the samples the nodes report contributed add up to the swarm's: every epoch of the swarm
     # holds at least target_batch_size samples (hivemind's rule), a little more while its peers have
     # not seen the target reached; per node, what trained but is not settled is the round in flight at
-    # the stop, the epoch in progress and what a state download threw away (joining, falling behind).
+    # the stop, the epoch in progress and what each state download threw away (joining, falling behind).
+    logs = (a.log_path.read_text(), b.log_path.read_text())
+    downloads = sum(log.count("downloaded the swarm's state") + log.count("adopted the state of") for log in logs)
     trained = state_a["samples_processed"] + state_b["samples_processed"]
     contributed = state_a["samples_contributed"] + state_b["samples_contributed"]
     settled = contributed + state_a["samples_not_averaged"] + state_b["samples_not_averaged"]
     target = FAST_TRAINING["target_batch_size"]
     per_round = settled / (stop_epoch - 1)
     assert target <= per_round < 2 * target, (settled, stop_epoch)
-    assert 0 <= trained - settled <= 3 * per_round, (trained, contributed, settled, per_round)
+    assert 0 <= trained - settled <= (2 + downloads) * per_round, (trained, contributed, settled, per_round,
+                                                                    downloads)
     assert contributed >= settled - 2 * per_round, (trained, contributed, settled, per_round)
     assert sorted(state_a["contributors"]) == sorted(ids.values())
-
-
-def test_nodes_report_successful_rounds(make_node):
-    a = make_node("a")
-    a.start()
-    b = make_node("b")
-    b.start(join=a.join_addrs()[:1])
-    status = b.wait_for(lambda s: s.averaging_rounds_ok_total >= 2 and s.local_epoch >= 3, 150,
-                        "two successful averaging rounds")
-    assert status.last_round_group_size == 2
-    assert status.peers_online == 2
-    # Peer records are published every few seconds: A's swarm view must come to list B, and then
-    # to show the swarm's rate (the first records may go out before a node has measured its own).
-    def lists_b_with_a_rate() -> SwarmView | None:
-        view = a.peers()
-        if view is not None and status.peer_id in {p.peer_id for p in view.peers} \
-                and view.swarm_samples_per_second > 0:
-            return view
-        return None
-
-    view = wait_until(lists_b_with_a_rate, 60, "B with a training rate in A's swarm view", interval=1.0,
-                      detail=lambda: str(a.peers()))
-    assert view.peers_online == 2
-
-
-def test_late_joiner_loads_state_and_contributes(make_node):
-    a, b = make_node("a"), make_node("b")
-    a.start()
-    addrs = a.join_addrs()[:1]
-    b.start(join=addrs)
-    swarm_epoch = a.wait_for(lambda s: s.local_epoch >= 5, 150, "epoch 5").local_epoch
-    c = make_node("c")
-    c.start(join=addrs)
-    joined = c.wait_for(lambda s: s.state == "training", 120, "TRAINING state")
-    assert joined.state_downloads_total >= 1, c.log_tail()
-    # It started from scratch (epoch 0) and caught up with where the swarm was when it joined.
-    assert joined.local_epoch >= swarm_epoch
-    contributed = c.wait_for(lambda s: s.averaging_rounds_ok_total >= 1 and s.samples_processed_total > 0, 120,
-                             "a successful averaging round")
-    assert contributed.local_epoch > joined.local_epoch
 
 
 def test_sigkill_of_one_node_does_not_stop_the_others(make_node):
@@ -164,7 +136,7 @@ def test_sigkill_of_one_node_does_not_stop_the_others(make_node):
     addrs = a.join_addrs()[:1]
     b.start(join=addrs)
     c.start(join=addrs)
-    c.wait_for(lambda s: s.averaging_rounds_ok_total >= 1, 150, "a round with three peers")
+    c.wait_for(lambda s: s.rounds_averaged >= 1, 150, "a round averaged with the others")
     c.kill(whole_tree=False)  # the process only: its helpers must go by themselves (the leak check sees them)
     assert c.wait(10) is not None
     before = a.status().local_epoch
@@ -172,7 +144,7 @@ def test_sigkill_of_one_node_does_not_stop_the_others(make_node):
     b.wait_for(lambda s: s.local_epoch >= before + 3, 60, "three more epochs after the kill")
 
 
-def test_sigterm_exits_cleanly_with_a_checkpoint(make_node):
+def test_sigterm_checkpoints_and_a_restart_resumes_epoch_and_data_position(make_node):
     a = make_node("a")
     a.start()
     _training(a)
@@ -182,28 +154,21 @@ def test_sigterm_exits_cleanly_with_a_checkpoint(make_node):
     a.signal(signal.SIGTERM)
     assert a.wait(30) == 0, a.log_tail()
     assert time.monotonic() - started < 30
-    state = _final_checkpoint(a)
-    assert state["epoch"] >= 2
+    first = _final_checkpoint(a)
+    assert first["epoch"] >= 2
     log = a.log_path.read_text()
     assert "TRAINING -> STOPPING" in log and "checkpoint written" in log
     assert not [pid for pid, cmd in descendants().items() if str(a.workdir) in cmd or "p2pd" in cmd], \
         f"processes left by node {node_pid}"
-
-
-def test_restart_resumes_epoch_and_data_position(make_node):
-    a = make_node("a", training={"max_epochs": 3})
-    a.start()
-    assert a.wait(120) == 0, a.log_tail()
-    first = _final_checkpoint(a)
-    assert first["epoch"] == 3
-    a.overrides = {"training": {"max_epochs": 6}}
+    # Restarted, it goes on from there and stops by itself three epochs later.
+    a.overrides = {"training": {"max_epochs": first["epoch"] + 3}}
     a.write_config()
     a.start()
     resumed = _training(a)
-    assert resumed.local_epoch >= 3
+    assert resumed.local_epoch >= first["epoch"]
     assert a.wait(120) == 0, a.log_tail()
     second = _final_checkpoint(a)
-    assert second["epoch"] == 6
+    assert second["epoch"] == first["epoch"] + 3
     consumed = second["samples_processed"] - first["samples_processed"]
     position_1, position_2 = first["data_position"], second["data_position"]
     assert position_2["pass"] == position_1["pass"]  # a short run stays inside one pass over the data

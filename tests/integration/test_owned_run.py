@@ -128,15 +128,16 @@ def test_invite_run_refuses_a_stranger_admits_the_invited_and_drops_the_revoked(
 
     # Right run id, right model and settings, but no invite: its DHT requests go unanswered.
     stranger = make_node("stranger", run_id=run.ref.run_id, task=TINY_TASK, training=RUN_SETTINGS["training"],
-                         swarm={"bootstrap_timeout": 6.0})
+                         swarm={"bootstrap_timeout": 10.0})
     stranger_id = stranger.peer_id()
     stranger.start(join=join)
-    assert stranger.wait(60) == 1, stranger.log_tail()
+    assert stranger.wait(90) == 1, stranger.log_tail()
     log = stranger.log_path.read_text()
-    assert re.search(r"p2ptrain: no initial peer answered our DHT requests after \d+ attempts in 6s", log), log
+    assert re.search(r"p2ptrain: no initial peer answered our DHT requests after \d+ attempts in 10s", log), log
     assert "SYNCING" not in log and "downloaded" not in log and "Traceback" not in log
-    status = owner.status()
-    assert status.dht_requests_refused_total >= 1 and status.peers_online == 2 and status.last_round_group_size <= 2
+    # Counted in the owner's DHT process; on a loaded machine a ping may also time out before it arrives.
+    status = owner.wait_for(lambda s: s.dht_requests_refused_total >= 1, 30, "the stranger's requests refused")
+    assert status.peers_online == 2 and status.last_round_group_size <= 2, status
     # Refused at the DHT, named once, and so never near the averagers: they refused nobody meanwhile.
     assert f"refusing DHT requests of peer {stranger_id} in invite run {run.ref}" in owner.log_path.read_text()
     assert status.averaging_refused_total == averaging_refused_before

@@ -37,3 +37,19 @@ def test_an_owned_run_s_node_config_holds_local_matters_only(tmp_path):
                                                                           "validate_every"}
     plain = tomllib.loads(local_node_config(tmp_path, "r", {}))
     assert plain["swarm"]["run_id"] == "r" and plain["training"]["matchmaking_time"] == 0.5
+
+
+def test_a_node_s_warnings_are_summarised_by_message_with_counts(tmp_path):
+    from p2ptrain.localswarm import LocalNode
+
+    node = LocalNode("a", tmp_path / "a", "run", {})
+    assert node.warning_summary() == "(no log)"
+    node.log_path.parent.mkdir(parents=True)
+    node.log_path.write_text(
+        "2026-12-02 13:04:03.847 WARNING p2ptrain.gradient: averaging round failed; applied local gradients\n"
+        "2026-12-02 13:04:04.603 INFO    p2ptrain.modelcheck: donor plausible\n"
+        "2026-12-02 13:04:26.554 WARNING p2ptrain.gradient: averaging round failed; applied local gradients\n"
+        "2026-12-02 13:04:27.001 ERROR   p2ptrain.node: round 12 took 3.5 s\n")
+    assert node.warning_summary().splitlines() == [
+        "    2 x WARNING p2ptrain.gradient: averaging round failed; applied local gradients",
+        "    1 x ERROR p2ptrain.node: round N took N s"]
