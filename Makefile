@@ -27,8 +27,9 @@ system-deps:
 	.ci/install-system-deps.sh
 
 # Unit and TUI tests run in two processes, a file per process at a time (the TUI snapshots serve a
-# fixed port); the multi-node tests then run one at a time, since what they check depends on timing.  PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5
-# (no tests collected) is a failure here, not a pass.
+# fixed port); the multi-node tests then run one at a time, since what they check depends on timing.
+# PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests collected) is a
+# failure here, not a pass.
 test: venv system-deps
 	@run() { $(PY) -m pytest "$$@"; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; [ $$rc -eq 0 ]; }; \
