@@ -41,6 +41,7 @@ FAILED_ROUND = re.compile(r"could not schedule the DiLoCo round|DiLoCo round \d*
 
 
 def _fresh_task():
+    """The scenario's task as every node builds it: the same initial model."""
     config = parse_config({"task": TINY_TASK}, "test")
     return build_task(config.task, config.training, peer_seed=0)
 
@@ -56,14 +57,14 @@ def _validation_loss(state: dict) -> float:
 
 
 def _apart_over_travelled(states: dict[str, dict]) -> float:
-    """How far apart the two swarm models are, as a share of how far they moved from the initial one
-    (all parameters as one vector: independent runs from one start end about 1.4 apart)."""
+    """How far apart the two swarm models are, as a share of how far the first moved from the initial
+    one (all parameters as one vector; replicas that never averaged end about as far apart as they moved)."""
     model = _fresh_task().model
     start = {name: value.detach().clone() for name, value in model.state_dict().items()}
-    fast, slow = (consensus_weights(model, state) for state in states.values())
+    one, other = (consensus_weights(model, state) for state in states.values())
     names = [name for name, value in start.items() if value.is_floating_point()]
-    apart = sum(float((fast[n] - slow[n]).pow(2).sum()) for n in names) ** 0.5
-    travelled = sum(float((fast[n] - start[n]).pow(2).sum()) for n in names) ** 0.5
+    apart = sum(float((one[n] - other[n]).pow(2).sum()) for n in names) ** 0.5
+    travelled = sum(float((one[n] - start[n]).pow(2).sum()) for n in names) ** 0.5
     return apart / travelled
 
 
