@@ -192,10 +192,10 @@ class Fetcher:
         if plan is not None:
             keeper = self.builder.follow_run(plan, swarm)
             config = keeper.join(self.stopper, max(1.0, self.remaining()))
-        defences.evidence.initial_peers = frozenset(swarm.trusted)
-        self.records.start(swarm.dht, run_id, defences.evidence)
+        evidence = defences.joined_through(swarm.trusted)
+        self.records.start(swarm.dht, run_id, evidence)
         self.parts = parts = self.builder.build_client(config, swarm, SwarmStats(), run=keeper, defences=defences)
-        self._settle(parts.optimizer, defences.evidence.records_seen)
+        self._settle(parts.optimizer, evidence.records_seen)
         donor, epoch = self._download(parts)
 
         from p2ptrain.defences import evaluate_fn

@@ -27,6 +27,7 @@ from p2ptrain.statecheck import epoch_ceiling
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class Defences:
     """One node's peer gate, evidence and round reports, with the ban times from config."""

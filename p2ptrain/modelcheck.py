@@ -57,13 +57,14 @@ def make_loss_check(params: Sequence[torch.Tensor], evaluate: Callable[[], float
     context manager held while the candidate is swapped in (see :func:`loss_with_parameters`).
     """
 
+    hold = lock if lock is not None else contextlib.nullcontext
+
     def check(metadata: Any, tensors: Sequence[torch.Tensor], donor: str) -> Verdict:
         own = own_loss()
         if own is None or not math.isfinite(own):
-            with lock() if lock is not None else contextlib.nullcontext():
+            with hold():
                 own = float(evaluate())
-        candidate = loss_with_parameters(params, tensors[:len(params)], evaluate,
-                                         lock() if lock is not None else None)
+        candidate = loss_with_parameters(params, tensors[:len(params)], evaluate, hold())
         reports = peer_losses() if peer_losses is not None else {}
         verdict = check_candidate_loss(candidate, own=own, tolerance=tolerance,
                                        honest=[loss for peer, loss in reports.items() if peer != donor])

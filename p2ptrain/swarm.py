@@ -237,11 +237,11 @@ def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_se
     if entries and entries[0].fingerprint != fingerprint:
         others = [e.fingerprint for e in entries if e.fingerprint != fingerprint][:_MAX_FOREIGN_FINGERPRINTS]
         evidence, vouched = fingerprint_evidence(dht, run_id, [fingerprint, *others], trusted)
-        trained = sorted(((evidence[other], other in vouched, other) for other in others if evidence[other] > 0),
+        # Models other peers' records name: one a trusted peer names first, then by witnesses.
+        trained = sorted(((other in vouched, evidence[other], other) for other in others if evidence[other] > 0),
                          reverse=True)
-        if evidence[fingerprint] == 0 and trained and (trained[0][0] >= MIN_FINGERPRINT_WITNESSES or
-                                                      any(other in vouched for _, _, other in trained)):
-            count, _, theirs = max(trained, key=lambda item: (item[1], item[0]))
+        if evidence[fingerprint] == 0 and trained and (trained[0][0] or trained[0][1] >= MIN_FINGERPRINT_WITNESSES):
+            _, count, theirs = trained[0]
             raise FingerprintMismatch(
                 f"model fingerprint {fingerprint} differs from run {run_id!r}'s model {theirs} "
                 f"({count} peer(s) train it); use the same [task] settings as the swarm, or another swarm.run_id"
@@ -251,7 +251,7 @@ def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_se
             if evidence[fingerprint]:
                 why = f"{evidence[fingerprint]} peer(s) train ours ({fingerprint})"
             elif trained:
-                why = f"only {trained[0][0]} peer's record names it, too few to believe"
+                why = f"only {trained[0][1]} peer's record names it, too few to believe"
             else:
                 why = "no live peer is seen training it"
             logger.warning("ignoring model fingerprint %s published under run %r: %s", entries[0].fingerprint,
