@@ -172,9 +172,11 @@ def plausible_epoch(claim: int, others: Sequence[int], *, own: int, slack: int =
 
     A claim not ahead of ours is not adopted (but is no offence).  Peers at epoch 0 (fresh, not synced)
     say nothing about where the run is; with no other reports the claim stands (the structural and
-    model checks still apply).  Otherwise it may exceed the upper median of the others by at most
-    :func:`epoch_ceiling`'s margin: a single other peer is believed only that far, a claim far above
-    everyone else's is a lie, and peers lagging behind do not make an honest donor look like one.
+    model checks still apply).  Otherwise it may exceed the upper median of the others, or our own
+    epoch when that is higher, by at most :func:`epoch_ceiling`'s margin: a single other peer is
+    believed only that far, a claim far above everyone else's is a lie, and peers lagging behind (a
+    record minutes old, a peer that has since left) do not make an honest donor just ahead of us
+    look like one.
     """
     if claim <= own:
         # Not ahead of us: nothing to gain (a fresh peer serving its initialisation is no offence).
@@ -182,10 +184,10 @@ def plausible_epoch(claim: int, others: Sequence[int], *, own: int, slack: int =
     reports = sorted(e for e in others if isinstance(e, int) and 0 < e <= MAX_EPOCH)
     if not reports:
         return Verdict.good()
-    reference = reports[len(reports) // 2]
-    if claim > epoch_ceiling(reference, slack=slack, relative=relative):
+    median = reports[len(reports) // 2]
+    if claim > epoch_ceiling(max(median, own), slack=slack, relative=relative):
         return Verdict.bad("implausible_epoch", f"claims epoch {claim}; the run's other {len(reports)} peer(s) "
-                                                f"report {reference}")
+                                                f"report {median} (we are at {own})")
     return Verdict.good()
 
 

@@ -117,6 +117,9 @@ def test_epoch_plausibility_against_the_other_peers():
     assert plausible_epoch(68, [0, 0], own=0).ok  # fresh peers say nothing about where the run is
     assert not plausible_epoch(2000, [1000, 1100, 1200], own=0).ok  # the margin grows with the run...
     assert plausible_epoch(1370, [1000, 1100, 1200], own=0).ok  # ...by a quarter of the median (1100)
+    # A stale record (here of a peer that left at epoch 20) must not make a donor just ahead of us a liar.
+    assert plausible_epoch(36, [20], own=35).ok
+    assert not plausible_epoch(5000, [20], own=35).ok
     behind = plausible_epoch(3, [3], own=10)
     assert not behind.ok and behind.kind == "" and "not ahead of ours" in behind.reason
     fresh = plausible_epoch(0, [], own=0)  # a fresh peer serving its initialisation: useless, no offence
