@@ -12,7 +12,8 @@ that failed or reached only part of the swarm, a round a peer missed) averaging 
 pulls them back together every round (with the default outer_lr 0.7 and Nesterov momentum 0.9
 the gap about halves each round), where averaging pseudo-gradients would keep it forever.
 Matchmaking for a round is started ``matchmaking_time`` seconds before the round clock's estimated
-end.  With ``overlap`` (the default) the all-reduce itself runs while the next round's inner steps
+end, and the round ends for all members of its group at once, when the group has assembled (or
+when the clock says so, whichever comes first).  With ``overlap`` (the default) the all-reduce itself runs while the next round's inner steps
 compute: when it lands, the outer step is applied and the local progress made in the meantime is
 kept on top of the new outer params (a one-round delayed outer update), so neither the all-reduce
 nor waiting for a slower peer stalls training.
@@ -38,6 +39,7 @@ from typing import Any
 
 import hivemind
 import torch
+from hivemind.averaging.control import AveragingStage
 from hivemind.utils import get_dht_time
 
 from p2ptrain.admission_averager import Admission
@@ -228,9 +230,23 @@ class DiLoCoOptimizer:
             self._catch_up()
             return
         self._maybe_schedule_round()
-        if self._tracker.ready_to_update_epoch:
+        if self._round_is_over():
             self._settle_round(block=True)  # one round at a time: the previous one lands first
             self._outer_round()
+
+    def _round_is_over(self) -> bool:
+        """The swarm's round clock says so, or our group for the round has already assembled.
+
+        Each peer reads the clock from its own view of the DHT, refreshed every few seconds, so
+        their readings differ by seconds; the all-reduce drops a member whose part comes later
+        than ``averaging_timeout / 3`` after the others', and that member's round, which then ends
+        later still, made it late for the next round too (rounds stayed partial for good).  Once
+        the group has assembled, its members are all waiting for their trigger at the same moment:
+        every one of them ends its round then.
+        """
+        scheduled = self._scheduled
+        return self._tracker.ready_to_update_epoch or (
+            scheduled is not None and scheduled.stage == AveragingStage.AWAITING_TRIGGER)
 
     def _inner_step(self) -> None:
         self._micro.load_mean()

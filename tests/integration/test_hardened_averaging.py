@@ -106,22 +106,28 @@ def test_a_lying_sender_is_rejected_named_excluded_and_the_honest_average_surviv
         # NaN parts exclude the liar at once; parts far larger than the others' are a judgement,
         # refused every round and excluding on the liar's third round with them.  A gate counts a
         # round only if the liar's parts or results reached it in time (on a loaded machine some
-        # time out): allow a few more, each still checked for an honest average.
-        rounds = 1 if attack == "nonfinite" else JUDGED_STRIKES + 5
+        # time out): allow a few more, each still checked for an honest average.  A loaded machine's
+        # matchmaking may also split the three (two in a group, one alone): such a round is not the
+        # one this test is about and is tried again, a bounded number of times.
+        wanted = 1 if attack == "nonfinite" else JUDGED_STRIKES + 5
         expected = [(a + b) / 2 for a, b in zip(*honest_values, strict=True)]
-        for index in range(rounds):
-            if all(gate.is_gated(liar_id) for gate in gates):
-                rounds = index
+        full_reports, splits = [], []
+        for attempt in range(wanted + 3):
+            if len(full_reports) >= wanted or all(gate.is_gated(liar_id) for gate in gates):
                 break
-            if index:
-                assert index >= JUDGED_STRIKES or not any(gate.is_gated(liar_id) for gate in gates), index
+            if attempt:
+                assert attempt >= JUDGED_STRIKES or not any(gate.is_gated(liar_id) for gate in gates), attempt
                 time.sleep(1.5 * STRIKE_GAP_SECONDS)  # a new round, for the gate too (late results included)
                 for averager, own in zip(averagers[:2], honest_values, strict=True):
                     with averager.get_tensors() as tensors:
                         for tensor, mine in zip(tensors, own, strict=True):
                             tensor.copy_(mine)
             results = _round(averagers, [16.0, 16.0, 1e9])
-            assert all(isinstance(r, dict) and len(r) == 3 for r in results[:2]), results
+            drained = reports[0].drain()
+            if not all(isinstance(r, dict) and len(r) == 3 for r in results[:2]):
+                splits.append(results)
+                continue
+            full_reports.extend(drained)
             for averager, own in zip(averagers[:2], honest_values, strict=True):
                 with averager.get_tensors() as tensors:
                     for tensor, mean, mine in zip(tensors, expected, own, strict=True):
@@ -129,16 +135,17 @@ def test_a_lying_sender_is_rejected_named_excluded_and_the_honest_average_surviv
                         # every element is the honest mean, or (in the liar's share) our own value
                         assert torch.all(torch.isclose(tensor, mean, atol=1e-5)
                                          | torch.isclose(tensor, mine, atol=1e-5))
+        assert full_reports, f"the three never met in one group: {splits}"
         for gate in gates:
             kinds = {o.kind for o in gate.offenders() if o.peer_id == liar_id}
             assert kinds & {"oversized_part", "nonfinite_part", "bad_result"}, gate.offenders()
             assert gate.is_gated(liar_id)
-        report = reports[0].drain()
-        assert len(report) == rounds and all(r.ok and r.senders == 3 for r in report)
-        # The first round, before any exclusion: the liar's third of the parts arrived and was refused.
-        assert report[0].contributions_expected > 0
-        assert report[0].received_fraction == pytest.approx(2 / 3)
-        assert {peer for peer, _, _ in report[0].rejected} == {liar_id}
+        assert all(r.ok and r.senders == 3 for r in full_reports), full_reports
+        # The first full round, before any exclusion: the liar's third of the parts arrived and was refused.
+        first = full_reports[0]
+        assert first.contributions_expected > 0
+        assert first.received_fraction == pytest.approx(2 / 3)
+        assert {peer for peer, _, _ in first.rejected} == {liar_id}
 
         # The next round leaves the banned liar out: the honest pair averages on its own.
         second = _round(averagers[:2], [16.0, 16.0])

@@ -140,3 +140,82 @@ def test_a_nonfinite_micro_batch_anywhere_in_an_inner_batch_is_dropped_alone(mon
     micro_batch(7.0)
     assert [g.tolist() for g in seen] == [[2.0] * 3, [6.0] * 3]  # the means of the accepted micro-batches
     assert torch.isfinite(param).all() and optimizer.inner_step == 2
+
+
+class _TwoPeerClock(_NoSwarm):
+    """A round tracker that sees two peers and a round ending within the matchmaking time, but whose
+    own reading of the clock never says the round is over (as a peer whose view lags the other's)."""
+
+    global_progress = SimpleNamespace(num_peers=2, samples_accumulated=0)
+
+    @property
+    def estimated_next_update_time(self) -> float:
+        from hivemind.utils import get_dht_time
+
+        return get_dht_time() + 0.1
+
+
+class _Control:
+    """hivemind's StepControl as the optimizer uses it: a stage, a weight, a trigger."""
+
+    def __init__(self) -> None:
+        from hivemind.averaging.control import AveragingStage
+
+        self.stage, self.weight, self.triggered = AveragingStage.LOOKING_FOR_GROUP, 0.0, False
+
+    def allow_allreduce(self) -> None:
+        self.triggered = True
+
+    def done(self) -> bool:
+        return False
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Averager(_NoSwarm):
+    """Schedules rounds and hands out their controls; holds the tensors to average."""
+
+    def __init__(self, tensors: list[torch.Tensor], *args: object, **kwargs: object) -> None:
+        self.tensors, self.controls = tensors, []
+
+    def step(self, **kwargs: object) -> _Control:
+        self.controls.append(_Control())
+        return self.controls[-1]
+
+    def get_tensors(self) -> contextlib.AbstractContextManager[list[torch.Tensor]]:
+        return contextlib.nullcontext(self.tensors)
+
+
+def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_says(monkeypatch) -> None:
+    """Peers read the round clock from their own views of the DHT, seconds apart; the all-reduce drops a
+    member later than its sender timeout.  Once the group for the round has assembled, every member ends
+    its round at that moment instead."""
+    from hivemind.averaging.control import AveragingStage
+
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.swarmstats import SwarmStats
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
+    averagers: list[_Averager] = []
+    monkeypatch.setattr(diloco, "averager_class",
+                        lambda hardened, admission: lambda *a, **k: averagers.append(_Averager(*a, **k)) or averagers[-1])
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0, matchmaking_time=5.0)
+    optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
+
+    def micro_batch() -> None:
+        param.grad = torch.ones(3)
+        optimizer.step(batch_size=8)
+        optimizer.zero_grad()
+
+    micro_batch()
+    [control] = averagers[0].controls  # matchmaking for the round has started
+    for _ in range(3):  # still looking for the group: the round goes on
+        micro_batch()
+    assert not control.triggered and optimizer.local_epoch == 0
+    control.stage = AveragingStage.AWAITING_TRIGGER  # the group has assembled
+    micro_batch()
+    assert control.triggered and control.weight == 5 * 8  # ended now, weighted by this round's samples
+    assert optimizer.local_epoch == 1 and optimizer.inner_step == 0
