@@ -13,10 +13,10 @@ pulls them back together every round (with the default outer_lr 0.7 and Nesterov
 the gap about halves each round), where averaging pseudo-gradients would keep it forever.
 Matchmaking for a round is started ``matchmaking_time`` seconds before the round clock's estimated
 end, and the round ends for all members of its group at once, when the group has assembled (or
-when the clock says so, whichever comes first).  With ``overlap`` (the default) the all-reduce itself runs while the next round's inner steps
-compute: when it lands, the outer step is applied and the local progress made in the meantime is
-kept on top of the new outer params (a one-round delayed outer update), so neither the all-reduce
-nor waiting for a slower peer stalls training.
+when the clock says so, whichever comes first).  With ``overlap`` (the default) the all-reduce
+itself runs while the next round's inner steps compute: when it lands, the outer step is applied
+and the local progress made in the meantime is kept on top of the new outer params (a one-round
+delayed outer update), so neither the all-reduce nor waiting for a slower peer stalls training.
 
 Elasticity: the round is bounded by ``averaging_timeout`` (a dead peer costs the others at most
 that, and then they apply their own pseudo-gradient); a newcomer downloads the outer params,

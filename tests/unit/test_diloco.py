@@ -199,8 +199,12 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
 
     monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
     averagers: list[_Averager] = []
-    monkeypatch.setattr(diloco, "averager_class",
-                        lambda hardened, admission: lambda *a, **k: averagers.append(_Averager(*a, **k)) or averagers[-1])
+
+    def make_averager(*args: object, **kwargs: object) -> _Averager:
+        averagers.append(_Averager(*args, **kwargs))
+        return averagers[-1]
+
+    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
     param = torch.nn.Parameter(torch.zeros(3))
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0, matchmaking_time=5.0)
     optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
