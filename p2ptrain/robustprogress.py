@@ -126,14 +126,19 @@ class RobustProgressTracker(ProgressTracker):
                 name = str(PeerID(entry.peer_id))
             except Exception:  # the DHT's schema check already ran; anything odd left is skipped
                 continue
-            if not math.isfinite(entry.time) or entry.epoch > MAX_EPOCH:
-                continue
             if entry.peer_id == own_id:
-                if subkey == self._local_public_key:
+                if subkey == self._local_public_key and math.isfinite(entry.time) and entry.epoch <= MAX_EPOCH:
                     claims[own_id] = [(True, entry)]
                 continue  # an entry in our name with another key is a forgery
-            is_bound = bound.get(subkey) == name if isinstance(subkey, bytes) else False
             if self._gate is not None and self._gate.is_gated(name):
+                continue
+            is_bound = bound.get(subkey) == name if isinstance(subkey, bytes) else False
+            if not math.isfinite(entry.time) or entry.epoch > MAX_EPOCH:
+                if is_bound and self._gate is not None and entry.epoch > MAX_EPOCH:
+                    # Signed with the key the peer's own record names: its lie, whoever else it fools.
+                    # (An unbound entry's peer ID is self-declared: naming it could frame an honest peer.)
+                    self._gate.offend(name, "implausible_epoch",
+                                      f"its progress claims epoch {entry.epoch}, outside 0..{MAX_EPOCH}")
                 continue
             claims.setdefault(entry.peer_id, []).append((is_bound, entry))
         chosen: list[tuple[bool, LocalTrainingProgress]] = []

@@ -123,6 +123,25 @@ def test_with_bound_keys_only_entries_written_with_a_peers_record_key_count():
     assert progress.num_peers == 4
 
 
+def test_a_bound_peer_claiming_an_impossible_epoch_is_named_and_excluded_an_unbound_one_only_ignored():
+    """An epoch outside 0..MAX_EPOCH is never honest.  Written with the key the peer's own record names,
+    it is that peer's lie: one offence, and its entries no longer count.  Under a self-declared peer ID
+    it could be anyone writing in an honest peer's name: ignored, nobody named."""
+    from p2ptrain.statecheck import MAX_EPOCH
+
+    liar, framed = str(PeerID(_peer(3))), str(PeerID(_peer(4)))
+    gate = PeerGate()
+    tracker = RobustProgressTracker(_FakeDht(), "run", 100, start=False, gate=gate,
+                                    bound=lambda: {b"k1": str(PeerID(_peer(1))), b"k3": liar})
+    tracker.local_progress = tracker._get_local_progress(10, 0)
+    metadata = {b"k1": _entry(1, 10), b"k3": _entry(3, 2**40), b"x4": _entry(4, MAX_EPOCH + 1)}
+    progress = tracker._parse_swarm_progress_data(metadata)
+    assert progress.epoch == 10 and progress.num_peers == 1  # peer 1 alone: both claims dropped
+    assert gate.is_gated(liar) and not gate.is_gated(framed)
+    [offender] = gate.offenders()
+    assert offender.peer_id == liar and offender.kind == "implausible_epoch" and f"epoch {2**40}" in offender.reason
+
+
 def test_a_flood_of_entries_is_filtered_and_merged_before_it_is_capped():
     from p2ptrain.robustprogress import MAX_PROGRESS_ENTRIES
 
