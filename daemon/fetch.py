@@ -80,13 +80,12 @@ class RecordReader:
 
     def start(self, dht: Any, run_id: str, evidence: Any) -> None:
         from p2ptrain.daemon.record_publisher import RecordPublisher
-        from p2ptrain.records import RecordBook
         from p2ptrain.status import LatestSnapshot
 
-        book = RecordBook(dht, run_id, self._validators, trusted=evidence.trusted_peers)
         # A snapshot without a peer ID: the publisher then only polls (it publishes a record only for
         # a node that has one), so the fetcher never shows up in anyone's swarm view.
-        self._publisher = RecordPublisher(book, LatestSnapshot(), period=RECORDS_PERIOD, evidence=evidence)
+        self._publisher = RecordPublisher.for_run(dht, run_id, self._validators, LatestSnapshot(), evidence,
+                                                  period=RECORDS_PERIOD)
         self._publisher.start()
 
     def peers(self) -> int:

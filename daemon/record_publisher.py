@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from p2ptrain.evidence import PeerEvidence
 from p2ptrain.records import RecordBook
@@ -37,6 +38,14 @@ class RecordPublisher:
         self._view = SwarmView()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="p2ptrain-records", daemon=True)
+
+    @classmethod
+    def for_run(cls, dht: Any, run_id: str, validators: list[Any], latest: LatestSnapshot,
+                evidence: PeerEvidence | None, period: float = RECORD_PERIOD) -> RecordPublisher:
+        """The publisher of ``run_id``'s records on ``dht``, its book trusting the peers ``evidence``
+        trusts (the peers this node joined through)."""
+        book = RecordBook(dht, run_id, validators, trusted=evidence.trusted_peers if evidence is not None else None)
+        return cls(book, latest, period=period, evidence=evidence)
 
     @property
     def view(self) -> SwarmView:

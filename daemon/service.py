@@ -21,7 +21,7 @@ from p2ptrain.daemon.reload import merge_reloadable, reloadable_changes
 from p2ptrain.daemon.systemd import SystemdNotifier
 from p2ptrain.metrics import build_registry
 from p2ptrain.ownedrun import keep_run_settings
-from p2ptrain.records import RecordBook, record_validators
+from p2ptrain.records import record_validators
 from p2ptrain.status import LatestSnapshot, PauseReason, SwarmView
 from p2ptrain.volunteer import VolunteerPolicy, os_load_source, own_rss_bytes
 
@@ -73,10 +73,8 @@ class ServiceHooks(NodeHooks):
         # Records go out (and are read) from the moment the node is in the swarm: a newcomer checks
         # the state it downloads against what the run's peers report in them.
         if self._latest is not None and self.records is None:
-            evidence = presence.evidence
-            book = RecordBook(presence.dht, presence.run_id, self._validators,
-                              trusted=evidence.trusted_peers if evidence is not None else None)
-            self.records = RecordPublisher(book, self._latest, evidence=evidence)
+            self.records = RecordPublisher.for_run(presence.dht, presence.run_id, self._validators, self._latest,
+                                                   presence.evidence)
             self.records.start()
         return self.records is not None
 

@@ -33,7 +33,6 @@ OFFENCE_KINDS: tuple[str, ...] = (
     "nonfinite_part",     # an averaging part with NaN or inf
     "oversized_part",     # a part far larger (norm or bytes) than the others' or ours
     "malformed_part",     # wrong shape, too many parts, an impossible weight
-    "deviant_part",       # a parameter part far from ours (parameter averaging)
     "bad_result",         # as reducer, returned a non-finite or implausible average
     "bad_state",          # a downloaded state that failed validation
     "implausible_epoch",  # an epoch claim far above what the run's other peers report
@@ -45,7 +44,7 @@ OFFENCE_KINDS: tuple[str, ...] = (
 #: is excluded for them only after this many rounds with one, each at least STRIKE_GAP_SECONDS
 #: apart (one round's parts count once) and the last within STRIKE_WINDOW_SECONDS.  Non-finite or
 #: malformed data and bad states are never honest: they exclude at once.
-JUDGED_KINDS = frozenset({"oversized_part", "deviant_part", "bad_result"})
+JUDGED_KINDS = frozenset({"oversized_part", "bad_result"})
 JUDGED_STRIKES = 3
 STRIKE_GAP_SECONDS = 1.0
 STRIKE_WINDOW_SECONDS = 120.0

@@ -43,9 +43,6 @@ class ReduceRule:
     #: A part whose norm exceeds this times the reference norm is rejected.  Honest gradients differ
     #: by up to ~10x (a peer fresh from its initialisation next to a trained one): 25 leaves room.
     max_norm_ratio: float = 25.0
-    #: Optional: a part further than this times the reference norm from ours is rejected.  No built-in
-    #: rule sets it: honest replicas differ by what parameter and DiLoCo rounds are there to repair.
-    max_deviation_ratio: float | None = None
     #: A reducer's returned change to our part above this times our part's norm is refused.
     max_result_ratio: float = 25.0
     #: Slack per element (times sqrt(numel)) added to every norm bound, for near-zero parts.
@@ -63,7 +60,7 @@ class ReduceRule:
     @classmethod
     def for_parameters(cls) -> ReduceRule:
         """Parameter rounds (drift repair): every peer weighs 1, parameters differ only by drift."""
-        # No bound on the distance from ours either: a node fresh from a state download (a donor a
+        # No bound on the distance from ours: a node fresh from a state download (a donor a
         # few epochs behind) differs by that much, which is what these rounds repair.
         return cls(max_weight=1.0, abs_tolerance=1e-3)
 
@@ -121,12 +118,6 @@ def screen_parts(parts: Mapping[int, tuple[torch.Tensor, float]], local: int | N
         limit = _bound(rule.max_norm_ratio, reference, tensor.numel(), rule)
         if reference > 0 and norms[sender] > limit:
             rejected[sender] = Rejection("oversized_part", f"norm {norms[sender]:.3g} > {limit:.3g}")
-        elif rule.max_deviation_ratio is not None and own is not None:
-            distance = float((tensor - own[0]).norm())
-            limit = _bound(rule.max_deviation_ratio, reference, tensor.numel(), rule)
-            if distance > limit:
-                rejected[sender] = Rejection("deviant_part", f"distance {distance:.3g} from ours > {limit:.3g}")
-        if sender in rejected:
             del accepted[sender]
     if local is not None and local in parts and local not in accepted:
         rejected.pop(local, None)  # our own bad part is dropped silently: not an offence of a peer
