@@ -103,9 +103,13 @@ def _plain(cls: type, wire_name: str) -> type:
 
 
 def _averager_options(target: Target) -> dict[str, Any]:
-    """What the victims' averagers use, so that matchmaking puts the hostile in their groups."""
-    window = target.cfg.training.matchmaking_time
-    return dict(min_matchmaking_time=window, request_timeout=min(3.0, window / 2), start=True)
+    """What the victims' averagers use, so that matchmaking puts the hostile in their groups, and the
+    timeouts hivemind's optimizer gives them: without these, a round whose reducers refuse the hostile's
+    parts could keep its step waiting for their answers for good, and the attack would stop there."""
+    training = target.cfg.training
+    window = training.matchmaking_time
+    return dict(min_matchmaking_time=window, request_timeout=min(3.0, window / 2), next_chunk_timeout=window,
+                allreduce_timeout=training.averaging_timeout, start=True)
 
 
 # ---------------------------------------------------------------------------------------------- state
@@ -217,7 +221,7 @@ def poison_rounds(dht: hivemind.DHT, target: Target, attack: str, stop: threadin
             list(model.parameters()), dht=dht, prefix=f"{target.averaging_run_id}_grad_averager", **common)
 
     def keep_averaging() -> None:
-        rounds = 0
+        rounds = missed = 0
         while not stop.is_set():
             with averager.get_tensors() as tensors:
                 for tensor, value in zip(tensors, evil, strict=True):
@@ -227,7 +231,10 @@ def poison_rounds(dht: hivemind.DHT, target: Target, attack: str, stop: threadin
                 hivemind.DecentralizedAverager.step(averager, weight=weight, timeout=training.averaging_timeout)
                 rounds += 1
                 print(f"hostile joined averaging round {rounds}", flush=True)
-            except Exception:  # no group this time: try again
+            except Exception as exc:  # no group this time: try again
+                missed += 1
+                if missed in (1, 10) or missed % 50 == 0:
+                    print(f"hostile missed averaging round {missed}: {exc!r}"[:200], flush=True)
                 stop.wait(0.2)
 
     threading.Thread(target=keep_averaging, daemon=True).start()
