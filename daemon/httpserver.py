@@ -65,6 +65,11 @@ class Request:
     #: The connection is over its client's connection cap.
     over_cap: bool = False
 
+    @property
+    def group(self) -> str:
+        """The client this request counts against in every per-client limit (:func:`client_group`)."""
+        return client_group(self.client)
+
 
 @dataclass(frozen=True)
 class Response:
