@@ -310,3 +310,16 @@ def test_every_loopback_address_shares_one_request_budget(payload: bytes) -> Non
     finally:
         api.stop()
 
+
+def test_a_connection_over_its_client_s_cap_is_told_its_own_deadline() -> None:
+    api = make_server(request_timeout=5.0, max_client_connections=1)
+    hog = socket.create_connection(("127.0.0.1", api.port))
+    try:
+        time.sleep(0.2)  # the hog holds loopback's one connection
+        with socket.create_connection(("127.0.0.1", api.port), timeout=4.0) as late:
+            late.sendall(STATUS[:5])  # begun, never finished: cut off after the over-cap deadline (1 s)
+            answer = late.recv(4096)
+        assert answer.startswith(b"HTTP/1.0 408") and b"not complete within 1 s" in answer, answer
+    finally:
+        hog.close()
+        api.stop()
