@@ -3,7 +3,11 @@
 Signal handlers must only record (a handler that takes a lock can deadlock the thread it
 interrupted), so :meth:`Stopper.request` sets a plain attribute and writes one byte to a
 self-pipe; :meth:`Stopper.wait` sleeps in ``select`` on that pipe, so a stop interrupts any wait
-at once.
+at once.  The same object is the SIGTERM/SIGINT handler (:meth:`Stopper.handle_stop_signals`):
+the first signal asks for a clean stop, a second *signal* means the sender insists and the
+process exits at once.  A stop already requested from inside (``leave``, ``max_epochs``, a
+manifest update) is no second signal: one ``systemctl stop`` during the final checkpoint waits
+for it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
+from types import FrameType
 
 
 class Stopper:
@@ -19,6 +25,8 @@ class Stopper:
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
         self.reason: str | None = None
+        #: SIGTERM/SIGINT received so far (only the main thread runs signal handlers: a plain counter).
+        self.signals = 0
 
     def request(self, reason: str) -> None:
         """Ask the node to stop; the first reason wins. Safe in signal handlers and other threads."""
@@ -38,6 +46,22 @@ class Stopper:
         with contextlib.suppress(InterruptedError):
             select.select([self._read_fd], [], [], timeout)
         return self.is_set()
+
+    # -- signals ------------------------------------------------------------------------------------
+
+    def on_signal(self, signum: int, _frame: FrameType | None = None) -> None:
+        """The SIGTERM/SIGINT handler: the first signal asks for a clean stop (final checkpoint and
+        all), whatever else asked for one already; the second ends the process at once with
+        128 + the signal's number (forked helpers die with it: PDEATHSIG)."""
+        self.signals += 1
+        if self.signals > 1:
+            os._exit(128 + signum)
+        self.request(signal.Signals(signum).name)
+
+    def handle_stop_signals(self) -> None:
+        """Make :meth:`on_signal` the handler of SIGTERM and SIGINT (from the main thread)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.on_signal)
 
     def close(self) -> None:
         for fd in (self._read_fd, self._write_fd):

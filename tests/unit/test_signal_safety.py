@@ -8,9 +8,12 @@ node for good.  The storm runs in a child process so a deadlock shows up as a ti
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 STORM = textwrap.dedent("""
     import os, signal, threading, time
@@ -74,3 +77,35 @@ def test_a_sighup_refused_by_a_full_queue_is_said_once_and_still_reloads(caplog)
         (logging.WARNING, "control: 4 requests refused, the queue was full; the SIGHUP reload runs now")]
     caplog.clear()
     assert control.drain() == [] and caplog.records == []  # said once, handed out once
+
+
+SECOND_SIGNAL = textwrap.dedent("""
+    import os, signal
+    from p2ptrain.daemon.control import ControlQueue
+    from p2ptrain.daemon.stopper import Stopper
+
+    class Node:
+        def __init__(self):
+            self.stopper, self.control = Stopper(), ControlQueue()
+        def request_stop(self, reason):
+            self.stopper.request(reason)
+
+    node = Node()
+    {install}
+    node.stopper.request("leave requested by api")  # the node is already stopping: its final checkpoint
+    os.kill(os.getpid(), signal.SIGTERM)  # one `systemctl stop`: must not cut the checkpoint short
+    print("still here:", node.stopper.reason, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)  # the second signal: the sender insists
+    print("not reached", flush=True)
+""")
+
+
+@pytest.mark.parametrize("install", [
+    "from p2ptrain.daemon.main import _install_signal_handlers; _install_signal_handlers(node)",
+    "node.stopper.handle_stop_signals()  # what p2ptrain fetch installs",
+], ids=["run", "fetch"])
+def test_only_a_second_signal_exits_at_once_not_a_stop_the_node_asked_for(install: str) -> None:
+    done = subprocess.run([sys.executable, "-c", SECOND_SIGNAL.format(install=install)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.splitlines() == ["still here: leave requested by api"], (done.stdout, done.stderr)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
