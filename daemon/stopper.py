@@ -7,7 +7,8 @@ at once.  The same object is the SIGTERM/SIGINT handler (:meth:`Stopper.handle_s
 the first signal asks for a clean stop, a second *signal* means the sender insists and the
 process exits at once.  A stop already requested from inside (``leave``, ``max_epochs``, a
 manifest update) is no second signal: one ``systemctl stop`` during the final checkpoint waits
-for it.
+for it.  A second pipe lets whoever hands the loop work (control requests) cut its idle wait
+short (:meth:`Stopper.wake`, :meth:`Stopper.wait_for_work`) without cutting anyone else's waits.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from types import FrameType
 class Stopper:
     def __init__(self) -> None:
         self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._read_fd, False)
-        os.set_blocking(self._write_fd, False)
+        self._wake_read_fd, self._wake_write_fd = os.pipe()
+        for fd in (self._read_fd, self._write_fd, self._wake_read_fd, self._wake_write_fd):
+            os.set_blocking(fd, False)
         self.reason: str | None = None
         #: SIGTERM/SIGINT received so far (only the main thread runs signal handlers: a plain counter).
         self.signals = 0
@@ -63,7 +65,28 @@ class Stopper:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.on_signal)
 
+    # -- waking the loop ----------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Cut short the loop's :meth:`wait_for_work` in progress, or its next one: work was handed
+        to it.  Safe in signal handlers and other threads (one byte to a non-blocking pipe)."""
+        with contextlib.suppress(OSError):  # full: a wake-up is pending already
+            os.write(self._wake_write_fd, b"x")
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds, until a stop is requested or :meth:`wake` is called (since
+        the previous call returned); True if a stop was requested.  For one waiter only, the loop:
+        the wake-ups are consumed here, and no other wait sees them."""
+        if self.is_set():
+            return True
+        with contextlib.suppress(InterruptedError):
+            select.select([self._read_fd, self._wake_read_fd], [], [], timeout)
+        with contextlib.suppress(OSError):  # BlockingIOError: all consumed
+            while os.read(self._wake_read_fd, 4096):
+                pass
+        return self.is_set()
+
     def close(self) -> None:
-        for fd in (self._read_fd, self._write_fd):
+        for fd in (self._read_fd, self._write_fd, self._wake_read_fd, self._wake_write_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -109,3 +109,21 @@ def test_only_a_second_signal_exits_at_once_not_a_stop_the_node_asked_for(instal
                           text=True, timeout=60)
     assert done.stdout.splitlines() == ["still here: leave requested by api"], (done.stdout, done.stderr)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
+
+
+def test_a_control_request_wakes_the_loop_s_wait_and_only_that_wait() -> None:
+    from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
+    from p2ptrain.daemon.stopper import Stopper
+
+    stopper = Stopper()
+    control = ControlQueue(wake=stopper.wake)
+    try:
+        assert control.submit(ControlRequest(Command.RESUME, source="SIGHUP"))
+        assert stopper.wait(0.01) is False  # others' waits (a retry's backoff) are not cut short by it
+        for _ in range(10):  # a pending wake-up ends the loop's next wait, however many came
+            control.submit(ControlRequest(Command.CHECKPOINT, source="api"))
+        assert stopper.wait_for_work(3600.0) is False
+        stopper.request("test over")
+        assert stopper.wait_for_work(3600.0) is True
+    finally:
+        stopper.close()
