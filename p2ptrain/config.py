@@ -24,6 +24,7 @@ from p2ptrain.config_checks import parse_multiaddr as parse_multiaddr
 # Re-exported (the "as" form): callers keep importing both from p2ptrain.config.
 from p2ptrain.errors import EX_CONFIG as EX_CONFIG
 from p2ptrain.errors import ConfigError as ConfigError
+from p2ptrain.errors import printable
 from p2ptrain.paths import resolve_state_dir
 from p2ptrain.tomlfile import ENV_PREFIX as ENV_PREFIX
 from p2ptrain.tomlfile import env_overrides as _env_overrides
@@ -432,9 +433,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
 
 def _describe(error: ValidationError, origin: str) -> str:
     first = error.errors()[0]
-    # A TOML key or a value may hold newlines or control characters: quote those, so the error
-    # stays the one line the CLI prints.
-    field = ".".join(str(part) if str(part).isprintable() else repr(part) for part in first["loc"]) or "(top level)"
+    # A TOML key may hold newlines or control characters: quoted, so the error stays one line.
+    field = ".".join(printable(part) for part in first["loc"]) or "(top level)"
     kind = first["type"]
     if kind == "extra_forbidden":
         problem = "unknown key"
@@ -447,7 +447,7 @@ def _describe(error: ValidationError, origin: str) -> str:
     more = len(error.errors()) - 1
     suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
     problem = " ".join(problem.split())
-    return f"{origin}: {field}: {problem}{suffix}"
+    return f"{printable(origin)}: {field}: {problem}{suffix}"
 
 
 def _filesystem_problem(config: NodeConfig) -> str | None:
@@ -472,7 +472,7 @@ def parse_config(data: Mapping[str, Any], origin: str, environ: Mapping[str, str
         raise ConfigError(_describe(error, origin)) from None
     problem = _filesystem_problem(config)
     if problem:
-        raise ConfigError(f"{origin}: {problem}")
+        raise ConfigError(f"{printable(origin)}: {problem}")
     return config
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from multiaddr import Multiaddr
 
-from p2ptrain.errors import ConfigError
+from p2ptrain.errors import ConfigError, printable
 
 _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
 _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
@@ -141,7 +141,7 @@ def _expand(path: Path) -> Path | str:
     try:
         return path.expanduser()
     except RuntimeError:
-        return f"cannot expand {str(path)!r}: no such user or no home directory"
+        return f"cannot expand {printable(path)}: no such user or no home directory"
 
 
 def missing_data_path(text: str | Path) -> str | None:
@@ -156,9 +156,9 @@ def missing_data_path(text: str | Path) -> str | None:
         return resolved
     kind = _kind(resolved)
     if kind is None:
-        return f"{resolved} does not exist"
+        return f"{printable(resolved)} does not exist"
     if kind == "other":
-        return f"{resolved} is neither a file nor a directory"
+        return f"{printable(resolved)} is neither a file nor a directory"
     return None
 
 
@@ -175,6 +175,6 @@ def unusable_directory(path: Path) -> str | None:
         if kind in ("dir", "unknown"):
             return None
         if kind is not None:
-            where = "" if candidate == resolved else f" (its parent {candidate} is not a directory)"
-            return f"{resolved} is not a directory{where}"
+            where = "" if candidate == resolved else f" (its parent {printable(candidate)} is not a directory)"
+            return f"{printable(resolved)} is not a directory{where}"
     return None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.errors import ConfigError
+from p2ptrain.errors import ConfigError, printable
 
 ENV_PREFIX = "P2PTRAIN_"
 
@@ -23,15 +23,16 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file (create one with: p2ptrain config init {path})") from None
+        shown = printable(path)
+        raise ConfigError(f"{shown}: no such file (create one with: p2ptrain config init {shown})") from None
     except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a TOML file") from None
+        raise ConfigError(f"{printable(path)}: is a directory, expected a TOML file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
+        raise ConfigError(f"{printable(path)}: cannot read ({exc.__class__.__name__}: {printable(exc)})") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raise ConfigError(f"{printable(path)}: not valid TOML: {printable(exc)}") from None
 
 
 def parse_literal(raw: str) -> Any:
@@ -57,7 +58,7 @@ def env_overrides(environ: Mapping[str, str],
             continue
         section, _, key = name[len(ENV_PREFIX):].partition("__")
         if not section or not key:
-            raise ConfigError(f"environment variable {name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
+            raise ConfigError(f"environment variable {printable(name)}: expected {ENV_PREFIX}<SECTION>__<KEY>")
         section, key = section.lower(), key.lower()
         value = parse_literal(raw)
         if not isinstance(value, str) and is_text(section, key):

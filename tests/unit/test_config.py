@@ -302,3 +302,22 @@ def test_log_level_takes_any_case_like_the_command_line_flag():
     assert NodeConfig.model_validate({"node": {"log_level": "debug"}}).node.log_level == "DEBUG"
     with pytest.raises(ValueError, match="node.log_level"):
         NodeConfig.model_validate({"node": {"log_level": "loud"}})
+
+
+def test_user_text_in_a_config_error_is_quoted_to_stay_one_line(tmp_path: Path) -> None:
+    """A file name, a key, a path or a variable name with a newline (or an escape sequence) in it is
+    shown quoted: the message stays the one line the CLI prints."""
+    odd = tmp_path / "odd\nname"
+    odd.mkdir()
+    for make_error, expected in (
+        (lambda: env_overrides({"P2PTRAIN__\n": ""}), "environment variable 'P2PTRAIN__\\n': expected"),
+        (lambda: load_config(odd / "missing.toml", environ={}), f"{str(odd / 'missing.toml')!r}: no such file"),
+        (lambda: parse_config({"task": {"data_path": str(odd / "corpus")}}, "f.toml", {}),
+         f"f.toml: task.data_path: {str(odd / 'corpus')!r} does not exist"),
+        (lambda: parse_config({"checkpoint": {"dir": "/etc/passwd/\x1b[2J"}}, "f.toml", {}),
+         "f.toml: checkpoint.dir: '/etc/passwd/\\x1b[2J' is not a directory (its parent /etc/passwd is not"),
+        (lambda: parse_config({"training": {"l\nr": 1}}, "f.toml", {}), "f.toml: training.'l\\nr': unknown key"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            make_error()
+        assert str(caught.value).startswith(expected) and str(caught.value).isprintable(), str(caught.value)
