@@ -15,8 +15,10 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Annotated
 
 from multiaddr import Multiaddr
+from pydantic import BaseModel, Field
 
 from p2ptrain.errors import ConfigError, printable
 
@@ -26,6 +28,15 @@ _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
 _DOTTED_NUMBERS = re.compile(r"[0-9.]+")
 _URL_SCHEMES = ("http://", "https://")
 _GLOB_CHARACTERS = frozenset("*?[")
+
+
+class Directory:
+    """Marks a path setting that names a directory (it need not exist yet): every such setting is
+    checked against this machine's filesystem when a config is loaded (:func:`filesystem_problem`)."""
+
+
+#: A directory setting; None: its default (under the state directory, or the platform's).
+DirectoryPath = Annotated[Path | None, Field(strict=False), Directory()]
 
 
 def run_id(value: str) -> str:
@@ -177,4 +188,24 @@ def unusable_directory(path: Path) -> str | None:
         if kind is not None:
             where = "" if candidate == resolved else f" (its parent {printable(candidate)} is not a directory)"
             return f"{printable(resolved)} is not a directory{where}"
+    return None
+
+
+def filesystem_problem(config: BaseModel) -> tuple[tuple[str, str], str] | None:
+    """The first path setting of ``config`` (a model of sections) that cannot work on this machine,
+    as ((section, key), problem): the training data (``task.data_path``) must exist, and every
+    directory setting must be, or be able to become, a directory."""
+    task = getattr(config, "task", None)
+    data_path = getattr(task, "data_path", None)
+    problem = missing_data_path(data_path) if data_path is not None else None
+    if problem:
+        return ("task", "data_path"), problem
+    for section_name in type(config).model_fields:
+        section = getattr(config, section_name)
+        for key, field in type(section).model_fields.items():
+            path = getattr(section, key)
+            if path is not None and any(isinstance(mark, Directory) for mark in field.metadata):
+                problem = unusable_directory(path)
+                if problem:
+                    return (section_name, key), problem
     return None

@@ -133,15 +133,17 @@ def bad_numbers(draw):
 @given(bad_numbers(), st.booleans())
 def test_numbers_out_of_bounds_or_of_the_wrong_type_name_the_field(case, from_env):
     section, key, value, words = case
+    variable = f"P2PTRAIN_{section.upper()}__{key.upper()}"
     if from_env:
-        data, environ = {}, {f"P2PTRAIN_{section.upper()}__{key.upper()}": _toml_literal(value)}
+        data, environ = {}, {variable: _toml_literal(value)}
     else:
         data, environ = {section: {key: value}}, {}
     with pytest.raises(ConfigError) as caught:
         parse_config(data, "f.toml", environ=environ)
     message = str(caught.value)
     _one_line(caught.value)
-    assert message.startswith(f"f.toml: {section}.{key}: "), message
+    source = f"environment variable {variable}" if from_env else "f.toml"
+    assert message.startswith(f"{source}: {section}.{key}: "), message
     assert words in message, message
 
 
