@@ -235,7 +235,9 @@ class ApiServer:
         if request.over_cap and not is_health:
             raise ApiError(503, f"too many open connections from {request.client}", {"Retry-After": "1"})
         limiter = self.health_limit if is_health else self.read_limit
-        admission = limiter.admit(request.client)
+        # Keyed like the connection cap: every loopback address is one client (any local program
+        # can connect from any of 127.0.0.0/8), so local readers share 127.0.0.1's budget.
+        admission = limiter.admit(request.group)
         if admission.wait > 0:
             await asyncio.sleep(admission.wait)
         if admission.refused:

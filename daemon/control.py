@@ -9,7 +9,9 @@ is inside :meth:`ControlQueue.drain`; a queue guarded by a lock would then deadl
 nothing here takes a lock of its own.  For the same reason a refused request is only counted
 where it is refused; :meth:`ControlQueue.drain`, on the loop's thread, says so in one line.  A
 reload is never lost to a full queue: one reload reads the config file as it is by then, so a
-refused one is kept as a flag and handed out with the next drain.
+refused one is kept as a flag and handed out with the next drain.  Whatever will be handed out
+calls ``wake`` (the node's :meth:`~p2ptrain.daemon.stopper.Stopper.wake`, a write to a pipe), so a
+paused loop acts on it at once instead of at the end of its idle wait.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import enum
 import logging
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -45,9 +48,11 @@ class ControlQueue:
     The bound is checked without a lock, so concurrent producers may overshoot it by one each.
     """
 
-    def __init__(self, maxsize: int = 64) -> None:
+    def __init__(self, maxsize: int = 64, *, wake: Callable[[], None] = lambda: None) -> None:
         self._queue: queue.SimpleQueue[ControlRequest] = queue.SimpleQueue()
         self._maxsize = maxsize
+        #: Signal-safe: called from submit(), which signal handlers call.
+        self._wake = wake
         # Plain attributes, written by producers (signal handlers included) and read by drain().
         self._refused = 0
         self._reload_refused: ControlRequest | None = None
@@ -58,8 +63,10 @@ class ControlQueue:
             self._refused += 1
             if request.command is Command.RELOAD:
                 self._reload_refused = request
+                self._wake()
             return False
         self._queue.put(request)
+        self._wake()
         return True
 
     def drain(self) -> list[ControlRequest]:

@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any, NoReturn
 
 from p2ptrain.config import DAY, ConfigError, NodeConfig, load_config, parse_multiaddr
@@ -325,7 +324,7 @@ def fetch_command(args: argparse.Namespace) -> int:
     tie_children_to_this_process()
     state_dir, temporary = client_state_dir(config)
     fetcher = Fetcher(fetch_config(config, args.join, state_dir, args.timeout), timeout=args.timeout)
-    _install_signal_handlers(fetcher.stopper)
+    fetcher.stopper.handle_stop_signals()  # a second SIGINT/SIGTERM exits at once
     try:
         code = fetcher.run(args.out_dir, force=args.force, torch_copy=args.torch)
     finally:
@@ -343,18 +342,6 @@ def client_state_dir(config: NodeConfig) -> tuple[Path, bool]:
     if config.swarm.invite is not None:
         return config.state_dir(), False
     return Path(tempfile.mkdtemp(prefix="p2ptrain-fetch-")), True
-
-
-def _install_signal_handlers(stopper: Stopper) -> None:
-    """Handlers only record; a second SIGINT/SIGTERM exits at once (helpers die with us: PDEATHSIG)."""
-
-    def on_stop(signum: int, _frame: FrameType | None) -> None:
-        if stopper.is_set():
-            os._exit(128 + signum)
-        stopper.request(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
 
 
 def _end_process(code: int) -> NoReturn:

@@ -65,6 +65,11 @@ class Request:
     #: The connection is over its client's connection cap.
     over_cap: bool = False
 
+    @property
+    def group(self) -> str:
+        """The client this request counts against in every per-client limit (:func:`client_group`)."""
+        return client_group(self.client)
+
 
 @dataclass(frozen=True)
 class Response:
@@ -308,15 +313,17 @@ class HttpServer:
             await self._send(writer, error_response(503, "too many connections", {"Retry-After": "1"}), None)
             return
         over_cap = self._open[group] > limits.max_client_connections
+        deadline = limits.over_cap_timeout if over_cap else limits.request_timeout
         head = _HeadReader(reader, limits)
         try:
-            async with asyncio.timeout(limits.over_cap_timeout if over_cap else limits.request_timeout):
+            async with asyncio.timeout(deadline):
                 request = await read_request(head, client, over_cap, limits)
         except TimeoutError:
             if head.received:
                 self.log.debug("API %s sent no complete request in time", client)
-                await self._send(writer, error_response(408, "request not complete within "
-                                 f"{limits.request_timeout:g} s"), None)
+                over = f" (the deadline of a connection over its client's cap of {limits.max_client_connections})"
+                await self._send(writer, error_response(408, f"request not complete within {deadline:g} s"
+                                                        f"{over if over_cap else ''}"), None)
             return
         except HttpError as error:
             self.log.debug("API %s bad request: %d", client, error.response.status)

@@ -158,7 +158,7 @@ class TrainingLoop:
             self._next_step_aside = self.clock() + STEP_ASIDE_EVERY
         self.board.set_state(NodeState.PAUSED)
         self.hooks.idle()
-        self.stopper.wait(self._paused_wait)
+        self.stopper.wait_for_work(self._paused_wait)  # a control request (ControlQueue's wake) ends it
 
     def _handle_control(self) -> None:
         for request in self.control.drain():

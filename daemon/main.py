@@ -32,19 +32,13 @@ from p2ptrain.ownedrun import apply_run_flags
 logger = logging.getLogger("p2ptrain.daemon")
 
 def _install_signal_handlers(node: Node) -> None:
-    """Handlers only record; the loop acts between steps. A second SIGINT/SIGTERM exits at once."""
-
-    def on_stop(signum: int, _frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if node.stopper.is_set():
-            os._exit(128 + signum)  # the user insists; forked helpers die with us (PDEATHSIG)
-        node.request_stop(name)
+    """Handlers only record; the loop acts between steps. A second SIGINT/SIGTERM exits at once
+    (the second signal: a stop the node asked for itself does not count, see ``daemon.stopper``)."""
+    node.stopper.handle_stop_signals()
 
     def on_hup(_signum: int, _frame: FrameType | None) -> None:
         node.control.submit(ControlRequest(Command.RELOAD, source="SIGHUP"))  # a reentrant queue: no lock
 
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
     signal.signal(signal.SIGHUP, on_hup)
 
 

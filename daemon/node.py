@@ -75,7 +75,7 @@ class Node:
         self.set_threads = set_threads or _set_torch_threads
         self.paused_wait = paused_wait
         self.stopper = Stopper()
-        self.control = ControlQueue()
+        self.control = ControlQueue(wake=self.stopper.wake)  # a request cuts a paused loop's wait short
         self.latest = LatestSnapshot()
         self.swarm_stats = SwarmStats()
         self.board = StatusBoard(self.latest, config.training.target_batch_size, clock=clock, wall_clock=wall_clock)

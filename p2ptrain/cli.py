@@ -68,6 +68,20 @@ def _add_node_flags(parser: argparse.ArgumentParser, token_help: str) -> None:
     _add_config_flag(parser)
 
 
+def _one_config_file(parser: argparse.ArgumentParser, handler: Handler) -> Handler:
+    """``handler`` given the one config file in ``args.path``, named either way (``PATH`` or
+    ``-c PATH``); none, or two different ones, is a usage error (exit 2)."""
+
+    def run(args: argparse.Namespace) -> int:
+        named = {path for path in (args.path, args.config) if path is not None}
+        if len(named) != 1:
+            parser.error("name one config file: PATH or -c PATH")
+        args.path = named.pop()
+        return handler(args)
+
+    return run
+
+
 def _duration(text: str) -> float:
     """Parse ``90``, ``90s``, ``15m``, ``2h``, ``1d`` into seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -165,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     init.set_defaults(handler=_lazy("p2ptrain.config_template:init_command"))
     check = config_sub.add_parser("check", help="validate a config file (exit 78 if it is bad)")
-    check.add_argument("path", type=Path)
-    check.set_defaults(handler=_lazy("p2ptrain.config_template:check_command"))
+    check.add_argument("path", nargs="?", type=Path, metavar="PATH", help="the config file")
+    check.add_argument("-c", "--config", type=Path, metavar="PATH", help="the same, as run and the others take it")
+    check.set_defaults(handler=_one_config_file(check, _lazy("p2ptrain.config_template:check_command")))
 
     top = sub.add_parser("top", help="watch a running node and its swarm in a terminal UI")
     _add_node_flags(top, "control token file")

@@ -18,8 +18,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from p2ptrain import config_checks as checks
-from p2ptrain.config_checks import missing_data_path, unusable_directory
+from p2ptrain.config_checks import DirectoryPath, filesystem_problem
 from p2ptrain.config_checks import parse_multiaddr as parse_multiaddr
+from p2ptrain.config_errors import describe_invalid, source_of
 
 # Re-exported (the "as" form): callers keep importing both from p2ptrain.config.
 from p2ptrain.errors import EX_CONFIG as EX_CONFIG
@@ -27,7 +28,7 @@ from p2ptrain.errors import ConfigError as ConfigError
 from p2ptrain.paths import resolve_state_dir
 from p2ptrain.tomlfile import ENV_PREFIX as ENV_PREFIX
 from p2ptrain.tomlfile import env_overrides as _env_overrides
-from p2ptrain.tomlfile import read_toml, with_overrides
+from p2ptrain.tomlfile import env_variables, read_toml, with_overrides
 
 DEFAULT_SWARM_PORT = 41400
 DEFAULT_API_PORT = 41480
@@ -48,7 +49,7 @@ class _Section(BaseModel):
 class NodeSection(_Section):
     """Where the node keeps its state and how it logs."""
 
-    state_dir: Annotated[Path | None, Field(strict=False)] = None
+    state_dir: DirectoryPath = None
     """State directory (identity key, API token, checkpoints). Default: $STATE_DIRECTORY under systemd,
     else $XDG_STATE_HOME/p2ptrain (~/.local/state/p2ptrain)."""
 
@@ -155,7 +156,7 @@ class TaskSection(_Section):
     """Memory (MiB) this node gives to training and validation text, whatever the dataset's size. Bigger
     blocks mix the data better. Parquet row groups should be smaller than this."""
 
-    cache_dir: Annotated[Path | None, Field(strict=False)] = None
+    cache_dir: DirectoryPath = None
     """Where shards downloaded from http(s) URLs are kept. Default: <state_dir>/data-cache."""
 
     cache_max_mb: Annotated[int, Field(ge=0, le=2**30, strict=True)] = 0
@@ -314,7 +315,7 @@ class TrainingSection(_Section):
 class CheckpointSection(_Section):
     """Local checkpoints: written atomically, the last ``keep`` retained."""
 
-    dir: Annotated[Path | None, Field(strict=False)] = None
+    dir: DirectoryPath = None
     """Checkpoint directory. Default: <state_dir>/checkpoints."""
 
     interval: Annotated[float, Field(gt=0, le=30 * DAY)] = 300.0
@@ -430,49 +431,21 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return _env_overrides(environ, _is_text)
 
 
-def _describe(error: ValidationError, origin: str) -> str:
-    first = error.errors()[0]
-    # A TOML key or a value may hold newlines or control characters: quote those, so the error
-    # stays the one line the CLI prints.
-    field = ".".join(str(part) if str(part).isprintable() else repr(part) for part in first["loc"]) or "(top level)"
-    kind = first["type"]
-    if kind == "extra_forbidden":
-        problem = "unknown key"
-    elif kind == "missing":
-        problem = "required"
-    else:
-        problem = first["msg"].removeprefix("Value error, ")
-        if "input" in first and not isinstance(first["input"], dict | list):
-            problem += f" (got {first['input']!r})"
-    more = len(error.errors()) - 1
-    suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
-    problem = " ".join(problem.split())
-    return f"{origin}: {field}: {problem}{suffix}"
-
-
-def _filesystem_problem(config: NodeConfig) -> str | None:
-    """The first configured path that cannot work on this machine, as ``field: problem``."""
-    checks = (("task.data_path", config.task.data_path, missing_data_path),
-              ("node.state_dir", config.node.state_dir, unusable_directory),
-              ("checkpoint.dir", config.checkpoint.dir, unusable_directory))
-    for field, path, check in checks:
-        problem = check(path) if path is not None else None
-        if problem:
-            return f"{field}: {problem}"
-    return None
-
-
 def parse_config(data: Mapping[str, Any], origin: str, environ: Mapping[str, str] | None = None) -> NodeConfig:
     """Validate ``data`` (already-parsed TOML) with env overrides applied on top, then check that its
-    paths can work here (training data that exists, state and checkpoint directories that are not files)."""
-    merged = with_overrides(dict(data), env_overrides(environ if environ is not None else {}))
+    paths can work here (training data that exists, directories that are not files).  An error names
+    where the bad setting came from: ``origin`` (the file), or the environment variable that set it."""
+    environ = environ if environ is not None else {}
+    merged = with_overrides(dict(data), env_overrides(environ))
+    set_by = env_variables(environ)
     try:
         config = NodeConfig.model_validate(merged)
     except ValidationError as error:
-        raise ConfigError(_describe(error, origin)) from None
-    problem = _filesystem_problem(config)
+        raise ConfigError(describe_invalid(error, source_of(error.errors()[0]["loc"], origin, data, set_by))) from None
+    problem = filesystem_problem(config)
     if problem:
-        raise ConfigError(f"{origin}: {problem}")
+        (section, key), text = problem
+        raise ConfigError(f"{source_of((section, key), origin, data, set_by)}: {section}.{key}: {text}")
     return config
 
 

@@ -15,10 +15,12 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Annotated
 
 from multiaddr import Multiaddr
+from pydantic import BaseModel, Field
 
-from p2ptrain.errors import ConfigError
+from p2ptrain.errors import ConfigError, printable
 
 _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
 _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
@@ -26,6 +28,15 @@ _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
 _DOTTED_NUMBERS = re.compile(r"[0-9.]+")
 _URL_SCHEMES = ("http://", "https://")
 _GLOB_CHARACTERS = frozenset("*?[")
+
+
+class Directory:
+    """Marks a path setting that names a directory (it need not exist yet): every such setting is
+    checked against this machine's filesystem when a config is loaded (:func:`filesystem_problem`)."""
+
+
+#: A directory setting; None: its default (under the state directory, or the platform's).
+DirectoryPath = Annotated[Path | None, Field(strict=False), Directory()]
 
 
 def run_id(value: str) -> str:
@@ -141,7 +152,7 @@ def _expand(path: Path) -> Path | str:
     try:
         return path.expanduser()
     except RuntimeError:
-        return f"cannot expand {str(path)!r}: no such user or no home directory"
+        return f"cannot expand {printable(path)}: no such user or no home directory"
 
 
 def missing_data_path(text: str | Path) -> str | None:
@@ -156,9 +167,9 @@ def missing_data_path(text: str | Path) -> str | None:
         return resolved
     kind = _kind(resolved)
     if kind is None:
-        return f"{resolved} does not exist"
+        return f"{printable(resolved)} does not exist"
     if kind == "other":
-        return f"{resolved} is neither a file nor a directory"
+        return f"{printable(resolved)} is neither a file nor a directory"
     return None
 
 
@@ -175,6 +186,26 @@ def unusable_directory(path: Path) -> str | None:
         if kind in ("dir", "unknown"):
             return None
         if kind is not None:
-            where = "" if candidate == resolved else f" (its parent {candidate} is not a directory)"
-            return f"{resolved} is not a directory{where}"
+            where = "" if candidate == resolved else f" (its parent {printable(candidate)} is not a directory)"
+            return f"{printable(resolved)} is not a directory{where}"
+    return None
+
+
+def filesystem_problem(config: BaseModel) -> tuple[tuple[str, str], str] | None:
+    """The first path setting of ``config`` (a model of sections) that cannot work on this machine,
+    as ((section, key), problem): the training data (``task.data_path``) must exist, and every
+    directory setting must be, or be able to become, a directory."""
+    task = getattr(config, "task", None)
+    data_path = getattr(task, "data_path", None)
+    problem = missing_data_path(data_path) if data_path is not None else None
+    if problem:
+        return ("task", "data_path"), problem
+    for section_name in type(config).model_fields:
+        section = getattr(config, section_name)
+        for key, field in type(section).model_fields.items():
+            path = getattr(section, key)
+            if path is not None and any(isinstance(mark, Directory) for mark in field.metadata):
+                problem = unusable_directory(path)
+                if problem:
+                    return (section_name, key), problem
     return None

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from p2ptrain.atomicfile import write_atomic
 from p2ptrain.config import NodeConfig, load_config
+from p2ptrain.errors import printable
 
 _HEADER = """\
 # p2ptrain node configuration.
@@ -86,7 +87,7 @@ def init_command(args: argparse.Namespace) -> int:
 def check_command(args: argparse.Namespace) -> int:
     config = load_config(args.path)  # ConfigError -> one line + exit 78 in the CLI
     if config.swarm.run is None and config.swarm.manifest is None:
-        print(f"{args.path}: ok (run_id={config.swarm.run_id}, state_dir={config.state_dir()})")
+        print(f"{printable(args.path)}: ok (run_id={config.swarm.run_id}, state_dir={printable(config.state_dir())})")
         return 0
     # An owned run: check the manifest and invite as the node would, and show what it would use.
     from p2ptrain.ownedrun import prepare_run  # hivemind: only for owned runs
@@ -95,7 +96,8 @@ def check_command(args: argparse.Namespace) -> int:
 
     plan = prepare_run(config, identity_path(config.state_dir()))
     assert plan is not None
-    print(f"{args.path}: ok (run {plan.ref}, run_id={plan.config.swarm.run_id}, state_dir={config.state_dir()})")
+    print(f"{printable(args.path)}: ok (run {plan.ref}, run_id={plan.config.swarm.run_id}, "
+          f"state_dir={printable(config.state_dir())})")
     if plan.manifest is None:
         print(f"the manifest of run {plan.ref} is fetched from the swarm when the node joins; to see it now: "
               f"p2ptrain run show {plan.ref} --join ADDR")

@@ -36,7 +36,7 @@ from hivemind.utils.auth import AuthorizedRequestBase, TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from p2ptrain.admission import AdmissionGate
-from p2ptrain.errors import ConfigError
+from p2ptrain.errors import ConfigError, printable
 from p2ptrain.invite import InviteError, verify_invite
 from p2ptrain.runref import RunRef
 
@@ -63,9 +63,9 @@ def load_identity_key(path: Path) -> RSAPrivateKey:
         key = RSAPrivateKey.__new__(RSAPrivateKey)
         key.__setstate__({"_private_key": protobuf.data})
     except FileNotFoundError:
-        raise ConfigError(f"identity {path}: no such file") from None
+        raise ConfigError(f"identity {printable(path)}: no such file") from None
     except Exception as exc:
-        raise ConfigError(f"identity {path}: not a libp2p RSA identity ({type(exc).__name__})") from None
+        raise ConfigError(f"identity {printable(path)}: not a libp2p RSA identity ({type(exc).__name__})") from None
     return key
 
 

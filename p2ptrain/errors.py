@@ -11,6 +11,16 @@ from __future__ import annotations
 EX_CONFIG = 78
 
 
+def printable(value: object) -> str:
+    """``value`` as it goes into a one-line message: as it is when every character is printable,
+    else quoted as Python's repr does, with newlines, escape sequences and other control characters
+    spelled out.  User-provided text (a file name, a TOML key, an environment variable's name)
+    goes through this wherever a message embeds it, so an error stays the one line the CLI prints
+    and cannot paint on the terminal."""
+    text = str(value)
+    return text if text.isprintable() else repr(text)
+
+
 class ConfigError(Exception):
     """A configuration problem, already phrased as the one line the user should see."""
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from p2ptrain.config import ConfigError
+from p2ptrain.errors import printable
 
 Kind = Literal["text", "jsonl", "parquet"]
 
@@ -101,21 +102,21 @@ def discover(data_path: str | None, data_format: str, seq_len: int, read_index: 
         return ShardSet(tuple(glob_shards(text, data_format, seq_len)), text)
     path = Path(text)
     if not path.exists():
-        raise ConfigError(f"task.data_path: {path} does not exist")
+        raise ConfigError(f"task.data_path: {printable(path)} does not exist")
     if path.is_dir():
         files = _visible_files(path, sorted(p for p in path.rglob("*") if p.is_file()))
         if not files:
-            raise ConfigError(f"task.data_path: {path} has no data files")
+            raise ConfigError(f"task.data_path: {printable(path)} has no data files")
         return ShardSet(tuple(_file_shards(files, path, data_format, seq_len, single=False)), str(path))
     if is_index(path.name):
         try:
             listing = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"task.data_path: cannot read the index {path} ({exc})") from None
+            raise ConfigError(f"task.data_path: cannot read the index {printable(path)} ({printable(exc)})") from None
         return ShardSet(tuple(index_shards(listing, str(path), data_format)), str(path))
     shards = _file_shards([path], path.parent, data_format, seq_len, single=True)
     if not shards:
-        raise ConfigError(f"task.data_path: {path} is empty")
+        raise ConfigError(f"task.data_path: {printable(path)} is empty")
     return ShardSet(tuple(shards), str(path))
 
 
@@ -184,7 +185,8 @@ def _file_shards(files: list[Path], root: Path, data_format: str, seq_len: int, 
                 continue
             size = path.stat().st_size
         except OSError as exc:
-            raise ConfigError(f"task.data_path: cannot read {path} ({exc.strerror or exc})") from None
+            reason = printable(exc.strerror or exc)
+            raise ConfigError(f"task.data_path: cannot read {printable(path)} ({reason})") from None
         if size == 0:
             continue  # nothing to read (an empty __init__.py)
         chunk = RANGE_MAX_BYTES
@@ -206,7 +208,8 @@ def _parquet_ranges(path: Path, key: str, single: bool) -> list[ShardRef]:
     try:
         metadata = pq.ParquetFile(path).metadata
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError...: all mean "not a Parquet file"
-        raise ConfigError(f"task.data_path: {path} is not a readable Parquet file ({_first_line(exc)})") from None
+        raise ConfigError(f"task.data_path: {printable(path)} is not a readable Parquet file "
+                          f"({_first_line(exc)})") from None
     groups = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
     total = sum(groups)
     bounds: list[int] = [0]
@@ -264,18 +267,19 @@ def index_shards(listing: str, location: str, data_format: str) -> list[ShardRef
             target = urllib.parse.urljoin(location, name)
             if not is_url(target):
                 raise ConfigError(
-                    f"task.data_path: {location} line {number}: only http(s) URLs can be read, got {name!r}"
+                    f"task.data_path: {printable(location)} line {number}: only http(s) URLs can be read, got {name!r}"
                 )
             shard = ShardRef(name, kind_of(urllib.parse.urlsplit(target).path, data_format),
                              url=target, sha256=digest.lower())
         else:
             path = Path(location).parent / name
             if not path.is_file():
-                raise ConfigError(f"task.data_path: {location} line {number}: {path} is not a file")
+                raise ConfigError(f"task.data_path: {printable(location)} line {number}: "
+                                  f"{printable(path)} is not a file")
             shard = ShardRef(name, kind_of(name, data_format), path=str(path), size=path.stat().st_size)
         shards[shard.id] = shard
     if not shards:
-        raise ConfigError(f"task.data_path: the index {location} lists no shards")
+        raise ConfigError(f"task.data_path: the index {printable(location)} lists no shards")
     return sorted(shards.values(), key=lambda shard: shard.id)
 
 

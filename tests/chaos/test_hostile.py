@@ -23,8 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +37,7 @@ from p2ptrain.status import StatusSnapshot
 from p2ptrain.waiting import wait_until
 from tests.chaos.conftest import REPO
 from tests.chaos.helpers import log_text, training
+from tests.support.nodeapi import node_client
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
 
@@ -103,13 +102,7 @@ def hostile(tmp_path: Path) -> Iterator[Callable[..., Hostile]]:
 
 
 def healthz(node: LocalNode) -> int:
-    url = node.api_url()
-    assert url is not None, node.name
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
+    return node_client(node, timeout=5).request("GET", "/healthz").status
 
 
 def sane(status: StatusSnapshot) -> bool:

@@ -286,3 +286,40 @@ def test_loopback_in_any_spelling_is_one_client_other_addresses_their_own() -> N
 
     assert {client_group(a) for a in ("127.0.0.1", "127.3.2.1", "127.255.255.254", "::1")} == {"loopback"}
     assert [client_group(a) for a in ("192.168.1.5", "fe80::1", "?")] == ["192.168.1.5", "fe80::1", "?"]
+
+
+def exchange_from(port: int, payload: bytes, source: str) -> bytes:
+    """One request from the loopback address ``source`` (any local program can pick one)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5.0, source_address=(source, 0)) as sock:
+        sock.sendall(payload)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("payload", [STATUS, HEALTHZ], ids=["reads", "healthz"])
+def test_every_loopback_address_shares_one_request_budget(payload: bytes) -> None:
+    """A local program that connects from a new 127.x address for every request must not get a new
+    budget each time: loopback is one client for the rate limits as for the connection cap."""
+    rates = dict(client_rate=2.0, client_burst=2, health_rate=2.0, health_burst=2, max_queue_wait=0.0)
+    api = make_server(**rates)
+    try:
+        spread = [status_of(exchange_from(api.port, payload, f"127.0.9.{i}")) for i in range(1, 21)]
+        assert spread.count(200) <= 3 and spread.count(429) == 20 - spread.count(200), spread
+    finally:
+        api.stop()
+
+
+def test_a_connection_over_its_client_s_cap_is_told_its_own_deadline() -> None:
+    api = make_server(request_timeout=5.0, max_client_connections=1)
+    hog = socket.create_connection(("127.0.0.1", api.port))
+    try:
+        time.sleep(0.2)  # the hog holds loopback's one connection
+        with socket.create_connection(("127.0.0.1", api.port), timeout=4.0) as late:
+            late.sendall(STATUS[:5])  # begun, never finished: cut off after the over-cap deadline (1 s)
+            answer = late.recv(4096)
+        assert answer.startswith(b"HTTP/1.0 408") and b"not complete within 1 s" in answer, answer
+    finally:
+        hog.close()
+        api.stop()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -191,6 +193,7 @@ def test_env_overrides_keep_strict_types() -> None:
     numeric_names = parse_config({}, "env", {"P2PTRAIN_NODE__STATE_DIR": "2024"})
     assert numeric_names.node.state_dir == Path("2024")
     assert "task.entrypoint: must look like" in _config_error({"P2PTRAIN_TASK__ENTRYPOINT": "true"})
+    # A bad override is named as the environment variable that set it, not as the file.
     for name, raw, expected in (
         ("P2PTRAIN_TRAINING__BATCH_SIZE", "true", "training.batch_size: Input should be a valid integer (got True)"),
         ("P2PTRAIN_TRAINING__BATCH_SIZE", '"8"', "training.batch_size: Input should be a valid integer (got '8')"),
@@ -198,9 +201,10 @@ def test_env_overrides_keep_strict_types() -> None:
         ("P2PTRAIN_TRAINING__THREADS", "1e8", "training.threads: Input should be a valid integer"),
         ("P2PTRAIN_API__HOST", "not a host!!", "api.host: not an IP address or host name"),
         ("P2PTRAIN_CHECKPOINT__DIR", "/etc/passwd", "checkpoint.dir: /etc/passwd is not a directory"),
+        ("P2PTRAIN_TASK__CACHE_DIR", "/etc/passwd", "task.cache_dir: /etc/passwd is not a directory"),
     ):
-        with pytest.raises(ConfigError, match=f"^env: {re.escape(expected)}"):
-            parse_config({}, "env", {name: raw})
+        with pytest.raises(ConfigError, match=f"^environment variable {name}: {re.escape(expected)}"):
+            parse_config({}, "f.toml", {name: raw})
 
 
 def _config_error(environ: dict[str, str]) -> str:
@@ -209,11 +213,17 @@ def _config_error(environ: dict[str, str]) -> str:
     return str(caught.value)
 
 
-def test_bad_env_override_names_the_field() -> None:
-    with pytest.raises(ConfigError, match=r"^f\.toml: training\.batch_size: Input should be greater than 0"):
-        parse_config({}, "f.toml", {"P2PTRAIN_TRAINING__BATCH_SIZE": "-1"})
-    with pytest.raises(ConfigError, match="swarm.colour: unknown key"):
+def test_bad_env_override_names_the_variable_and_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"^environment variable P2PTRAIN_TRAINING__BATCH_SIZE: "
+                                          r"training\.batch_size: Input should be greater than 0"):
+        parse_config({"training": {"batch_size": 8}}, "f.toml", {"P2PTRAIN_TRAINING__BATCH_SIZE": "-1"})
+    with pytest.raises(ConfigError, match="^environment variable P2PTRAIN_SWARM__COLOUR: swarm.colour: unknown key"):
         parse_config({}, "f.toml", {"P2PTRAIN_SWARM__COLOUR": "blue"})
+    with pytest.raises(ConfigError, match="^environment variable P2PTRAIN_BOGUS__X: bogus: unknown key"):
+        parse_config({}, "f.toml", {"P2PTRAIN_BOGUS__X": "1"})
+    # What the file says is still the file's, whatever the environment overrides beside it.
+    with pytest.raises(ConfigError, match=r"^f\.toml: training\.lr: "):
+        parse_config({"training": {"lr": -1.0}}, "f.toml", {"P2PTRAIN_TRAINING__BATCH_SIZE": "4"})
     with pytest.raises(ConfigError, match="P2PTRAIN___X"):
         env_overrides({"P2PTRAIN___X": "1"})
 
@@ -268,11 +278,13 @@ def test_cli_run_with_bad_config_exits_78_before_starting_anything(tmp_path: Pat
     ("[api]\nhost = \"not a host!!\"\n", "api.host"),
     ("[task]\ndata_path = \"/nonexistent/corpus\"\n", "task.data_path"),
     ("[checkpoint]\ndir = \"/etc/passwd\"\n", "checkpoint.dir"),
+    ("[task]\ncache_dir = \"/etc/passwd\"\n", "task.cache_dir"),
+    ("[node]\nstate_dir = \"/etc/passwd/state\"\n", "node.state_dir"),
     ("[training]\nlr = inf\n", "training.lr"),
 ])
 def test_cli_check_and_run_refuse_with_78_naming_the_field(tmp_path: Path, toml: str, field: str) -> None:
     path = _write(tmp_path, toml)
-    for args in (("config", "check", str(path)), ("run", "--config", str(path))):
+    for args in (("config", "check", str(path)), ("config", "check", "-c", str(path)), ("run", "--config", str(path))):
         result = _cli(*args, cwd=tmp_path)
         assert result.returncode == EX_CONFIG, (args, result.stderr)
         assert result.stderr.strip().count("\n") == 0 and f"{path}: {field}: " in result.stderr, result.stderr
@@ -302,3 +314,59 @@ def test_log_level_takes_any_case_like_the_command_line_flag():
     assert NodeConfig.model_validate({"node": {"log_level": "debug"}}).node.log_level == "DEBUG"
     with pytest.raises(ValueError, match="node.log_level"):
         NodeConfig.model_validate({"node": {"log_level": "loud"}})
+
+
+def test_user_text_in_a_config_error_is_quoted_to_stay_one_line(tmp_path: Path) -> None:
+    """A file name, a key, a path or a variable name with a newline (or an escape sequence) in it is
+    shown quoted: the message stays the one line the CLI prints."""
+    odd = tmp_path / "odd\nname"
+    odd.mkdir()
+    for make_error, expected in (
+        (lambda: env_overrides({"P2PTRAIN__\n": ""}), "environment variable 'P2PTRAIN__\\n': expected"),
+        (lambda: load_config(odd / "missing.toml", environ={}), f"{str(odd / 'missing.toml')!r}: no such file"),
+        (lambda: parse_config({"task": {"data_path": str(odd / "corpus")}}, "f.toml", {}),
+         f"f.toml: task.data_path: {str(odd / 'corpus')!r} does not exist"),
+        (lambda: parse_config({"checkpoint": {"dir": "/etc/passwd/\x1b[2J"}}, "f.toml", {}),
+         "f.toml: checkpoint.dir: '/etc/passwd/\\x1b[2J' is not a directory (its parent /etc/passwd is not"),
+        (lambda: parse_config({"training": {"l\nr": 1}}, "f.toml", {}), "f.toml: training.'l\\nr': unknown key"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            make_error()
+        assert str(caught.value).startswith(expected) and str(caught.value).isprintable(), str(caught.value)
+
+
+def test_every_path_setting_is_a_checked_directory_or_a_known_file() -> None:
+    """A new directory setting gets the filesystem check by being declared a DirectoryPath; this
+    keeps one from being added as a plain Path and missing it."""
+    from p2ptrain.config_checks import Directory
+
+    files = {"swarm.manifest"}  # read (and its problems named) where the run's manifest is loaded
+    directories, plain = set(), set()
+    for section, section_field in NodeConfig.model_fields.items():
+        for key, field in section_field.annotation.model_fields.items():
+            if Path in typing.get_args(field.annotation) or field.annotation is Path:
+                marked = any(isinstance(mark, Directory) for mark in field.metadata)
+                (directories if marked else plain).add(f"{section}.{key}")
+    assert directories == {"node.state_dir", "checkpoint.dir", "task.cache_dir"}
+    assert plain == files
+
+
+def test_cli_config_check_takes_the_file_either_way_and_only_once(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[training]\nbatch_size = 4\n")
+    other = tmp_path / "other.toml"
+    other.write_text("", encoding="utf-8")
+    for args in ((str(path),), ("-c", str(path)), ("--config", str(path), str(path))):
+        result = _cli("config", "check", *args, cwd=tmp_path)
+        assert result.returncode == 0 and result.stdout.startswith(f"{path}: ok"), (args, result.stderr)
+    for args in ((), ("-c", str(path), str(other))):
+        result = _cli("config", "check", *args, cwd=tmp_path)
+        assert result.returncode == 2 and "name one config file: PATH or -c PATH" in result.stderr, args
+
+
+def test_cli_names_the_environment_variable_behind_a_bad_setting(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[training]\nlr = 0.001\n")
+    result = subprocess.run([sys.executable, "-m", "p2ptrain.cli", "config", "check", str(path)], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=60, env={**os.environ, "P2PTRAIN_TRAINING__LR": "inf"})
+    assert result.returncode == EX_CONFIG
+    assert result.stderr == ("p2ptrain: config error: environment variable P2PTRAIN_TRAINING__LR: training.lr: "
+                             "Input should be a finite number (got inf)\n")

@@ -293,6 +293,39 @@ def test_a_timed_pause_ends_by_itself(tmp_path, caplog):
     assert builder.optimizer.rejoins == 1
 
 
+def test_a_control_request_cuts_a_paused_loop_s_wait_short(tmp_path):
+    """Paused, the loop sleeps up to paused_wait between passes (an hour here); a control request,
+    from another thread as the API sends it, ends that sleep instead of waiting it out."""
+    clock = ManualClock()
+    builder = FakeBuilder(clock, on_step=lambda step: on_step(step))
+    hooks = RecordingHooks(clock)
+    node = Node(_config(tmp_path), hooks=hooks, builder=builder, clock=clock,  # type: ignore[arg-type]
+                wall_clock=lambda: 1.7e9, set_threads=lambda _: None, paused_wait=3600.0)
+
+    def on_step(step: int) -> None:
+        if step == 1:
+            node.control.submit(ControlRequest(Command.PAUSE, source="test"))
+        if step == 2:
+            node.request_stop("test over")
+
+    def on_idle(count: int) -> None:  # called just before the paused wait: the resume comes while it sleeps
+        if count == 1:
+            threading.Timer(0.05, node.control.submit, [ControlRequest(Command.RESUME, source="api")]).start()
+
+    hooks.on_idle = on_idle
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(node.run()), daemon=True)
+    runner.start()
+    runner.join(30)
+    slept_through = runner.is_alive()
+    if slept_through:
+        node.request_stop("the resume did not wake the loop")  # a stop does: end the run
+        runner.join(30)
+    assert not slept_through, "a resume waited out the paused loop's wait"
+    # The pause's own wake-up may end the first wait at once: one more pass, never a long sleep.
+    assert codes == [0] and hooks.calls.count("idle") in (1, 2) and builder.parts.trainer.steps == 2
+
+
 def test_a_paused_node_re_withdraws_from_averaging_now_and_then(tmp_path):
     node, builder, hooks, _ = _node(tmp_path)
     hooks.policy = PauseReason.SCHEDULE

@@ -8,9 +8,12 @@ node for good.  The storm runs in a child process so a deadlock shows up as a ti
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 STORM = textwrap.dedent("""
     import os, signal, threading, time
@@ -74,3 +77,53 @@ def test_a_sighup_refused_by_a_full_queue_is_said_once_and_still_reloads(caplog)
         (logging.WARNING, "control: 4 requests refused, the queue was full; the SIGHUP reload runs now")]
     caplog.clear()
     assert control.drain() == [] and caplog.records == []  # said once, handed out once
+
+
+SECOND_SIGNAL = textwrap.dedent("""
+    import os, signal
+    from p2ptrain.daemon.control import ControlQueue
+    from p2ptrain.daemon.stopper import Stopper
+
+    class Node:
+        def __init__(self):
+            self.stopper, self.control = Stopper(), ControlQueue()
+        def request_stop(self, reason):
+            self.stopper.request(reason)
+
+    node = Node()
+    {install}
+    node.stopper.request("leave requested by api")  # the node is already stopping: its final checkpoint
+    os.kill(os.getpid(), signal.SIGTERM)  # one `systemctl stop`: must not cut the checkpoint short
+    print("still here:", node.stopper.reason, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)  # the second signal: the sender insists
+    print("not reached", flush=True)
+""")
+
+
+@pytest.mark.parametrize("install", [
+    "from p2ptrain.daemon.main import _install_signal_handlers; _install_signal_handlers(node)",
+    "node.stopper.handle_stop_signals()  # what p2ptrain fetch installs",
+], ids=["run", "fetch"])
+def test_only_a_second_signal_exits_at_once_not_a_stop_the_node_asked_for(install: str) -> None:
+    done = subprocess.run([sys.executable, "-c", SECOND_SIGNAL.format(install=install)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.splitlines() == ["still here: leave requested by api"], (done.stdout, done.stderr)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+
+
+def test_a_control_request_wakes_the_loop_s_wait_and_only_that_wait() -> None:
+    from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
+    from p2ptrain.daemon.stopper import Stopper
+
+    stopper = Stopper()
+    control = ControlQueue(wake=stopper.wake)
+    try:
+        assert control.submit(ControlRequest(Command.RESUME, source="SIGHUP"))
+        assert stopper.wait(0.01) is False  # others' waits (a retry's backoff) are not cut short by it
+        for _ in range(10):  # a pending wake-up ends the loop's next wait, however many came
+            control.submit(ControlRequest(Command.CHECKPOINT, source="api"))
+        assert stopper.wait_for_work(3600.0) is False
+        stopper.request("test over")
+        assert stopper.wait_for_work(3600.0) is True
+    finally:
+        stopper.close()
