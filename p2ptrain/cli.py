@@ -61,11 +61,25 @@ def _add_config_flag(parser: argparse.ArgumentParser) -> None:
 
 def _add_node_flags(parser: argparse.ArgumentParser, token_help: str) -> None:
     """How a client command finds the running node on this machine: its API URL and token."""
-    parser.add_argument("--url", metavar="URL", help="node API URL (default: <state_dir>/api.url, "
+    parser.add_argument("--url", type=_api_url, metavar="URL", help="node API URL (default: <state_dir>/api.url, "
                         "else http://127.0.0.1:41480)")
     parser.add_argument("--token-file", type=Path, metavar="PATH",
                         help=f"{token_help} (default: <state_dir>/api.token)")
     _add_config_flag(parser)
+
+
+def _api_url(text: str) -> str:
+    """``--url``: an http(s) URL with a host; anything else is a usage error, not a node that does not answer."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(text.strip())
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # a port that is not a number, an unbalanced IPv6 bracket
+        parts, port_ok = None, False
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise argparse.ArgumentTypeError(f"not a node API URL: {text!r} (example: http://127.0.0.1:41480)")
+    return text.strip()
 
 
 def _duration(text: str) -> float:
