@@ -123,6 +123,9 @@ def write_export(
 def check_target(out_dir: Path, force: bool) -> None:
     """Refuse an existing ``out_dir`` unless ``force``, and even then anything but an export or empty dir."""
     if not out_dir.exists() and not out_dir.is_symlink():
+        existing = next((p for p in out_dir.parents if p.exists() or p.is_symlink()), None)
+        if existing is not None and not existing.is_dir():
+            raise ExportError(f"cannot write {out_dir}: {existing} is not a directory")
         return
     if not force:
         raise ExportError(f"{out_dir} already exists (use --force to replace it)")

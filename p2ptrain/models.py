@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from p2ptrain.checkpoint import CheckpointStore, LoadedCheckpoint, read_checkpoint
+from p2ptrain.checkpoint import CheckpointStore, LoadedCheckpoint, load_failure, read_checkpoint
 from p2ptrain.config import NodeConfig, TaskSection, TrainingSection, load_config
 from p2ptrain.export import CONFIG_FILE, EXPORT_FORMAT, MODEL_FILE, CardInfo
 from p2ptrain.fingerprint import model_fingerprint
@@ -63,7 +63,7 @@ def from_checkpoint(config: NodeConfig, checkpoint: Path | None, say: Say) -> Lo
         try:
             loaded = LoadedCheckpoint(checkpoint, read_checkpoint(checkpoint))
         except Exception as exc:
-            raise ModelError(f"checkpoint {checkpoint} does not load ({type(exc).__name__}: {_line(exc)})") from None
+            raise ModelError(f"checkpoint {checkpoint} does not load ({load_failure(exc)})") from None
     else:
         directory = config.checkpoint_dir()
         found, failed = CheckpointStore(directory, keep=1).read_latest()

@@ -212,6 +212,25 @@ def test_corrupt_newest_checkpoint_falls_back_and_says_which(run, tmp_path: Path
         broken.unlink()
 
 
+@pytest.mark.parametrize("cut", [1, 30, None], ids=["last-byte", "tail", "garbage"])
+def test_a_truncated_checkpoint_is_named_as_such(run, tmp_path: Path, capsys, cut: int | None) -> None:
+    data = Path(run["newest"]).read_bytes()
+    broken = tmp_path / "ckpt-broken.pt"
+    broken.write_bytes(data[:-cut] if cut else b"not a checkpoint")
+    assert _main("export", "-c", run["config"], "--checkpoint", broken, tmp_path / "m") == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"p2ptrain export: checkpoint {broken} does not load (truncated or corrupt: "), err
+    assert len(err.splitlines()) == 1
+
+
+def test_an_export_under_a_file_says_which_path_is_not_a_directory(run, tmp_path: Path, capsys) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("notes")
+    assert _main("export", "-c", run["config"], afile / "sub") == 1
+    assert capsys.readouterr().err == f"p2ptrain export: cannot write {afile / 'sub'}: {afile} is not a directory\n"
+    assert afile.read_text() == "notes"
+
+
 def test_an_existing_export_dir_is_refused_unless_forced(run, tmp_path: Path, capsys) -> None:
     out = tmp_path / "m"
     assert _main("export", "-c", run["config"], out) == 0
