@@ -430,7 +430,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return _env_overrides(environ, _is_text)
 
 
-def _describe(error: ValidationError, origin: str) -> str:
+def describe_validation_error(error: ValidationError, origin: str) -> str:
+    """One line for a failed validation: ``origin: dotted.field: problem`` (the first problem, and how many more)."""
     first = error.errors()[0]
     # A TOML key or a value may hold newlines or control characters: quote those, so the error
     # stays the one line the CLI prints.
@@ -469,7 +470,7 @@ def parse_config(data: Mapping[str, Any], origin: str, environ: Mapping[str, str
     try:
         config = NodeConfig.model_validate(merged)
     except ValidationError as error:
-        raise ConfigError(_describe(error, origin)) from None
+        raise ConfigError(describe_validation_error(error, origin)) from None
     problem = _filesystem_problem(config)
     if problem:
         raise ConfigError(f"{origin}: {problem}")

@@ -71,6 +71,26 @@ class CardInfo:
             samples_contributed=_number(state.get("samples_contributed"), int),
         )
 
+    @classmethod
+    def from_run(cls, run: Mapping[str, Any]) -> CardInfo:
+        """From an export's ``run`` object; ValueError naming ``run.<field>`` for a value of the wrong type."""
+        values: dict[str, Any] = {"run_ref": ""}
+        for name, field in cls.__dataclass_fields__.items():
+            if name not in run or run[name] is None:
+                continue
+            value, kind = run[name], str(field.type)
+            if kind == "str":
+                good = isinstance(value, str)
+            elif kind.startswith("int"):
+                good = isinstance(value, int) and not isinstance(value, bool)
+            else:  # a float: JSON writes 4.0 as 4
+                good = _number(value, float) is not None
+                value = float(value) if good else value
+            if not good:
+                raise ValueError(f"run.{name}: expected {kind.removesuffix(' | None')}, got {value!r:.40}")
+            values[name] = value
+        return cls(**values)
+
 
 def _number(value: object, kind: type) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

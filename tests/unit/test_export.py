@@ -453,3 +453,56 @@ def test_eval_with_a_glob_that_matches_nothing_exits_78_naming_the_field(run, tm
     assert err.startswith("p2ptrain: config error: task.data_path: no files match the glob")
     assert err.endswith("(the held-out split needs the run's data here; or pass --data FILE)")
     assert len(err.splitlines()) == 1
+
+
+def _damage(out: Path, change) -> None:
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda c: c.update(training=5), "training: Input should be a valid dictionary"),
+    (lambda c: c.update(task=5), "task: Input should be a valid dictionary"),
+    (lambda c: c.update(task=[1, 2]), "task: Input should be a valid dictionary"),
+    (lambda c: c.pop("task"), "task: required"),
+    (lambda c: c.pop("training"), "training: required"),
+    (lambda c: c["training"].update(batch_size=0), "training.batch_size: Input should be greater than 0 (got 0)"),
+    (lambda c: c["training"].update(batch_size="8"), "training.batch_size: Input should be a valid integer"),
+    (lambda c: c["training"].update(seed=None), "training.seed: Input should be a valid integer"),
+    (lambda c: c["task"].update(seq_len="x"), "task.seq_len: Input should be a valid integer"),
+    (lambda c: c["task"].update(n_heads=5), "task: n_heads (5) must divide d_model (32)"),
+    (lambda c: c["task"].update(surprise=1), "task.surprise: unknown key"),
+    (lambda c: c.pop("fingerprint"), "fingerprint: required"),
+    (lambda c: c.update(fingerprint=7), "fingerprint: must be text"),
+    (lambda c: c.update(run=5), "run: must be an object, got int"),
+    (lambda c: c["run"].update(epoch="five"), "run.epoch: expected int, got 'five'"),
+    (lambda c: c["run"].update(val_loss=[1]), "run.val_loss: expected float, got [1]"),
+], ids=["training-int", "task-int", "task-list", "task-missing", "training-missing", "batch-size-zero",
+        "batch-size-text", "seed-null", "seq-len-text", "heads", "extra-key", "fingerprint-missing",
+        "fingerprint-int", "run-int", "run-epoch", "run-val-loss"])
+def test_a_malformed_export_config_is_one_line_naming_the_field(run, tmp_path: Path, capsys, change,
+                                                                 field: str) -> None:
+    out = tmp_path / "m"
+    assert _main("export", "-c", run["config"], out) == 0
+    _damage(out, change)
+    capsys.readouterr()
+    assert _main("sample", out, "--tokens", 5) == 1
+    assert _main("eval", out) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    for command, line in zip(("sample", "eval"), err, strict=True):
+        assert line.startswith(f"p2ptrain {command}: {out / 'config.json'}: {field}"), line
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"text"', "{broken", "\ufffe\x00", "[" * 100_000, " " * 2_000_000],
+                         ids=["list", "string", "not-json", "binary", "deep", "huge"])
+def test_an_export_config_that_is_not_an_object_is_one_line(run, tmp_path: Path, capsys, content: str) -> None:
+    out = tmp_path / "m"
+    assert _main("export", "-c", run["config"], out) == 0
+    (out / "config.json").write_text(content)
+    capsys.readouterr()
+    assert _main("sample", out) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and (f"{out / 'config.json'}" in err[0] or f"{out} is not a p2ptrain export" in err[0]), err
