@@ -18,6 +18,7 @@ from p2ptrain.config import ConfigError, load_config
 from p2ptrain.export import ExportError, write_export
 from p2ptrain.models import LoadedModel, ModelError, from_checkpoint, resolve
 from p2ptrain.tasks.base import SampleRequest
+from p2ptrain.tasks.generate import prompt_bytes
 
 MAX_TOKENS = 100_000
 EX_USAGE = 2
@@ -102,8 +103,19 @@ def sample_command(args: argparse.Namespace) -> int:
     if not isinstance(text, str):
         say(f"the task's sample hook returned a {type(text).__name__}, not text")
         return 1
-    sys.stdout.write(request.prompt + text + ("" if text.endswith("\n") else "\n"))
+    # The prompt as text: bytes that are not UTF-8 show as U+FFFD, as in the generated text.
+    shown = prompt_bytes(request.prompt).decode("utf-8", "replace") + text
+    _write(shown + ("" if shown.endswith("\n") else "\n"))
     return 0
+
+
+def _write(text: str) -> None:
+    """``text`` on stdout; what its encoding cannot hold (a hook's lone surrogate) shown as a replacement."""
+    try:
+        sys.stdout.write(text)
+    except UnicodeEncodeError:
+        encoding = sys.stdout.encoding or "utf-8"
+        sys.stdout.write(text.encode(encoding, "replace").decode(encoding))
 
 
 def _one_line(error: BaseException) -> str:

@@ -1,7 +1,8 @@
 """Trying the byte-level LM: sampling text from it, and its loss, bits per byte and perplexity.
 
 Sampling draws from a private ``torch.Generator`` seeded by the request, so the same model,
-prompt and seed give the same text (and the caller's global RNG is left alone).  Evaluation
+prompt and seed give the same text (and the caller's global RNG is left alone).  The prompt is
+bytes to a byte-level model: whatever the shell passed, undecodable bytes included.  Evaluation
 averages the per-batch loss exactly as the node's ``Trainer.validation_loss`` does, so the
 numbers compare with the validation loss a node reports.
 """
@@ -9,6 +10,7 @@ numbers compare with the validation loss a node reports.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -30,7 +32,7 @@ def sample_bytes(model: nn.Module, request: SampleRequest) -> str:
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(request.seed)
-    context = list(request.prompt.encode("utf-8")) or [ord("\n")]
+    context = list(prompt_bytes(request.prompt)) or [ord("\n")]
     generated: list[int] = []
     try:
         for _ in range(request.tokens):
@@ -43,14 +45,26 @@ def sample_bytes(model: nn.Module, request: SampleRequest) -> str:
     return bytes(generated).decode("utf-8", errors="replace")
 
 
+def prompt_bytes(prompt: str) -> bytes:
+    """The bytes of ``prompt`` as the user typed them: a command line's undecodable bytes (which Python
+    holds as lone surrogates) come back as they were; a lone surrogate from code becomes U+FFFD."""
+    try:
+        return os.fsencode(prompt)
+    except UnicodeEncodeError:
+        return prompt.encode("utf-8", "replace")
+
+
 def _pick(logits: torch.Tensor, request: SampleRequest, generator: torch.Generator) -> int:
     if request.temperature == 0:
         return int(torch.argmax(logits))
-    logits = logits / request.temperature
+    logits = logits.double()
     if 0 < request.top_k < logits.numel():
         cutoff = torch.topk(logits, request.top_k).values[-1]
         logits = logits.masked_fill(logits < cutoff, -math.inf)
-    probabilities = torch.softmax(logits, dim=-1)
+    # Shifted so the best byte is at 0 before dividing: every other byte is <= 0 and a tiny temperature
+    # drives it to -inf, never to +inf or nan (which softmax would turn into an invalid distribution).
+    scaled = (logits - logits.max()) / request.temperature
+    probabilities = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probabilities, 1, generator=generator))
 
 

@@ -30,7 +30,7 @@ from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks import SampleRequest, build_task
-from p2ptrain.tasks.generate import sample_bytes
+from p2ptrain.tasks.generate import prompt_bytes, sample_bytes
 from p2ptrain.trainer import Trainer
 
 torch.set_num_threads(1)
@@ -506,3 +506,31 @@ def test_an_export_config_that_is_not_an_object_is_one_line(run, tmp_path: Path,
     assert _main("sample", out) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and (f"{out / 'config.json'}" in err[0] or f"{out} is not a p2ptrain export" in err[0]), err
+
+
+def test_sampling_at_any_accepted_temperature_is_safe(run, tmp_path: Path, capsys) -> None:
+    """A temperature so small that logits / T overflows still samples: the likeliest byte, as greedy does."""
+    out = tmp_path / "m"
+    _main("export", "-c", run["config"], out)
+    capsys.readouterr()
+    texts = []
+    for temperature in ("0", "1e-40", "5e-324", "100"):
+        assert _main("sample", out, "--tokens", 40, "--temperature", temperature, "--top-k", 0) == 0, temperature
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] == texts[2] != texts[3]
+
+
+def test_a_prompt_of_any_bytes_is_the_models_context(run, tmp_path: Path, capsys) -> None:
+    """A shell can pass bytes that are not UTF-8 (--prompt $'\\xff'); Python holds them as lone surrogates."""
+    out = tmp_path / "m"
+    _main("export", "-c", run["config"], out)
+    capsys.readouterr()
+    assert _main("sample", out, "--prompt", "def \udcff", "--tokens", 20, "--seed", 3) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.startswith("def \ufffd")
+    model = from_export(out).model
+    request = SampleRequest("def \udcff", 20, temperature=0.8, top_k=40, seed=3)  # the command's defaults
+    assert prompt_bytes(request.prompt) == b"def \xff"
+    assert captured.out == "def \ufffd" + sample_bytes(model, request) + "\n"
+    # A lone surrogate that no command line could have made is still a prompt, not a crash.
+    assert prompt_bytes("\ud800x") == b"?x"
