@@ -168,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="validation loss, bits per byte and perplexity of a trained model")
     evaluate.add_argument("model", metavar="MODEL", help=model_help)
     _add_config_flag(evaluate)
-    evaluate.add_argument("--data", type=Path, metavar="PATH",
-                          help="a text file to score instead of the run's held-out split")
+    evaluate.add_argument("--data", metavar="PATH",
+                          help="score this instead of the run's held-out split: a file, directory, glob or URL, "
+                          "read as task.data_path is (text, JSONL's task.text_field, Parquet); its first 4 MiB")
     evaluate.set_defaults(handler=_lazy("p2ptrain.tryit:eval_command"))
 
     config = sub.add_parser("config", help="write or validate a node config")

@@ -141,9 +141,7 @@ def eval_command(args: argparse.Namespace) -> int:
     say = _say("eval")
     try:
         loaded = _load("eval", args)
-        if args.data is not None and not Path(args.data).is_file():
-            raise ModelError(f"--data {args.data} is not a file")
-        hook = _evaluate_hook(loaded)
+        hook = _evaluate_hook(loaded, say)
         if hook is None:
             say(f"the task {loaded.task.entrypoint} has no evaluate hook (Task.evaluate); nothing to report")
             return 1
@@ -156,10 +154,6 @@ def eval_command(args: argparse.Namespace) -> int:
     except ModelError as error:
         say(str(error))
         return 1
-    except ConfigError as error:
-        if args.data is None:
-            raise ConfigError(f"{error} (the held-out split needs the run's data here; or pass --data FILE)") from None
-        raise
     except OSError as error:
         say(f"cannot read {args.data}: {error.strerror or error}")
         return 1
@@ -184,28 +178,51 @@ def _sample_hook(loaded: LoadedModel) -> Any:
     return _user_task(loaded).sample
 
 
-def _evaluate_hook(loaded: LoadedModel) -> Any:
-    """bytelm: the held-out split built as the nodes build it (same batches), or the given file."""
+def _evaluate_hook(loaded: LoadedModel, say: Any) -> Any:
+    """bytelm: the held-out split built as the nodes build it (same batches), or the text at ``--data``
+    read as ``task.data_path`` is (files, directories, globs; text, JSONL, Parquet), its first 4 MiB."""
     if loaded.task.entrypoint is not None:
         return _user_task(loaded).evaluate
-    from p2ptrain.tasks.data import build_text_data
-    from p2ptrain.tasks.generate import file_batches, lm_metrics
+    from p2ptrain.tasks.data import SCORE_MAX_BYTES, make_fetcher, text_batches
+    from p2ptrain.tasks.generate import lm_metrics
 
     cfg, batch_size = loaded.task, int(loaded.training.get("batch_size", 8))
 
     def evaluate(model: Any, data_path: str | None) -> dict[str, float]:
-        if data_path is not None:
-            batches = file_batches(Path(data_path), cfg.seq_len, batch_size)
-            if not batches:
-                size = Path(data_path).stat().st_size
-                raise ModelError(f"--data {data_path} holds {size:,} bytes: too little to score (the model needs "
-                                 f"more than task.seq_len = {cfg.seq_len} bytes)")
-            return lm_metrics(model, batches)
-        data = build_text_data(cfg, batch_size=batch_size, peer_seed=0, peer_id="eval", live_peers=lambda: ["eval"],
-                               cache_dir=loaded.cache_dir)
-        return lm_metrics(model, data.validation)
+        if data_path is None:
+            try:
+                return _held_out_metrics(loaded)
+            except ConfigError as error:  # only here is the run's data needed: say what else would do
+                raise ConfigError(f"{error} (the held-out split needs the run's data here; or pass --data PATH)"
+                                  ) from None
+        try:
+            scored = text_batches(data_path, cfg, batch_size, make_fetcher(cfg, loaded.cache_dir), label="--data",
+                                  max_bytes=SCORE_MAX_BYTES)
+        except ConfigError as error:  # a flag, not the config: the input cannot be used (exit 1)
+            raise ModelError(str(error)) from None
+        if scored.skipped:
+            more = f" (and {len(scored.skipped) - 1} more)" if len(scored.skipped) > 1 else ""
+            say(f"--data: {len(scored.skipped)} shard(s) left out, unreadable or malformed: "
+                f"{scored.skipped[0]}{more}")
+        if not scored.batches:
+            raise ModelError(f"--data {data_path} holds {scored.text_bytes:,} bytes of text: too little to score "
+                             f"(the model needs more than task.seq_len = {cfg.seq_len} bytes)")
+        if scored.truncated:
+            say(f"--data: scoring the first {SCORE_MAX_BYTES:,} bytes of its text")
+        return lm_metrics(model, scored.batches)
 
     return evaluate
+
+
+def _held_out_metrics(loaded: LoadedModel) -> dict[str, float]:
+    """bytelm's metrics on the run's held-out split, built exactly as the nodes build their validation batches."""
+    from p2ptrain.tasks.data import build_text_data
+    from p2ptrain.tasks.generate import lm_metrics
+
+    cfg, batch_size = loaded.task, int(loaded.training.get("batch_size", 8))
+    data = build_text_data(cfg, batch_size=batch_size, peer_seed=0, peer_id="eval", live_peers=lambda: ["eval"],
+                           cache_dir=loaded.cache_dir)
+    return lm_metrics(loaded.model, data.validation)
 
 
 def _user_task(loaded: LoadedModel) -> Any:

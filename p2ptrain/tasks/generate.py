@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +20,6 @@ from torch import nn
 from p2ptrain.tasks.base import SampleRequest
 
 VOCAB_SIZE = 256
-EVAL_FILE_MAX_BYTES = 4 * 1024 * 1024
-"""``p2ptrain eval --data FILE`` reads at most this much of the file (its first bytes)."""
 
 
 @torch.no_grad()
@@ -85,13 +82,3 @@ def lm_metrics(model: nn.Module, batches: Iterable[torch.Tensor]) -> dict[str, f
     loss = total / count if count else math.nan
     return {"loss": loss, "bits_per_byte": loss / math.log(2), "perplexity": math.exp(loss) if count else math.nan,
             "bytes": float(scored)}
-
-
-def file_batches(path: Path, seq_len: int, batch_size: int, max_bytes: int = EVAL_FILE_MAX_BYTES) -> list[torch.Tensor]:
-    """Non-overlapping windows over the first ``max_bytes`` of ``path``, in batches (OSError if unreadable)."""
-    with path.open("rb") as file:
-        data = file.read(max_bytes)
-    tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-    count = (len(tensor) - 1) // seq_len if len(tensor) > seq_len else 0
-    rows = [tensor[i * seq_len : i * seq_len + seq_len + 1] for i in range(count)]
-    return [torch.stack(rows[i : i + batch_size]).long() for i in range(0, len(rows), batch_size)]

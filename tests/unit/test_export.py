@@ -283,7 +283,7 @@ def test_card_info_tolerates_missing_and_odd_keys() -> None:
         (["sample", "{out}", "--seed", "x"], 2, "--seed must be a whole number, got 'x'"),
         (["sample", "{tmp}/missing"], 1, "{tmp}/missing does not exist"),
         (["sample", "{tmp}"], 1, "{tmp} is not a p2ptrain export (no config.json)"),
-        (["eval", "{out}", "--data", "{tmp}/none.txt"], 1, "--data {tmp}/none.txt is not a file"),
+        (["eval", "{out}", "--data", "{tmp}/none.txt"], 1, "--data: {tmp}/none.txt does not exist"),
         (["eval", "{tmp}/garbage.pt"], 1, "checkpoint {tmp}/garbage.pt does not load ("),
         (["export", "--checkpoint", "{tmp}/none.pt", "{tmp}/x"], 1, "checkpoint {tmp}/none.pt does not exist"),
         (["export", "-c", "{tmp}/empty.toml", "{tmp}/x"], 1, "no checkpoint that loads in"),
@@ -391,15 +391,86 @@ def test_a_failing_user_hook_is_one_line(tmp_path: Path, capsys, monkeypatch, va
     assert captured.out == ""
 
 
-@pytest.mark.parametrize("content", [b"", b"abc", b"x" * 24])
+@pytest.mark.parametrize("content", [b"abc", b"x" * 24])
 def test_eval_on_too_little_text_is_one_line(run, tmp_path: Path, capsys, content: bytes) -> None:
     data = tmp_path / "short.txt"
     data.write_bytes(content)
     assert _main("eval", run["config"], "--data", data) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == (f"p2ptrain eval: --data {data} holds {len(content):,} bytes: too little to score "
+    assert captured.err == (f"p2ptrain eval: --data {data} holds {len(content):,} bytes of text: too little to score "
                             "(the model needs more than task.seq_len = 24 bytes)\n")
+
+
+LINES = [f"def line_{i}(x):  # a record of its own" for i in range(120)]
+
+
+def _scored(report: str) -> tuple[float, int]:
+    """(validation loss, bytes scored) of an eval report."""
+    return float(report.split("validation loss")[1].split()[0]), int(report.split("(")[1].split()[0].replace(",", ""))
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "parquet", "directory", "glob"])
+def test_eval_data_is_read_as_task_data_path_is(run, tmp_path: Path, capsys, layout: str) -> None:
+    """--data goes through the task's readers: JSONL's text field and Parquet's text column are scored,
+    not the file's bytes, and directories and globs work; each gives what the same plain text gives."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("".join(line + "\n" for line in LINES))
+    assert _main("eval", run["config"], "--data", plain) == 0
+    expected = _scored(capsys.readouterr().out)
+    if layout == "jsonl":
+        data = tmp_path / "records.jsonl"
+        data.write_text("".join(json.dumps({"id": i, "text": line}) + "\n" for i, line in enumerate(LINES)))
+    elif layout == "parquet":
+        data = tmp_path / "records.parquet"
+        pq.write_table(pa.table({"id": list(range(len(LINES))), "text": LINES}), data, row_group_size=40)
+    else:
+        folder = tmp_path / "parts"
+        folder.mkdir()
+        for i in range(3):  # whole lines per file, so the concatenation is the plain text
+            (folder / f"part-{i}.txt").write_text("".join(line + "\n" for line in LINES[40 * i : 40 * i + 40]))
+        data = folder if layout == "directory" else folder / "part-*.txt"
+    assert _main("eval", run["config"], "--data", data) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    loss, scored = _scored(captured.out)
+    assert scored == expected[1] and abs(loss - expected[0]) < 1e-4
+
+
+def test_eval_data_problems_are_one_line_each(run, tmp_path: Path, capsys) -> None:
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(json.dumps({"body": line}) + "\n" for line in LINES))
+    assert _main("eval", run["config"], "--data", records) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["p2ptrain eval: --data: records.jsonl#00000000: no 'text' field in the record at byte 0 "
+                   "(its fields: body) (the model's task.text_field)"]
+    # A malformed shard is left out with one line; the rest is scored.
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": line}) + "\n" for line in LINES))
+    (folder / "b.jsonl").write_text("{not json\n")
+    assert _main("eval", run["config"], "--data", folder) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        "p2ptrain eval: --data: 1 shard(s) left out, unreadable or malformed: b.jsonl: the line at byte 0 is not "
+        "valid JSON (Expecting property name enclosed in double quotes)"]
+    assert f"on {folder}" in captured.out
+    assert _main("eval", run["config"], "--data", tmp_path / "none" / "*.txt") == 1
+    assert capsys.readouterr().err.strip() == (
+        f"p2ptrain eval: --data: no files match the glob '{tmp_path / 'none' / '*.txt'}'")
+
+
+def test_eval_data_reads_a_bounded_prefix(run, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("p2ptrain.tasks.data.SCORE_MAX_BYTES", 2_000)
+    big = tmp_path / "big.txt"
+    big.write_text("".join(line + "\n" for line in LINES * 20))
+    assert _main("eval", run["config"], "--data", big) == 0
+    captured = capsys.readouterr()
+    assert _scored(captured.out)[1] <= 2_000
+    assert captured.err == "p2ptrain eval: --data: scoring the first 2,000 bytes of its text\n"
 
 
 def test_export_of_a_checkpoint_directory_says_what_to_pass(run, tmp_path: Path, capsys) -> None:
@@ -451,7 +522,7 @@ def test_eval_with_a_glob_that_matches_nothing_exits_78_naming_the_field(run, tm
     assert _main("eval", config) == 78
     err = capsys.readouterr().err.strip()
     assert err.startswith("p2ptrain: config error: task.data_path: no files match the glob")
-    assert err.endswith("(the held-out split needs the run's data here; or pass --data FILE)")
+    assert err.endswith("(the held-out split needs the run's data here; or pass --data PATH)")
     assert len(err.splitlines()) == 1
 
 
@@ -534,3 +605,13 @@ def test_a_prompt_of_any_bytes_is_the_models_context(run, tmp_path: Path, capsys
     assert captured.out == "def \ufffd" + sample_bytes(model, request) + "\n"
     # A lone surrogate that no command line could have made is still a prompt, not a crash.
     assert prompt_bytes("\ud800x") == b"?x"
+
+
+def test_eval_adds_the_data_hint_only_to_errors_about_the_data(run, tmp_path: Path, capsys) -> None:
+    config = tmp_path / "node.toml"
+    text = Path(run["config"]).read_text()
+    config.write_text(text.replace("validation_batches = 3", "buffer_mb = 0\nvalidation_batches = 3"))
+    assert _main("eval", config) == 78
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"p2ptrain: config error: {config}: task.buffer_mb: ") and len(err.splitlines()) == 1
+    assert "held-out split" not in err and "--data" not in err
