@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 from p2ptrain.config import DAY, ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.builder import ClientParts, JoinedSwarm, NodeBuilder
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.export import CardInfo, ExportError, check_target, write_export
+from p2ptrain.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
 from p2ptrain.manifest_source import SourceUnavailable
 from p2ptrain.ownedrun import apply_run_flags
 from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, PeersRefused, SwarmError
@@ -201,7 +201,9 @@ class Fetcher:
 
         val_loss = evaluate_fn(parts.task)()
         run_ref = str(plan.ref) if plan is not None else run_id
-        card = CardInfo(run_ref=run_ref, epoch=epoch, val_loss=val_loss if math.isfinite(val_loss) else None,
+        finite = math.isfinite(val_loss)
+        card = CardInfo(run_ref=run_ref, epoch=epoch, val_loss=val_loss if finite else None,
+                        val_epoch=epoch if finite else None, val_of=VAL_OF_EXPORT if finite else "",
                         saved_at=self.wall_clock(), fetched_from=donor)
         out = write_export(parts.task.model, config.task, parts.fingerprint, card, out_dir, force=force,
                            shape_config=parts.task.shape_config, torch_copy=torch_copy,

@@ -38,6 +38,15 @@ class ExportError(Exception):
     """The export could not be written; the message is one line for the user."""
 
 
+#: What a model card's validation loss was measured on (``CardInfo.val_of``).
+VAL_OF_EXPORT = "export"
+"""The exported weights themselves (``p2ptrain export`` or ``fetch`` scored them on the held-out split)."""
+VAL_OF_MODEL = "model"
+"""The node's training parameters at ``val_epoch`` (gradient mode): the export's only if nothing changed since."""
+VAL_OF_LOCAL = "local"
+"""A DiLoCo node's local model at ``val_epoch``, while the export holds the swarm's outer parameters."""
+
+
 @dataclass(frozen=True)
 class CardInfo:
     """What the model card says about the run (``None``: not recorded)."""
@@ -53,6 +62,10 @@ class CardInfo:
     samples_contributed: int | None = None
     fetched_from: str = ""
     """The peer whose state ``p2ptrain fetch`` downloaded (empty: exported from a local checkpoint)."""
+    val_epoch: int | None = None
+    """The epoch ``val_loss`` was measured at (None: not recorded, a checkpoint older than the field)."""
+    val_of: str = ""
+    """What ``val_loss`` was measured on: ``VAL_OF_EXPORT``, ``VAL_OF_MODEL``, ``VAL_OF_LOCAL`` ("": not recorded)."""
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], run_id: str, checkpoint: str = "") -> CardInfo:
@@ -60,6 +73,7 @@ class CardInfo:
         contributors = state.get("contributors")
         if isinstance(contributors, list | tuple | dict | set):
             contributors = len(contributors)
+        val_of = state.get("val_params")
         return cls(
             run_ref=str(state.get("run_ref") or run_id),
             epoch=_number(state.get("epoch"), int),
@@ -69,6 +83,8 @@ class CardInfo:
             saved_at=_number(state.get("saved_at"), float),
             checkpoint=checkpoint,
             samples_contributed=_number(state.get("samples_contributed"), int),
+            val_epoch=_number(state.get("val_epoch"), int),
+            val_of=val_of if val_of in (VAL_OF_MODEL, VAL_OF_LOCAL) else "",
         )
 
     @classmethod
@@ -199,13 +215,28 @@ def _origin(run: Mapping[str, Any]) -> str:
     return f"| checkpoint | {run.get('checkpoint') or 'not recorded'}, saved {_when(run.get('saved_at'))} |\n"
 
 
+def _validation(run: Mapping[str, Any], name: str, bytelm: bool) -> str:
+    """The card's validation loss, saying what it was measured on: this model, or the node's parameters then."""
+    val = run.get("val_loss")
+    if val is None:
+        return f"not recorded (`p2ptrain eval {name}` measures it)"
+    figure = f"{val:.6g} (the task's loss)"
+    if bytelm:
+        figure = f"{val:.4f} nats/byte ({val / math.log(2):.3f} bits per byte)"
+    at = "at an unrecorded epoch" if run.get("val_epoch") is None else f"at epoch {run['val_epoch']}"
+    if run.get("val_of") == VAL_OF_EXPORT:
+        return f"{figure} {at}: this model on the run's held-out split"
+    of = ("its local DiLoCo model, not the swarm's outer parameters exported here"
+          if run.get("val_of") == VAL_OF_LOCAL else "its training parameters then")
+    return (f"{figure} {at}, the node's last measurement, on {of}; not this export's own figure "
+            f"(`p2ptrain eval {name}` measures that)")
+
+
 def render_card(config: Mapping[str, Any], name: str) -> str:
     """The model card: what was trained, how far, and the lines that load it."""
     run, task = config["run"], config["task"]
-    val = run.get("val_loss")
-    val_text = "not recorded (run `p2ptrain eval` on this directory)" if val is None else (
-        f"{val:.4f} nats/byte ({val / math.log(2):.3f} bits per byte)")
-    if config.get("model_class") == BYTELM_CLASS:
+    bytelm = config.get("model_class") == BYTELM_CLASS
+    if bytelm:
         what = (f"the built-in byte-level transformer LM (`bytelm`): {task['n_layers']} layers, width "
                 f"{task['d_model']}, {task['n_heads']} heads, context {task['seq_len']} bytes")
         load = (
@@ -231,7 +262,7 @@ def render_card(config: Mapping[str, Any], name: str) -> str:
         f"| optimizer epochs | {_or_unknown(run.get('epoch'))} |\n"
         f"| samples (this node's count) | {_or_unknown(run.get('samples'), ',')} |\n"
         f"| samples this node contributed | {_or_unknown(run.get('samples_contributed'), ',')} |\n"
-        f"| validation loss | {val_text} |\n"
+        f"| validation loss | {_validation(run, name, bytelm)} |\n"
         f"| contributing peers (seen by this node) | {_or_unknown(run.get('contributors'))} |\n"
         f"{_origin(run)}"
         f"| exported | {config['exported_at']} |\n"

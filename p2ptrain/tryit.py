@@ -8,6 +8,7 @@ and a non-zero exit code (2 for a bad flag value, 1 for a MODEL or output that c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Mapping
@@ -15,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.config import ConfigError, load_config
-from p2ptrain.export import ExportError, write_export
+from p2ptrain.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
 from p2ptrain.models import LoadedModel, ModelError, from_checkpoint, resolve
 from p2ptrain.tasks.base import SampleRequest
 from p2ptrain.tasks.generate import prompt_bytes
+from p2ptrain.tasks.remote import NotDownloaded
 
 MAX_TOKENS = 100_000
 EX_USAGE = 2
@@ -57,17 +59,49 @@ def export_command(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         loaded = from_checkpoint(config, args.checkpoint, say)
-        out = write_export(loaded.model, loaded.task, loaded.fingerprint, loaded.card, args.out_dir,
+        check_target(args.out_dir, args.force)  # before the validation, which takes a while
+        card = measured_card(loaded, say)
+        out = write_export(loaded.model, loaded.task, loaded.fingerprint, card, args.out_dir,
                            force=args.force, shape_config=loaded.shape_config, training=loaded.training,
                            torch_copy=args.torch)
     except (ModelError, ExportError) as error:
         say(str(error))
         return 1
-    epoch = "?" if loaded.card.epoch is None else loaded.card.epoch
-    print(f"exported {loaded.source} (epoch {epoch}, model {loaded.fingerprint}) to {out}")
+    epoch = "?" if card.epoch is None else card.epoch
+    measured = ""
+    if card.val_of == VAL_OF_EXPORT and card.val_loss is not None:
+        measured = f", validation loss {card.val_loss:.4f}"
+    print(f"exported {loaded.source} (epoch {epoch}{measured}, model {loaded.fingerprint}) to {out}")
     if loaded.task.entrypoint is None:
         print(f"try it: p2ptrain sample {out} --prompt 'def '")
     return 0
+
+
+def measured_card(loaded: LoadedModel, say: Any) -> CardInfo:
+    """``loaded.card`` with the validation loss of the exported weights themselves, when it is cheap to get.
+
+    A checkpoint carries the node's last validation, which can be epochs older than the checkpoint and,
+    in DiLoCo mode, is of the node's local model while an export holds the swarm's outer parameters.
+    For the built-in task, scoring the weights costs one validation (``task.validation_batches``
+    batches of the held-out text, read from local files or the download cache), so the card's figure
+    is exactly what ``p2ptrain eval`` reports.  Nothing is downloaded for it and no user code is run:
+    then the card keeps the node's figure, labelled as the node's measurement of its epoch.
+    """
+    card = loaded.card
+    if loaded.task.entrypoint is not None:
+        return card
+    try:
+        metrics = _held_out_metrics(loaded, offline=True)
+    except (ConfigError, NotDownloaded, OSError) as error:
+        kept = ("no validation loss" if card.val_loss is None else
+                f"the node's last validation loss ({card.val_loss:.4f}, "
+                f"{'epoch ?' if card.val_epoch is None else f'epoch {card.val_epoch}'}), labelled as the node's")
+        say(f"validation loss not measured on this model: the held-out split is not readable here "
+            f"({_one_line(error)}); the model card gives {kept}")
+        return card
+    if not math.isfinite(metrics["loss"]):  # a diverged model: the figure would say nothing true
+        return card
+    return dataclasses.replace(card, val_loss=metrics["loss"], val_epoch=card.epoch, val_of=VAL_OF_EXPORT)
 
 
 def _load(command: str, args: argparse.Namespace) -> LoadedModel:
@@ -214,14 +248,15 @@ def _evaluate_hook(loaded: LoadedModel, say: Any) -> Any:
     return evaluate
 
 
-def _held_out_metrics(loaded: LoadedModel) -> dict[str, float]:
-    """bytelm's metrics on the run's held-out split, built exactly as the nodes build their validation batches."""
-    from p2ptrain.tasks.data import build_text_data
+def _held_out_metrics(loaded: LoadedModel, *, offline: bool = False) -> dict[str, float]:
+    """bytelm's metrics on the run's held-out split, built exactly as the nodes build their validation
+    batches; ``offline``: from local files and the download cache only (NotDownloaded otherwise)."""
+    from p2ptrain.tasks.data import build_text_data, make_fetcher
     from p2ptrain.tasks.generate import lm_metrics
 
     cfg, batch_size = loaded.task, int(loaded.training.get("batch_size", 8))
     data = build_text_data(cfg, batch_size=batch_size, peer_seed=0, peer_id="eval", live_peers=lambda: ["eval"],
-                           cache_dir=loaded.cache_dir)
+                           fetcher=make_fetcher(cfg, loaded.cache_dir, offline=offline))
     return lm_metrics(loaded.model, data.validation)
 
 

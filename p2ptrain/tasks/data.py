@@ -57,10 +57,11 @@ def default_cache_dir() -> Path:
     return resolve_state_dir(None, os.environ) / "data-cache"
 
 
-def make_fetcher(cfg: TaskSection, cache_dir: Path | None) -> Fetcher:
+def make_fetcher(cfg: TaskSection, cache_dir: Path | None, *, offline: bool = False) -> Fetcher:
+    """The downloader of ``cfg``'s URL shards; ``offline``: only what is already in the cache (no network)."""
     directory = cfg.cache_dir or cache_dir or default_cache_dir()
     return Fetcher(Path(directory).expanduser(), attempts=cfg.download_attempts, timeout=cfg.download_timeout,
-                   max_cache_bytes=cfg.cache_max_mb * MIB)
+                   max_cache_bytes=cfg.cache_max_mb * MIB, offline=offline)
 
 
 def budget(cfg: TaskSection, batch_size: int) -> tuple[int, int]:

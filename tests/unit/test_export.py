@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -32,6 +33,7 @@ from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks import SampleRequest, build_task
 from p2ptrain.tasks.generate import prompt_bytes, sample_bytes
 from p2ptrain.trainer import Trainer
+from p2ptrain.tryit import measured_card
 
 torch.set_num_threads(1)
 
@@ -124,6 +126,89 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
             "val_loss": board.val_loss}
 
 
+def test_a_checkpoint_says_which_epoch_its_validation_loss_is_of(run) -> None:
+    """The loop validated at epoch 4 only: both checkpoints carry that figure, and say it is epoch 4's."""
+    newest, older = (torch.load(path, weights_only=True) for path in run["store"].paths()[:2])  # type: ignore[attr-defined]
+    assert (older["epoch"], older["val_epoch"], older["val_params"]) == (4, 4, "model")
+    assert (newest["epoch"], newest["val_epoch"], newest["val_loss"]) == (5, 4, run["val_loss"])
+
+
+@pytest.mark.parametrize(("mode", "params"), [("gradient", "model"), ("diloco", "local")])
+def test_the_loop_records_what_each_validation_was_measured_on(run, mode: str, params: str) -> None:
+    config = load_config(run["config"], environ={})
+    config = config.model_copy(update={"training": config.training.model_copy(update={"mode": mode})})
+    saved: list[dict[str, object]] = []
+    trainer = type("T", (), {"epoch": 7, "validation_loss": lambda self: 2.5})()
+    parts = type("P", (), {"trainer": trainer, "save_checkpoint": lambda self, **extra: saved.append(extra) or True})()
+    board = StatusBoard(LatestSnapshot(), 12, clock=time.monotonic, wall_clock=time.time)
+    board.identity = NodeIdentity("unit-run", "peer-self")
+    loop = TrainingLoop(config, parts, board, NodeHooks(), Stopper(), ControlQueue(), clock=time.monotonic,  # type: ignore[arg-type]
+                        cpu_share=CpuShare(0.0, cpu_seconds=lambda: 0.0, wait=lambda seconds: False),
+                        rounds=SwarmStats().rounds, refresh_fingerprint=lambda: None, set_threads=lambda threads: None)
+    loop.checkpoint()
+    loop.validate()
+    trainer.epoch = 9  # type: ignore[attr-defined]
+    loop.checkpoint()
+    assert saved == [{"run_ref": "unit-run"},
+                     {"run_ref": "unit-run", "val_loss": 2.5, "val_epoch": 7, "val_params": params}]
+
+
+def _glob_config(run, tmp_path: Path) -> Path:
+    """The run's config with a data_path whose held-out split is not here (a glob that matches nothing)."""
+    config = tmp_path / "node.toml"
+    text = Path(run["config"]).read_text()
+    corpus = text.split('data_path = "')[1].split('"')[0]
+    config.write_text(text.replace(corpus, str(tmp_path / "nothing" / "*.txt")))
+    return config
+
+
+def test_without_the_held_out_split_the_card_labels_the_nodes_figure(run, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "m"
+    assert _main("export", "-c", _glob_config(run, tmp_path), out) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "validation loss not measured on this model: the held-out split is not readable" in err[0]
+    assert f"the model card gives the node's last validation loss ({run['val_loss']:.4f}, epoch 4)" in err[0]
+    card = (out / "README.md").read_text()
+    assert (f"| validation loss | {run['val_loss']:.4f} nats/byte ({run['val_loss'] / math.log(2):.3f} bits per "
+            "byte) at epoch 4, the node's last measurement, on its training parameters then; not this export's own "
+            "figure (`p2ptrain eval m` measures that) |") in card
+    assert from_export(out).card.val_epoch == 4
+
+
+def test_a_diloco_checkpoint_says_its_loss_is_of_the_local_model(run, tmp_path: Path, capsys) -> None:
+    """DiLoCo: the export holds the outer parameters, the node validated its local model."""
+    state = torch.load(run["newest"], weights_only=True)
+    names = [name for name, p in run["task"].model.named_parameters() if p.requires_grad]  # type: ignore[attr-defined]
+    outer = [state["model"][name] + 0.01 for name in names]
+    state.update(optimizer={"outer_params": outer}, val_params="local", val_epoch=5)
+    checkpoint = tmp_path / "ckpt-diloco.pt"
+    torch.save(state, checkpoint)
+    config = _glob_config(run, tmp_path)
+    assert _main("export", "-c", config, "--checkpoint", checkpoint, tmp_path / "m") == 0
+    card = (tmp_path / "m" / "README.md").read_text()
+    assert ("at epoch 5, the node's last measurement, on its local DiLoCo model, not the swarm's outer parameters "
+            "exported here; not this export's own figure") in card
+    # With the held-out split here, export scores the outer parameters it writes.
+    assert _main("export", "-c", run["config"], "--checkpoint", checkpoint, tmp_path / "m2") == 0
+    loaded = from_export(tmp_path / "m2")
+    assert torch.equal(dict(loaded.model.named_parameters())[names[0]], outer[0])
+    own = Trainer(dataclasses.replace(run["task"], model=loaded.model), optimizer=None,  # type: ignore[arg-type]
+                  batch_size=4).validation_loss()
+    assert loaded.card.val_of == "export" and loaded.card.val_epoch == 5
+    assert abs(loaded.card.val_loss - own) < 1e-6  # type: ignore[operator]
+
+
+def test_export_downloads_nothing_to_score_the_model(run, tmp_path: Path, capsys) -> None:
+    """Shards at URLs not in the cache: the card keeps the node's figure; no download is tried."""
+    loaded = resolve(run["config"], None, print)  # type: ignore[arg-type]
+    remote = loaded.task.model_copy(update={"data_path": "http://127.0.0.1:9/SHA256SUMS"})
+    lines: list[str] = []
+    card = measured_card(dataclasses.replace(loaded, task=remote, cache_dir=tmp_path / "cache"), lines.append)
+    assert card == loaded.card
+    assert len(lines) == 1 and "SHA256SUMS is not downloaded in" in lines[0]
+    assert not (tmp_path / "cache").exists()
+
+
 def _main(*argv: object) -> int:
     return cli.main([str(arg) for arg in argv])
 
@@ -145,10 +230,17 @@ def test_export_reloads_bit_for_bit_with_the_documented_three_lines(run, tmp_pat
     assert all(torch.equal(original[name], value) for name, value in model.state_dict().items())  # type: ignore[attr-defined]
     plain = torch.load(out / "model.pt", weights_only=True)
     assert all(torch.equal(original[name], value) for name, value in plain.items())
+    # The validation loss is the exported model's own (what `p2ptrain eval` of it reports), at the export's
+    # epoch; not the node's last validation, which was of epoch 4's parameters.
+    own = Trainer(run["task"], optimizer=None, batch_size=4).validation_loss()  # type: ignore[arg-type]
+    assert f"{run['val_loss']:.4f}" != f"{own:.4f}"
     for expected in ("| run | unit-run@abc |", "| optimizer epochs | 5 |", "| samples (this node's count) | 60 |",
-                     "| samples this node contributed | 60 |", f"{run['val_loss']:.4f} nats/byte",
+                     "| samples this node contributed | 60 |",
+                     f"| validation loss | {own:.4f} nats/byte ({own / math.log(2):.3f} bits per byte) at epoch 5: "
+                     "this model on the run's held-out split |",
                      "| contributing peers (seen by this node) | 3 |", "2023-11-14"):
         assert expected in card
+    assert f"{run['val_loss']:.4f}" not in card
     config = json.loads((out / "config.json").read_text())
     assert config["task"]["seq_len"] == 24 and config["model_args"]["d_model"] == 32
     assert config["training"] == {"batch_size": 4, "seed": 3}
@@ -510,6 +602,7 @@ def test_the_demo_ends_by_exporting_and_sampling(run, tmp_path: Path) -> None:
     out = io.StringIO()
     target = export_and_sample(DemoRun(tmp_path, nodes=[empty, trained]), out)
     assert target == tmp_path / "model" and from_export(target).card.epoch == 5
+    assert from_export(target).card.val_of == "export"  # the card gives the exported model's own loss
     text = out.getvalue()
     assert "=== the demo's model ===" in text and "    | def " in text and f"p2ptrain sample {target}" in text
 
