@@ -66,6 +66,8 @@ class CardInfo:
     """The epoch ``val_loss`` was measured at (None: not recorded, a checkpoint older than the field)."""
     val_of: str = ""
     """What ``val_loss`` was measured on: ``VAL_OF_EXPORT``, ``VAL_OF_MODEL``, ``VAL_OF_LOCAL`` ("": not recorded)."""
+    reported_by: int | None = None
+    """Fetched: the peer records ``samples`` and ``contributors`` were summed from (their claims, bounded)."""
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], run_id: str, checkpoint: str = "") -> CardInfo:
@@ -232,6 +234,21 @@ def _validation(run: Mapping[str, Any], name: str, bytelm: bool) -> str:
             f"(`p2ptrain eval {name}` measures that)")
 
 
+def _credit(run: Mapping[str, Any]) -> str:
+    """The card's rows on samples and contributors: this node's counts, or what the swarm's records claim."""
+    if not run.get("fetched_from"):
+        return (f"| samples (this node's count) | {_or_unknown(run.get('samples'), ',')} |\n"
+                f"| samples this node contributed | {_or_unknown(run.get('samples_contributed'), ',')} |\n"
+                f"| contributing peers (seen by this node) | {_or_unknown(run.get('contributors'))} |\n")
+    reporters = run.get("reported_by")
+    if not reporters or run.get("samples") is None or run.get("contributors") is None:
+        missing = "not recorded (no peer record of the run was read before the download)"
+        return f"| samples contributed | {missing} |\n| contributing peers | {missing} |\n"
+    claims = f"as reported by {reporters} peer{'s' if reporters != 1 else ''}"
+    return (f"| samples contributed | {run['samples']:,}, {claims} (each claim capped at what the run allows) |\n"
+            f"| contributing peers | {run['contributors']}, {claims} |\n")
+
+
 def render_card(config: Mapping[str, Any], name: str) -> str:
     """The model card: what was trained, how far, and the lines that load it."""
     run, task = config["run"], config["task"]
@@ -260,10 +277,8 @@ def render_card(config: Mapping[str, Any], name: str) -> str:
         "| | |\n|---|---|\n"
         f"| run | {run['run_ref']} |\n"
         f"| optimizer epochs | {_or_unknown(run.get('epoch'))} |\n"
-        f"| samples (this node's count) | {_or_unknown(run.get('samples'), ',')} |\n"
-        f"| samples this node contributed | {_or_unknown(run.get('samples_contributed'), ',')} |\n"
+        f"{_credit(run)}"
         f"| validation loss | {_validation(run, name, bytelm)} |\n"
-        f"| contributing peers (seen by this node) | {_or_unknown(run.get('contributors'))} |\n"
         f"{_origin(run)}"
         f"| exported | {config['exported_at']} |\n"
         f"| model fingerprint | {config['fingerprint']} |\n"
