@@ -7,7 +7,8 @@ tensors are checked for count, shape, size and finite values, its epoch against 
 peers report in their signed records, and its model's validation loss here.  It publishes
 nothing (no peer record, no progress entry, no fingerprint), trains on nothing and serves no
 state, so the swarm never counts it or waits for it.  Only a state that was adopted is written,
-with :func:`p2ptrain.export.write_export`; the model card names the donor and the epoch.
+with :func:`p2ptrain.export.write_export`; the model card names the donor and the epoch, and gives the
+samples and contributors the run's peer records claim (bounded, and said to be their claims).
 
 Exit codes: 0 written; 1 OUT_DIR cannot be used (it exists: ``--force``) or cannot be written;
 69 (EX_UNAVAILABLE) no peer answered, or none served a state that passed the checks, within
@@ -36,11 +37,12 @@ from typing import Any, NoReturn
 from p2ptrain.config import DAY, ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.builder import ClientParts, JoinedSwarm, NodeBuilder
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.export import CardInfo, ExportError, check_target, write_export
+from p2ptrain.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
 from p2ptrain.manifest_source import SourceUnavailable
 from p2ptrain.ownedrun import apply_run_flags
 from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, PeersRefused, SwarmError
 from p2ptrain.swarm_optimizer import SwarmOptimizer
+from p2ptrain.swarmcredit import credited_view, epoch_samples_bound
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +91,13 @@ class RecordReader:
 
     def peers(self) -> int:
         """Peers in the run's records now."""
-        return len(self._publisher.view.peers) if self._publisher is not None else 0
+        return len(self.view().peers)
+
+    def view(self) -> Any:
+        """The run's validated peer records now (a ``SwarmView``; empty before the first read)."""
+        from p2ptrain.status import SwarmView
+
+        return self._publisher.view if self._publisher is not None else SwarmView()
 
     def stop(self) -> None:
         if self._publisher is not None:
@@ -200,8 +208,11 @@ class Fetcher:
 
         val_loss = evaluate_fn(parts.task)()
         run_ref = str(plan.ref) if plan is not None else run_id
-        card = CardInfo(run_ref=run_ref, epoch=epoch, val_loss=val_loss if math.isfinite(val_loss) else None,
-                        saved_at=self.wall_clock(), fetched_from=donor)
+        finite = math.isfinite(val_loss)
+        card = CardInfo(run_ref=run_ref, epoch=epoch, val_loss=val_loss if finite else None,
+                        val_epoch=epoch if finite else None, val_of=VAL_OF_EXPORT if finite else "",
+                        saved_at=self.wall_clock(), fetched_from=donor,
+                        **swarm_credit(self.records.view(), epoch_samples_bound(config.training)))
         out = write_export(parts.task.model, config.task, parts.fingerprint, card, out_dir, force=force,
                            shape_config=parts.task.shape_config, torch_copy=torch_copy,
                            training={"batch_size": config.training.batch_size, "seed": config.training.seed})
@@ -264,6 +275,21 @@ class Fetcher:
         finally:
             deadline.cancel()
             self.stopper.close()
+
+
+def swarm_credit(view: Any, samples_per_epoch: int) -> dict[str, int | None]:
+    """The card's samples and contributors from the run's peer records (``CardInfo`` keywords).
+
+    Each record's ``samples_contributed`` is its peer's claim about itself: it is credited at most what
+    the run allows a peer (:func:`p2ptrain.swarmcredit.credited_view`), and the card says how many
+    records the figures come from.  No record read: nothing recorded (the card says so).
+    """
+    if not view.peers:
+        return {"samples": None, "contributors": None, "reported_by": 0}
+    credited = credited_view(view, samples_per_epoch)
+    return {"samples": credited.samples_contributed,
+            "contributors": sum(1 for peer in credited.peers if peer.samples_contributed > 0),
+            "reported_by": len(credited.peers)}
 
 
 def last_download_source(optimizer: SwarmOptimizer) -> tuple[str, Any] | None:

@@ -83,6 +83,8 @@ class TrainingLoop:
         self._poll_run = poll_run
         self._manual_pause_until: float | None = None
         self._next_step_aside = 0.0
+        #: The last validation as the model card needs it: the loss, the epoch, and which parameters.
+        self._validation: dict[str, object] = {}
 
     def run(self) -> None:
         """Train until a stop is requested (signal, API, ``training.max_epochs``)."""
@@ -129,12 +131,17 @@ class TrainingLoop:
         """A checkpoint with the run facts an export's model card shows (an owned run by its reference,
         NAME@hash; a plain run by its id)."""
         run_ref = self.board.run().run_ref or self.board.identity.run_id
-        return self.parts.save_checkpoint(val_loss=self.board.val_loss, run_ref=run_ref)
+        return self.parts.save_checkpoint(run_ref=run_ref, **self._validation)
 
     def validate(self) -> None:
         epoch = self.parts.trainer.epoch
-        self.board.validated(epoch, self.parts.trainer.validation_loss())
-        logger.info("epoch %d: validation loss %.4f", epoch, self.board.val_loss)
+        loss = self.parts.trainer.validation_loss()
+        self.board.validated(epoch, loss)
+        # A checkpoint keeps the last validation, not a fresh one: it carries the epoch it was measured at,
+        # and in DiLoCo mode that it is of the local model (an export holds the swarm's outer parameters).
+        self._validation = {"val_loss": loss, "val_epoch": epoch,
+                            "val_params": "local" if self.config.training.mode == "diloco" else "model"}
+        logger.info("epoch %d: validation loss %.4f", epoch, loss)
 
     # ------------------------------------------------------------------ one pass
 

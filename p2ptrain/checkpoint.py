@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
 import tempfile
 import time
@@ -190,8 +191,8 @@ class CheckpointStore:
                     kept = f"kept as {corrupt.name}"
                 except OSError as rename_exc:
                     kept = f"could not rename it: {_describe(rename_exc)}"
-                log.warning("checkpoint %s does not load (%s: %s); %s; trying the previous one",
-                            path, type(exc).__name__, _first_line(exc), kept)
+                log.warning("checkpoint %s does not load (%s); %s; trying the previous one",
+                            path, load_failure(exc), kept)
                 continue
             return LoadedCheckpoint(path, state)
         return None
@@ -207,7 +208,7 @@ class CheckpointStore:
             try:
                 return LoadedCheckpoint(path, read_checkpoint(path, self._opener)), failed
             except Exception as exc:
-                failed.append((path, f"{type(exc).__name__}: {_first_line(exc)}"))
+                failed.append((path, load_failure(exc)))
         return None, failed
 
 
@@ -217,6 +218,23 @@ def read_checkpoint(path: Path, opener: Opener = torch_opener) -> dict[str, Any]
     if not isinstance(state, dict):
         raise TypeError(f"holds a {type(state).__name__}, not a dict")
     return state
+
+
+def load_failure(exc: BaseException) -> str:
+    """Why a checkpoint file did not load, in words: torch reports a cut-off file as a bare
+    ``OSError: [Errno 22] Invalid argument`` or a zip reader's error, which say nothing of the file."""
+    text = _first_line(exc)
+    if isinstance(exc, OSError) and exc.filename is None and not isinstance(exc, FileNotFoundError | PermissionError):
+        return f"truncated or corrupt: {type(exc).__name__}: {text}"
+    if isinstance(exc, RuntimeError) and "zip archive" in text:
+        detail = text.split("zip archive:", 1)[1].split(".", 1)[0].strip()
+        return f"truncated or corrupt: not a whole checkpoint ({detail})"
+    if isinstance(exc, pickle.UnpicklingError):  # torch's text suggests weights_only=False: not advice to pass on
+        lines = [line.strip() for line in str(exc).split("WeightsUnpickler error:", 1)[-1].splitlines() if line.strip()]
+        return f"truncated or corrupt: not a checkpoint ({lines[0] if lines else 'it does not unpickle'})"
+    if isinstance(exc, EOFError):
+        return f"truncated or corrupt: {type(exc).__name__}: {text}"
+    return f"{type(exc).__name__}: {text}"
 
 
 def _describe(exc: BaseException) -> str:

@@ -61,7 +61,7 @@ def _add_config_flag(parser: argparse.ArgumentParser) -> None:
 
 def _add_node_flags(parser: argparse.ArgumentParser, token_help: str) -> None:
     """How a client command finds the running node on this machine: its API URL and token."""
-    parser.add_argument("--url", metavar="URL", help="node API URL (default: <state_dir>/api.url, "
+    parser.add_argument("--url", type=_api_url, metavar="URL", help="node API URL (default: <state_dir>/api.url, "
                         "else http://127.0.0.1:41480)")
     parser.add_argument("--token-file", type=Path, metavar="PATH",
                         help=f"{token_help} (default: <state_dir>/api.token)")
@@ -80,6 +80,20 @@ def _one_config_file(parser: argparse.ArgumentParser, handler: Handler) -> Handl
         return handler(args)
 
     return run
+
+
+def _api_url(text: str) -> str:
+    """``--url``: an http(s) URL with a host; anything else is a usage error, not a node that does not answer."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(text.strip())
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # a port that is not a number, an unbalanced IPv6 bracket
+        parts, port_ok = None, False
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise argparse.ArgumentTypeError(f"not a node API URL: {text!r} (example: http://127.0.0.1:41480)")
+    return text.strip()
 
 
 def _duration(text: str) -> float:
@@ -168,8 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="validation loss, bits per byte and perplexity of a trained model")
     evaluate.add_argument("model", metavar="MODEL", help=model_help)
     _add_config_flag(evaluate)
-    evaluate.add_argument("--data", type=Path, metavar="PATH",
-                          help="a text file to score instead of the run's held-out split")
+    evaluate.add_argument("--data", metavar="PATH",
+                          help="score this instead of the run's held-out split: a file, directory, glob or URL, "
+                          "read as task.data_path is (text, JSONL's task.text_field, Parquet); its first 4 MiB")
     evaluate.set_defaults(handler=_lazy("p2ptrain.tryit:eval_command"))
 
     config = sub.add_parser("config", help="write or validate a node config")

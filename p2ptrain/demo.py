@@ -134,6 +134,7 @@ def export_and_sample(run: DemoRun, out: TextIO) -> Path | None:
     from p2ptrain.runconfig import merge_manifest
     from p2ptrain.tasks.base import SampleRequest
     from p2ptrain.tasks.generate import sample_bytes
+    from p2ptrain.tryit import measured_card
 
     best: LoadedModel | None = None
     for node in run.nodes:
@@ -151,7 +152,8 @@ def export_and_sample(run: DemoRun, out: TextIO) -> Path | None:
         return None
     target = run.workdir / "model"
     try:
-        write_export(best.model, best.task, best.fingerprint, best.card, target, force=True,
+        card = measured_card(best, lambda _line: None)  # the card's validation loss is this model's own
+        write_export(best.model, best.task, best.fingerprint, card, target, force=True,
                      shape_config=best.shape_config, training=best.training)
     except ExportError as error:
         out.write(f"  could not export the model: {error}\n")

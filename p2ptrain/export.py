@@ -38,6 +38,15 @@ class ExportError(Exception):
     """The export could not be written; the message is one line for the user."""
 
 
+#: What a model card's validation loss was measured on (``CardInfo.val_of``).
+VAL_OF_EXPORT = "export"
+"""The exported weights themselves (``p2ptrain export`` or ``fetch`` scored them on the held-out split)."""
+VAL_OF_MODEL = "model"
+"""The node's training parameters at ``val_epoch`` (gradient mode): the export's only if nothing changed since."""
+VAL_OF_LOCAL = "local"
+"""A DiLoCo node's local model at ``val_epoch``, while the export holds the swarm's outer parameters."""
+
+
 @dataclass(frozen=True)
 class CardInfo:
     """What the model card says about the run (``None``: not recorded)."""
@@ -53,6 +62,12 @@ class CardInfo:
     samples_contributed: int | None = None
     fetched_from: str = ""
     """The peer whose state ``p2ptrain fetch`` downloaded (empty: exported from a local checkpoint)."""
+    val_epoch: int | None = None
+    """The epoch ``val_loss`` was measured at (None: not recorded, a checkpoint older than the field)."""
+    val_of: str = ""
+    """What ``val_loss`` was measured on: ``VAL_OF_EXPORT``, ``VAL_OF_MODEL``, ``VAL_OF_LOCAL`` ("": not recorded)."""
+    reported_by: int | None = None
+    """Fetched: the peer records ``samples`` and ``contributors`` were summed from (their claims, bounded)."""
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], run_id: str, checkpoint: str = "") -> CardInfo:
@@ -60,6 +75,7 @@ class CardInfo:
         contributors = state.get("contributors")
         if isinstance(contributors, list | tuple | dict | set):
             contributors = len(contributors)
+        val_of = state.get("val_params")
         return cls(
             run_ref=str(state.get("run_ref") or run_id),
             epoch=_number(state.get("epoch"), int),
@@ -69,7 +85,29 @@ class CardInfo:
             saved_at=_number(state.get("saved_at"), float),
             checkpoint=checkpoint,
             samples_contributed=_number(state.get("samples_contributed"), int),
+            val_epoch=_number(state.get("val_epoch"), int),
+            val_of=val_of if val_of in (VAL_OF_MODEL, VAL_OF_LOCAL) else "",
         )
+
+    @classmethod
+    def from_run(cls, run: Mapping[str, Any]) -> CardInfo:
+        """From an export's ``run`` object; ValueError naming ``run.<field>`` for a value of the wrong type."""
+        values: dict[str, Any] = {"run_ref": ""}
+        for name, field in cls.__dataclass_fields__.items():
+            if name not in run or run[name] is None:
+                continue
+            value, kind = run[name], str(field.type)
+            if kind == "str":
+                good = isinstance(value, str)
+            elif kind.startswith("int"):
+                good = isinstance(value, int) and not isinstance(value, bool)
+            else:  # a float: JSON writes 4.0 as 4
+                good = _number(value, float) is not None
+                value = float(value) if good else value
+            if not good:
+                raise ValueError(f"run.{name}: expected {kind.removesuffix(' | None')}, got {value!r:.40}")
+            values[name] = value
+        return cls(**values)
 
 
 def _number(value: object, kind: type) -> Any:
@@ -123,6 +161,9 @@ def write_export(
 def check_target(out_dir: Path, force: bool) -> None:
     """Refuse an existing ``out_dir`` unless ``force``, and even then anything but an export or empty dir."""
     if not out_dir.exists() and not out_dir.is_symlink():
+        existing = next((p for p in out_dir.parents if p.exists() or p.is_symlink()), None)
+        if existing is not None and not existing.is_dir():
+            raise ExportError(f"cannot write {out_dir}: {existing} is not a directory")
         return
     if not force:
         raise ExportError(f"{out_dir} already exists (use --force to replace it)")
@@ -176,13 +217,43 @@ def _origin(run: Mapping[str, Any]) -> str:
     return f"| checkpoint | {run.get('checkpoint') or 'not recorded'}, saved {_when(run.get('saved_at'))} |\n"
 
 
+def _validation(run: Mapping[str, Any], name: str, bytelm: bool) -> str:
+    """The card's validation loss, saying what it was measured on: this model, or the node's parameters then."""
+    val = run.get("val_loss")
+    if val is None:
+        return f"not recorded (`p2ptrain eval {name}` measures it)"
+    figure = f"{val:.6g} (the task's loss)"
+    if bytelm:
+        figure = f"{val:.4f} nats/byte ({val / math.log(2):.3f} bits per byte)"
+    at = "at an unrecorded epoch" if run.get("val_epoch") is None else f"at epoch {run['val_epoch']}"
+    if run.get("val_of") == VAL_OF_EXPORT:
+        return f"{figure} {at}: this model on the run's held-out split"
+    of = ("its local DiLoCo model, not the swarm's outer parameters exported here"
+          if run.get("val_of") == VAL_OF_LOCAL else "its training parameters then")
+    return (f"{figure} {at}, the node's last measurement, on {of}; not this export's own figure "
+            f"(`p2ptrain eval {name}` measures that)")
+
+
+def _credit(run: Mapping[str, Any]) -> str:
+    """The card's rows on samples and contributors: this node's counts, or what the swarm's records claim."""
+    if not run.get("fetched_from"):
+        return (f"| samples (this node's count) | {_or_unknown(run.get('samples'), ',')} |\n"
+                f"| samples this node contributed | {_or_unknown(run.get('samples_contributed'), ',')} |\n"
+                f"| contributing peers (seen by this node) | {_or_unknown(run.get('contributors'))} |\n")
+    reporters = run.get("reported_by")
+    if not reporters or run.get("samples") is None or run.get("contributors") is None:
+        missing = "not recorded (no peer record of the run was read before the download)"
+        return f"| samples contributed | {missing} |\n| contributing peers | {missing} |\n"
+    claims = f"as reported by {reporters} peer{'s' if reporters != 1 else ''}"
+    return (f"| samples contributed | {run['samples']:,}, {claims} (each claim capped at what the run allows) |\n"
+            f"| contributing peers | {run['contributors']}, {claims} |\n")
+
+
 def render_card(config: Mapping[str, Any], name: str) -> str:
     """The model card: what was trained, how far, and the lines that load it."""
     run, task = config["run"], config["task"]
-    val = run.get("val_loss")
-    val_text = "not recorded (run `p2ptrain eval` on this directory)" if val is None else (
-        f"{val:.4f} nats/byte ({val / math.log(2):.3f} bits per byte)")
-    if config.get("model_class") == BYTELM_CLASS:
+    bytelm = config.get("model_class") == BYTELM_CLASS
+    if bytelm:
         what = (f"the built-in byte-level transformer LM (`bytelm`): {task['n_layers']} layers, width "
                 f"{task['d_model']}, {task['n_heads']} heads, context {task['seq_len']} bytes")
         load = (
@@ -206,10 +277,8 @@ def render_card(config: Mapping[str, Any], name: str) -> str:
         "| | |\n|---|---|\n"
         f"| run | {run['run_ref']} |\n"
         f"| optimizer epochs | {_or_unknown(run.get('epoch'))} |\n"
-        f"| samples (this node's count) | {_or_unknown(run.get('samples'), ',')} |\n"
-        f"| samples this node contributed | {_or_unknown(run.get('samples_contributed'), ',')} |\n"
-        f"| validation loss | {val_text} |\n"
-        f"| contributing peers (seen by this node) | {_or_unknown(run.get('contributors'))} |\n"
+        f"{_credit(run)}"
+        f"| validation loss | {_validation(run, name, bytelm)} |\n"
         f"{_origin(run)}"
         f"| exported | {config['exported_at']} |\n"
         f"| model fingerprint | {config['fingerprint']} |\n"

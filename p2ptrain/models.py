@@ -15,16 +15,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from p2ptrain.checkpoint import CheckpointStore, LoadedCheckpoint, read_checkpoint
+from p2ptrain.checkpoint import CheckpointStore, LoadedCheckpoint, load_failure, read_checkpoint
 from p2ptrain.config import NodeConfig, TaskSection, TrainingSection, load_config
+from p2ptrain.config_errors import describe_invalid
+from p2ptrain.errors import printable
 from p2ptrain.export import CONFIG_FILE, EXPORT_FORMAT, MODEL_FILE, CardInfo
 from p2ptrain.fingerprint import model_fingerprint
 from p2ptrain.tasks import bytelm
 from p2ptrain.tasks.loader import build_task
 
 Say = Callable[[str], None]
+
+#: An export's config.json is a few kilobytes; anything far larger is not one (and is not read whole).
+MAX_CONFIG_BYTES = 1024 * 1024
+#: The training settings an export keeps: what ``p2ptrain eval`` needs to rebuild the nodes' validation batches.
+EXPORT_TRAINING_KEYS = ("batch_size", "seed")
 
 
 class ModelError(Exception):
@@ -63,7 +70,7 @@ def from_checkpoint(config: NodeConfig, checkpoint: Path | None, say: Say) -> Lo
         try:
             loaded = LoadedCheckpoint(checkpoint, read_checkpoint(checkpoint))
         except Exception as exc:
-            raise ModelError(f"checkpoint {checkpoint} does not load ({type(exc).__name__}: {_line(exc)})") from None
+            raise ModelError(f"checkpoint {checkpoint} does not load ({load_failure(exc)})") from None
     else:
         directory = config.checkpoint_dir()
         found, failed = CheckpointStore(directory, keep=1).read_latest()
@@ -97,27 +104,11 @@ def from_export(directory: Path) -> LoadedModel:
     """The model of an export directory written by :func:`p2ptrain.export.write_export`."""
     from safetensors.torch import load_model
 
-    try:
-        config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelError(f"{directory} is not a p2ptrain export (no {CONFIG_FILE})") from None
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{directory / CONFIG_FILE} is not readable JSON ({_line(exc)})") from None
-    if not isinstance(config, dict) or config.get("format") != EXPORT_FORMAT:
-        raise ModelError(f"{directory} is not a p2ptrain export ({CONFIG_FILE} has no format {EXPORT_FORMAT!r})")
-    try:
-        task = TaskSection.model_validate(config.get("task", {}))
-        raw_training = config.get("training") or {}
-        training = TrainingSection.model_validate({k: raw_training[k] for k in ("batch_size", "seed")
-                                                   if k in raw_training})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise ModelError(f"{directory / CONFIG_FILE}: task.{where}: {first['msg']}") from None
-    model, shape = build_model(task, training)
+    settings = read_export_config(directory)
+    model, shape = build_model(settings.task, settings.training)
     fingerprint = model_fingerprint(model, shape)
-    if config.get("fingerprint") != fingerprint:
-        raise ModelError(f"{directory} holds model {config.get('fingerprint')} but its settings build {fingerprint}")
+    if settings.fingerprint != fingerprint:
+        raise ModelError(f"{directory} holds model {settings.fingerprint} but its settings build {fingerprint}")
     weights = directory / MODEL_FILE
     if not weights.is_file():
         raise ModelError(f"{directory} has no {MODEL_FILE}")
@@ -125,10 +116,64 @@ def from_export(directory: Path) -> LoadedModel:
         load_model(model, str(weights), strict=True)
     except Exception as exc:  # safetensors raises several types for a damaged file
         raise ModelError(f"{weights} does not load ({type(exc).__name__}: {_line(exc)})") from None
-    run = config.get("run") if isinstance(config.get("run"), dict) else {}
-    card = CardInfo(**{"run_ref": "", **{k: run[k] for k in CardInfo.__dataclass_fields__ if k in run}})
-    return LoadedModel(model, task, {"batch_size": training.batch_size, "seed": training.seed}, fingerprint, shape,
-                       card, str(directory))
+    training = {"batch_size": settings.training.batch_size, "seed": settings.training.seed}
+    return LoadedModel(model, settings.task, training, fingerprint, shape, settings.card, str(directory))
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """What an export's config.json says, checked: the model is rebuilt from it, so nothing is trusted unread."""
+
+    task: TaskSection
+    training: TrainingSection
+    fingerprint: str
+    card: CardInfo
+
+
+class _Sections(BaseModel):
+    task: TaskSection
+    training: TrainingSection
+
+
+def read_export_config(directory: Path) -> ExportSettings:
+    """config.json of ``directory``, every field checked; a :class:`ModelError` naming the file and the
+    dotted field otherwise (a hand-edited or damaged file must not end in a traceback)."""
+    path = directory / CONFIG_FILE
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ModelError(f"{directory} is not a p2ptrain export (no {CONFIG_FILE})") from None
+    except OSError as exc:
+        raise ModelError(f"{path} is not readable ({exc.strerror or _line(exc)})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ModelError(f"{path} is larger than {MAX_CONFIG_BYTES:,} bytes: not an export's config")
+    try:
+        config = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ModelError(f"{path} is not readable JSON ({_line(exc)})") from None
+    if not isinstance(config, dict) or config.get("format") != EXPORT_FORMAT:
+        raise ModelError(f"{directory} is not a p2ptrain export ({CONFIG_FILE} has no format {EXPORT_FORMAT!r})")
+    training = config.get("training")
+    if isinstance(training, dict):  # the export keeps what eval needs; other keys are not ours to judge
+        training = {key: training[key] for key in EXPORT_TRAINING_KEYS if key in training}
+    try:
+        sections = _Sections.model_validate({key: value for key, value in
+                                             (("task", config.get("task")), ("training", training))
+                                             if value is not None})
+    except ValidationError as exc:
+        raise ModelError(describe_invalid(exc, printable(str(path)))) from None
+    fingerprint = config.get("fingerprint")
+    if not isinstance(fingerprint, str) or not fingerprint:
+        raise ModelError(f"{path}: fingerprint: {'required' if fingerprint is None else 'must be text'}")
+    run = config.get("run", {})
+    if not isinstance(run, dict):
+        raise ModelError(f"{path}: run: must be an object, got {type(run).__name__}")
+    try:
+        card = CardInfo.from_run(run)
+    except ValueError as exc:
+        raise ModelError(f"{path}: {exc}") from None
+    return ExportSettings(sections.task, sections.training, fingerprint, card)
 
 
 def resolve(model_arg: Path, config_path: Path | None, say: Say) -> LoadedModel:

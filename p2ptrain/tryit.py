@@ -8,6 +8,7 @@ and a non-zero exit code (2 for a bad flag value, 1 for a MODEL or output that c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Mapping
@@ -15,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.config import ConfigError, load_config
-from p2ptrain.export import ExportError, write_export
+from p2ptrain.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
 from p2ptrain.models import LoadedModel, ModelError, from_checkpoint, resolve
 from p2ptrain.tasks.base import SampleRequest
+from p2ptrain.tasks.generate import prompt_bytes
+from p2ptrain.tasks.remote import NotDownloaded
 
 MAX_TOKENS = 100_000
 EX_USAGE = 2
@@ -56,17 +59,49 @@ def export_command(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         loaded = from_checkpoint(config, args.checkpoint, say)
-        out = write_export(loaded.model, loaded.task, loaded.fingerprint, loaded.card, args.out_dir,
+        check_target(args.out_dir, args.force)  # before the validation, which takes a while
+        card = measured_card(loaded, say)
+        out = write_export(loaded.model, loaded.task, loaded.fingerprint, card, args.out_dir,
                            force=args.force, shape_config=loaded.shape_config, training=loaded.training,
                            torch_copy=args.torch)
     except (ModelError, ExportError) as error:
         say(str(error))
         return 1
-    epoch = "?" if loaded.card.epoch is None else loaded.card.epoch
-    print(f"exported {loaded.source} (epoch {epoch}, model {loaded.fingerprint}) to {out}")
+    epoch = "?" if card.epoch is None else card.epoch
+    measured = ""
+    if card.val_of == VAL_OF_EXPORT and card.val_loss is not None:
+        measured = f", validation loss {card.val_loss:.4f}"
+    print(f"exported {loaded.source} (epoch {epoch}{measured}, model {loaded.fingerprint}) to {out}")
     if loaded.task.entrypoint is None:
         print(f"try it: p2ptrain sample {out} --prompt 'def '")
     return 0
+
+
+def measured_card(loaded: LoadedModel, say: Any) -> CardInfo:
+    """``loaded.card`` with the validation loss of the exported weights themselves, when it is cheap to get.
+
+    A checkpoint carries the node's last validation, which can be epochs older than the checkpoint and,
+    in DiLoCo mode, is of the node's local model while an export holds the swarm's outer parameters.
+    For the built-in task, scoring the weights costs one validation (``task.validation_batches``
+    batches of the held-out text, read from local files or the download cache), so the card's figure
+    is exactly what ``p2ptrain eval`` reports.  Nothing is downloaded for it and no user code is run:
+    then the card keeps the node's figure, labelled as the node's measurement of its epoch.
+    """
+    card = loaded.card
+    if loaded.task.entrypoint is not None:
+        return card
+    try:
+        metrics = _held_out_metrics(loaded, offline=True)
+    except (ConfigError, NotDownloaded, OSError) as error:
+        kept = ("no validation loss" if card.val_loss is None else
+                f"the node's last validation loss ({card.val_loss:.4f}, "
+                f"{'epoch ?' if card.val_epoch is None else f'epoch {card.val_epoch}'}), labelled as the node's")
+        say(f"validation loss not measured on this model: the held-out split is not readable here "
+            f"({_one_line(error)}); the model card gives {kept}")
+        return card
+    if not math.isfinite(metrics["loss"]):  # a diverged model: the figure would say nothing true
+        return card
+    return dataclasses.replace(card, val_loss=metrics["loss"], val_epoch=card.epoch, val_of=VAL_OF_EXPORT)
 
 
 def _load(command: str, args: argparse.Namespace) -> LoadedModel:
@@ -102,8 +137,19 @@ def sample_command(args: argparse.Namespace) -> int:
     if not isinstance(text, str):
         say(f"the task's sample hook returned a {type(text).__name__}, not text")
         return 1
-    sys.stdout.write(request.prompt + text + ("" if text.endswith("\n") else "\n"))
+    # The prompt as text: bytes that are not UTF-8 show as U+FFFD, as in the generated text.
+    shown = prompt_bytes(request.prompt).decode("utf-8", "replace") + text
+    _write(shown + ("" if shown.endswith("\n") else "\n"))
     return 0
+
+
+def _write(text: str) -> None:
+    """``text`` on stdout; what its encoding cannot hold (a hook's lone surrogate) shown as a replacement."""
+    try:
+        sys.stdout.write(text)
+    except UnicodeEncodeError:
+        encoding = sys.stdout.encoding or "utf-8"
+        sys.stdout.write(text.encode(encoding, "replace").decode(encoding))
 
 
 def _one_line(error: BaseException) -> str:
@@ -129,9 +175,7 @@ def eval_command(args: argparse.Namespace) -> int:
     say = _say("eval")
     try:
         loaded = _load("eval", args)
-        if args.data is not None and not Path(args.data).is_file():
-            raise ModelError(f"--data {args.data} is not a file")
-        hook = _evaluate_hook(loaded)
+        hook = _evaluate_hook(loaded, say)
         if hook is None:
             say(f"the task {loaded.task.entrypoint} has no evaluate hook (Task.evaluate); nothing to report")
             return 1
@@ -144,10 +188,6 @@ def eval_command(args: argparse.Namespace) -> int:
     except ModelError as error:
         say(str(error))
         return 1
-    except ConfigError as error:
-        if args.data is None:
-            raise ConfigError(f"{error} (the held-out split needs the run's data here; or pass --data FILE)") from None
-        raise
     except OSError as error:
         say(f"cannot read {args.data}: {error.strerror or error}")
         return 1
@@ -172,28 +212,52 @@ def _sample_hook(loaded: LoadedModel) -> Any:
     return _user_task(loaded).sample
 
 
-def _evaluate_hook(loaded: LoadedModel) -> Any:
-    """bytelm: the held-out split built as the nodes build it (same batches), or the given file."""
+def _evaluate_hook(loaded: LoadedModel, say: Any) -> Any:
+    """bytelm: the held-out split built as the nodes build it (same batches), or the text at ``--data``
+    read as ``task.data_path`` is (files, directories, globs; text, JSONL, Parquet), its first 4 MiB."""
     if loaded.task.entrypoint is not None:
         return _user_task(loaded).evaluate
-    from p2ptrain.tasks.data import build_text_data
-    from p2ptrain.tasks.generate import file_batches, lm_metrics
+    from p2ptrain.tasks.data import SCORE_MAX_BYTES, make_fetcher, text_batches
+    from p2ptrain.tasks.generate import lm_metrics
 
     cfg, batch_size = loaded.task, int(loaded.training.get("batch_size", 8))
 
     def evaluate(model: Any, data_path: str | None) -> dict[str, float]:
-        if data_path is not None:
-            batches = file_batches(Path(data_path), cfg.seq_len, batch_size)
-            if not batches:
-                size = Path(data_path).stat().st_size
-                raise ModelError(f"--data {data_path} holds {size:,} bytes: too little to score (the model needs "
-                                 f"more than task.seq_len = {cfg.seq_len} bytes)")
-            return lm_metrics(model, batches)
-        data = build_text_data(cfg, batch_size=batch_size, peer_seed=0, peer_id="eval", live_peers=lambda: ["eval"],
-                               cache_dir=loaded.cache_dir)
-        return lm_metrics(model, data.validation)
+        if data_path is None:
+            try:
+                return _held_out_metrics(loaded)
+            except ConfigError as error:  # only here is the run's data needed: say what else would do
+                raise ConfigError(f"{error} (the held-out split needs the run's data here; or pass --data PATH)"
+                                  ) from None
+        try:
+            scored = text_batches(data_path, cfg, batch_size, make_fetcher(cfg, loaded.cache_dir), label="--data",
+                                  max_bytes=SCORE_MAX_BYTES)
+        except ConfigError as error:  # a flag, not the config: the input cannot be used (exit 1)
+            raise ModelError(str(error)) from None
+        if scored.skipped:
+            more = f" (and {len(scored.skipped) - 1} more)" if len(scored.skipped) > 1 else ""
+            say(f"--data: {len(scored.skipped)} shard(s) left out, unreadable or malformed: "
+                f"{scored.skipped[0]}{more}")
+        if not scored.batches:
+            raise ModelError(f"--data {data_path} holds {scored.text_bytes:,} bytes of text: too little to score "
+                             f"(the model needs more than task.seq_len = {cfg.seq_len} bytes)")
+        if scored.truncated:
+            say(f"--data: scoring the first {SCORE_MAX_BYTES:,} bytes of its text")
+        return lm_metrics(model, scored.batches)
 
     return evaluate
+
+
+def _held_out_metrics(loaded: LoadedModel, *, offline: bool = False) -> dict[str, float]:
+    """bytelm's metrics on the run's held-out split, built exactly as the nodes build their validation
+    batches; ``offline``: from local files and the download cache only (NotDownloaded otherwise)."""
+    from p2ptrain.tasks.data import build_text_data, make_fetcher
+    from p2ptrain.tasks.generate import lm_metrics
+
+    cfg, batch_size = loaded.task, int(loaded.training.get("batch_size", 8))
+    data = build_text_data(cfg, batch_size=batch_size, peer_seed=0, peer_id="eval", live_peers=lambda: ["eval"],
+                           fetcher=make_fetcher(cfg, loaded.cache_dir, offline=offline))
+    return lm_metrics(loaded.model, data.validation)
 
 
 def _user_task(loaded: LoadedModel) -> Any:

@@ -9,7 +9,6 @@ in ``named_parameters()`` and hivemind averages it once).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from p2ptrain.tasks.base import Task, TaskContext
-from p2ptrain.tasks.data import build_text_data
-from p2ptrain.tasks.generate import VOCAB_SIZE, file_batches, lm_metrics, sample_bytes
+from p2ptrain.tasks.data import build_text_data, make_fetcher, text_batches
+from p2ptrain.tasks.generate import VOCAB_SIZE, lm_metrics, sample_bytes
 
 if TYPE_CHECKING:
     from p2ptrain.config import TaskSection
@@ -116,7 +115,8 @@ def build_bytelm(context: TaskContext) -> Task:
     def evaluate(model: nn.Module, data_path: str | None) -> dict[str, float]:
         if data_path is None:
             return lm_metrics(model, fixed)
-        return lm_metrics(model, file_batches(Path(data_path), cfg.seq_len, context.batch_size))
+        scored = text_batches(data_path, cfg, context.batch_size, make_fetcher(cfg, context.cache_dir), label="data")
+        return lm_metrics(model, scored.batches)
 
     return Task(
         model=build_model(cfg, context.seed),

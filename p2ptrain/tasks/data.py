@@ -17,7 +17,14 @@ import torch
 from p2ptrain.config import ConfigError
 from p2ptrain.paths import resolve_state_dir
 from p2ptrain.tasks.corpus import split_shards, validation_text, validation_windows
-from p2ptrain.tasks.readers import MissingTextField, ShardMalformed, ShardUnreadable, first_offset, read_block
+from p2ptrain.tasks.readers import (
+    MissingTextField,
+    ShardMalformed,
+    ShardUnreadable,
+    first_offset,
+    read_block,
+    read_prefix,
+)
 from p2ptrain.tasks.remote import Fetcher
 from p2ptrain.tasks.sources import ShardRef, ShardSet, discover
 from p2ptrain.tasks.stream import ShardStream
@@ -33,6 +40,10 @@ VALIDATION_MIN_BYTES = 1 * MIB
 PROBE_MAX_RECORD = 1 * MIB
 """The start-up check of ``task.text_field`` looks at the first record shorter than this."""
 
+SCORE_MAX_BYTES = 4 * MIB
+"""``p2ptrain eval --data PATH`` scores at most this much text (the first, in shard order)."""
+SCORE_BLOCK_BYTES = 1 * MIB
+
 
 @dataclass(frozen=True)
 class TextData:
@@ -46,10 +57,11 @@ def default_cache_dir() -> Path:
     return resolve_state_dir(None, os.environ) / "data-cache"
 
 
-def make_fetcher(cfg: TaskSection, cache_dir: Path | None) -> Fetcher:
+def make_fetcher(cfg: TaskSection, cache_dir: Path | None, *, offline: bool = False) -> Fetcher:
+    """The downloader of ``cfg``'s URL shards; ``offline``: only what is already in the cache (no network)."""
     directory = cfg.cache_dir or cache_dir or default_cache_dir()
     return Fetcher(Path(directory).expanduser(), attempts=cfg.download_attempts, timeout=cfg.download_timeout,
-                   max_cache_bytes=cfg.cache_max_mb * MIB)
+                   max_cache_bytes=cfg.cache_max_mb * MIB, offline=offline)
 
 
 def budget(cfg: TaskSection, batch_size: int) -> tuple[int, int]:
@@ -117,3 +129,48 @@ def check_text_field(cfg: TaskSection, shards: Sequence[ShardRef]) -> None:
         raise ConfigError(f"task.text_field: {first.id}: {exc}") from None
     except (ShardMalformed, ShardUnreadable):
         pass
+
+
+@dataclass(frozen=True)
+class ScoredText:
+    """Text to score, as batches of non-overlapping windows, and what reading it met."""
+
+    batches: list[torch.Tensor]
+    text_bytes: int
+    #: The text went on past ``SCORE_MAX_BYTES`` (only its start is scored).
+    truncated: bool
+    #: ``"shard: reason"`` of each shard left out (unreadable or malformed), in shard order.
+    skipped: tuple[str, ...]
+
+
+def text_batches(data_path: str, cfg: TaskSection, batch_size: int, fetcher: Fetcher, *, label: str,
+                 max_bytes: int = SCORE_MAX_BYTES) -> ScoredText:
+    """The text of ``data_path`` read as ``task.data_path`` is (a file, a directory, a glob, an index, a URL;
+    text, JSONL's ``task.text_field``, Parquet), at most ``max_bytes`` of it, cut into ``seq_len + 1`` windows.
+
+    Memory stays within ``max_bytes`` plus one block whatever the size of the data.  Errors are
+    :class:`ConfigError` lines that begin with ``label`` (the flag or field the path came from).
+    """
+    try:
+        found = discover(data_path, cfg.data_format, cfg.seq_len, fetcher.read_index)
+    except ConfigError as exc:
+        raise ConfigError(label + str(exc).removeprefix("task.data_path")) from None
+    data, skipped = bytearray(), []
+    for shard in found.shards:
+        if len(data) >= max_bytes:
+            break
+        try:
+            text = read_prefix(shard, fetcher.local_path(shard), max_bytes - len(data),
+                               min(SCORE_BLOCK_BYTES, max_bytes), cfg.text_field)
+        except MissingTextField as exc:
+            raise ConfigError(f"{label}: {shard.id}: {exc} (the model's task.text_field)") from None
+        except (ShardMalformed, ShardUnreadable) as exc:
+            skipped.append(f"{shard.id}: {exc}")
+            continue
+        data += text
+        del text
+    tensor = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    count = (len(tensor) - 1) // cfg.seq_len if len(tensor) > cfg.seq_len else 0
+    rows = [tensor[i * cfg.seq_len : i * cfg.seq_len + cfg.seq_len + 1] for i in range(count)]
+    batches = [torch.stack(rows[i : i + batch_size]).long() for i in range(0, len(rows), batch_size)]
+    return ScoredText(batches, len(data), len(data) >= max_bytes, tuple(skipped))

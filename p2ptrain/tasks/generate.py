@@ -1,7 +1,8 @@
 """Trying the byte-level LM: sampling text from it, and its loss, bits per byte and perplexity.
 
 Sampling draws from a private ``torch.Generator`` seeded by the request, so the same model,
-prompt and seed give the same text (and the caller's global RNG is left alone).  Evaluation
+prompt and seed give the same text (and the caller's global RNG is left alone).  The prompt is
+bytes to a byte-level model: whatever the shell passed, undecodable bytes included.  Evaluation
 averages the per-batch loss exactly as the node's ``Trainer.validation_loss`` does, so the
 numbers compare with the validation loss a node reports.
 """
@@ -9,8 +10,8 @@ numbers compare with the validation loss a node reports.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +20,6 @@ from torch import nn
 from p2ptrain.tasks.base import SampleRequest
 
 VOCAB_SIZE = 256
-EVAL_FILE_MAX_BYTES = 4 * 1024 * 1024
-"""``p2ptrain eval --data FILE`` reads at most this much of the file (its first bytes)."""
 
 
 @torch.no_grad()
@@ -30,7 +29,7 @@ def sample_bytes(model: nn.Module, request: SampleRequest) -> str:
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(request.seed)
-    context = list(request.prompt.encode("utf-8")) or [ord("\n")]
+    context = list(prompt_bytes(request.prompt)) or [ord("\n")]
     generated: list[int] = []
     try:
         for _ in range(request.tokens):
@@ -43,14 +42,26 @@ def sample_bytes(model: nn.Module, request: SampleRequest) -> str:
     return bytes(generated).decode("utf-8", errors="replace")
 
 
+def prompt_bytes(prompt: str) -> bytes:
+    """The bytes of ``prompt`` as the user typed them: a command line's undecodable bytes (which Python
+    holds as lone surrogates) come back as they were; a lone surrogate from code becomes U+FFFD."""
+    try:
+        return os.fsencode(prompt)
+    except UnicodeEncodeError:
+        return prompt.encode("utf-8", "replace")
+
+
 def _pick(logits: torch.Tensor, request: SampleRequest, generator: torch.Generator) -> int:
     if request.temperature == 0:
         return int(torch.argmax(logits))
-    logits = logits / request.temperature
+    logits = logits.double()
     if 0 < request.top_k < logits.numel():
         cutoff = torch.topk(logits, request.top_k).values[-1]
         logits = logits.masked_fill(logits < cutoff, -math.inf)
-    probabilities = torch.softmax(logits, dim=-1)
+    # Shifted so the best byte is at 0 before dividing: every other byte is <= 0 and a tiny temperature
+    # drives it to -inf, never to +inf or nan (which softmax would turn into an invalid distribution).
+    scaled = (logits - logits.max()) / request.temperature
+    probabilities = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probabilities, 1, generator=generator))
 
 
@@ -71,13 +82,3 @@ def lm_metrics(model: nn.Module, batches: Iterable[torch.Tensor]) -> dict[str, f
     loss = total / count if count else math.nan
     return {"loss": loss, "bits_per_byte": loss / math.log(2), "perplexity": math.exp(loss) if count else math.nan,
             "bytes": float(scored)}
-
-
-def file_batches(path: Path, seq_len: int, batch_size: int, max_bytes: int = EVAL_FILE_MAX_BYTES) -> list[torch.Tensor]:
-    """Non-overlapping windows over the first ``max_bytes`` of ``path``, in batches (OSError if unreadable)."""
-    with path.open("rb") as file:
-        data = file.read(max_bytes)
-    tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-    count = (len(tensor) - 1) // seq_len if len(tensor) > seq_len else 0
-    rows = [tensor[i * seq_len : i * seq_len + seq_len + 1] for i in range(count)]
-    return [torch.stack(rows[i : i + batch_size]).long() for i in range(0, len(rows), batch_size)]

@@ -51,6 +51,14 @@ class _Truncated(OSError):
     """The body ended before the length the server announced."""
 
 
+class NotDownloaded(Exception):
+    """An offline fetcher was asked for a shard or index that is not in its cache.
+
+    Not a :class:`ShardUnreadable`: a reader that needs all of its shards (the held-out split an
+    export is scored on) must not quietly go on without one.
+    """
+
+
 class Fetcher:
     """Downloads shards and indexes into ``cache_dir`` (created on first use)."""
 
@@ -64,10 +72,13 @@ class Fetcher:
         backoff: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
         opener: Callable[..., Any] = urllib.request.urlopen,
+        offline: bool = False,
     ) -> None:
         self.cache_dir, self.attempts, self.timeout = Path(cache_dir), attempts, timeout
         self.max_cache_bytes, self.backoff = max_cache_bytes, backoff
         self._sleep, self._open = sleep, opener
+        #: Only what the cache holds: nothing is downloaded (:class:`NotDownloaded` instead).
+        self.offline = offline
 
     def local_path(self, shard: ShardRef) -> Path:
         """A local file with ``shard``'s content: the file itself, or its verified download."""
@@ -77,6 +88,8 @@ class Fetcher:
         if target.is_file():
             _touch(target)  # least recently used goes first when the cache is trimmed
             return target
+        if self.offline:
+            raise NotDownloaded(f"{shard.url} is not downloaded in {self.cache_dir}")
         self._download(shard.url, target, shard.sha256, limit=0)
         self._trim(keep=target)
         return target
@@ -84,8 +97,11 @@ class Fetcher:
     def read_index(self, url: str) -> str:
         """The text of the shard index at ``url``; the cached copy if the server cannot be reached now."""
         target = self.cache_dir / _cache_name(url, "", prefix="index")
+        if self.offline and not target.is_file():
+            raise NotDownloaded(f"the shard index {url} is not downloaded in {self.cache_dir}")
         try:
-            self._download(url, target, "", limit=MAX_INDEX_BYTES, replace=True)
+            if not self.offline:
+                self._download(url, target, "", limit=MAX_INDEX_BYTES, replace=True)
         except ShardUnreadable as exc:
             if not target.is_file():
                 raise ConfigError(f"task.data_path: cannot download the shard index {url}: {exc}") from None

@@ -83,7 +83,11 @@ def test_fetch_gives_the_state_of_a_node(make_node, tmp_path, mode):
     assert set(fetched) == set(expected)
     for name, tensor in fetched.items():
         assert torch.allclose(tensor, expected[name], rtol=tolerance, atol=0.0), name
-    assert "| downloaded | from the swarm (`p2ptrain fetch`), peer " + donor in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "| downloaded | from the swarm (`p2ptrain fetch`), peer " + donor in card
+    # Samples and contributors: what the nodes' records claim, and the card says so.
+    assert config["run"]["reported_by"] >= 1 and isinstance(config["run"]["samples"], int), config["run"]
+    assert f"as reported by {config['run']['reported_by']} peer" in card
 
 
 def test_fetch_with_no_swarm_is_exit_69_and_writes_nothing(tmp_path):

@@ -68,6 +68,15 @@ def test_no_node_is_one_line_and_exit_69(tmp_path: Path, capsys: pytest.CaptureF
     assert "Traceback" not in captured.err
 
 
+@pytest.mark.parametrize("url", ["notaurl", "ftp://127.0.0.1:41480", "http://", "http://127.0.0.1:port"])
+def test_a_url_that_is_not_one_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["report", "--url", url, "--token-file", str(tmp_path / "none")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument --url: not a node API URL: {url!r} (example: http://127.0.0.1:41480)" in err
+
+
 def test_a_bad_answer_or_an_unwritable_file_is_one_line(fake_node: FakeNode, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     fake_node.mode = "garbage"

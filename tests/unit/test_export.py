@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -30,8 +31,9 @@ from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks import SampleRequest, build_task
-from p2ptrain.tasks.generate import sample_bytes
+from p2ptrain.tasks.generate import prompt_bytes, sample_bytes
 from p2ptrain.trainer import Trainer
+from p2ptrain.tryit import measured_card
 
 torch.set_num_threads(1)
 
@@ -124,6 +126,89 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
             "val_loss": board.val_loss}
 
 
+def test_a_checkpoint_says_which_epoch_its_validation_loss_is_of(run) -> None:
+    """The loop validated at epoch 4 only: both checkpoints carry that figure, and say it is epoch 4's."""
+    newest, older = (torch.load(path, weights_only=True) for path in run["store"].paths()[:2])  # type: ignore[attr-defined]
+    assert (older["epoch"], older["val_epoch"], older["val_params"]) == (4, 4, "model")
+    assert (newest["epoch"], newest["val_epoch"], newest["val_loss"]) == (5, 4, run["val_loss"])
+
+
+@pytest.mark.parametrize(("mode", "params"), [("gradient", "model"), ("diloco", "local")])
+def test_the_loop_records_what_each_validation_was_measured_on(run, mode: str, params: str) -> None:
+    config = load_config(run["config"], environ={})
+    config = config.model_copy(update={"training": config.training.model_copy(update={"mode": mode})})
+    saved: list[dict[str, object]] = []
+    trainer = type("T", (), {"epoch": 7, "validation_loss": lambda self: 2.5})()
+    parts = type("P", (), {"trainer": trainer, "save_checkpoint": lambda self, **extra: saved.append(extra) or True})()
+    board = StatusBoard(LatestSnapshot(), 12, clock=time.monotonic, wall_clock=time.time)
+    board.identity = NodeIdentity("unit-run", "peer-self")
+    loop = TrainingLoop(config, parts, board, NodeHooks(), Stopper(), ControlQueue(), clock=time.monotonic,  # type: ignore[arg-type]
+                        cpu_share=CpuShare(0.0, cpu_seconds=lambda: 0.0, wait=lambda seconds: False),
+                        rounds=SwarmStats().rounds, refresh_fingerprint=lambda: None, set_threads=lambda threads: None)
+    loop.checkpoint()
+    loop.validate()
+    trainer.epoch = 9  # type: ignore[attr-defined]
+    loop.checkpoint()
+    assert saved == [{"run_ref": "unit-run"},
+                     {"run_ref": "unit-run", "val_loss": 2.5, "val_epoch": 7, "val_params": params}]
+
+
+def _glob_config(run, tmp_path: Path) -> Path:
+    """The run's config with a data_path whose held-out split is not here (a glob that matches nothing)."""
+    config = tmp_path / "node.toml"
+    text = Path(run["config"]).read_text()
+    corpus = text.split('data_path = "')[1].split('"')[0]
+    config.write_text(text.replace(corpus, str(tmp_path / "nothing" / "*.txt")))
+    return config
+
+
+def test_without_the_held_out_split_the_card_labels_the_nodes_figure(run, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "m"
+    assert _main("export", "-c", _glob_config(run, tmp_path), out) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "validation loss not measured on this model: the held-out split is not readable" in err[0]
+    assert f"the model card gives the node's last validation loss ({run['val_loss']:.4f}, epoch 4)" in err[0]
+    card = (out / "README.md").read_text()
+    assert (f"| validation loss | {run['val_loss']:.4f} nats/byte ({run['val_loss'] / math.log(2):.3f} bits per "
+            "byte) at epoch 4, the node's last measurement, on its training parameters then; not this export's own "
+            "figure (`p2ptrain eval m` measures that) |") in card
+    assert from_export(out).card.val_epoch == 4
+
+
+def test_a_diloco_checkpoint_says_its_loss_is_of_the_local_model(run, tmp_path: Path, capsys) -> None:
+    """DiLoCo: the export holds the outer parameters, the node validated its local model."""
+    state = torch.load(run["newest"], weights_only=True)
+    names = [name for name, p in run["task"].model.named_parameters() if p.requires_grad]  # type: ignore[attr-defined]
+    outer = [state["model"][name] + 0.01 for name in names]
+    state.update(optimizer={"outer_params": outer}, val_params="local", val_epoch=5)
+    checkpoint = tmp_path / "ckpt-diloco.pt"
+    torch.save(state, checkpoint)
+    config = _glob_config(run, tmp_path)
+    assert _main("export", "-c", config, "--checkpoint", checkpoint, tmp_path / "m") == 0
+    card = (tmp_path / "m" / "README.md").read_text()
+    assert ("at epoch 5, the node's last measurement, on its local DiLoCo model, not the swarm's outer parameters "
+            "exported here; not this export's own figure") in card
+    # With the held-out split here, export scores the outer parameters it writes.
+    assert _main("export", "-c", run["config"], "--checkpoint", checkpoint, tmp_path / "m2") == 0
+    loaded = from_export(tmp_path / "m2")
+    assert torch.equal(dict(loaded.model.named_parameters())[names[0]], outer[0])
+    own = Trainer(dataclasses.replace(run["task"], model=loaded.model), optimizer=None,  # type: ignore[arg-type]
+                  batch_size=4).validation_loss()
+    assert loaded.card.val_of == "export" and loaded.card.val_epoch == 5
+    assert abs(loaded.card.val_loss - own) < 1e-6  # type: ignore[operator]
+
+
+def test_export_downloads_nothing_to_score_the_model(run, tmp_path: Path, capsys) -> None:
+    """Shards at URLs not in the cache: the card keeps the node's figure; no download is tried."""
+    loaded = resolve(run["config"], None, print)  # type: ignore[arg-type]
+    remote = loaded.task.model_copy(update={"data_path": "http://127.0.0.1:9/SHA256SUMS"})
+    lines: list[str] = []
+    card = measured_card(dataclasses.replace(loaded, task=remote, cache_dir=tmp_path / "cache"), lines.append)
+    assert card == loaded.card
+    assert len(lines) == 1 and "SHA256SUMS is not downloaded in" in lines[0]
+    assert not (tmp_path / "cache").exists()
+
+
 def _main(*argv: object) -> int:
     return cli.main([str(arg) for arg in argv])
 
@@ -145,10 +230,17 @@ def test_export_reloads_bit_for_bit_with_the_documented_three_lines(run, tmp_pat
     assert all(torch.equal(original[name], value) for name, value in model.state_dict().items())  # type: ignore[attr-defined]
     plain = torch.load(out / "model.pt", weights_only=True)
     assert all(torch.equal(original[name], value) for name, value in plain.items())
+    # The validation loss is the exported model's own (what `p2ptrain eval` of it reports), at the export's
+    # epoch; not the node's last validation, which was of epoch 4's parameters.
+    own = Trainer(run["task"], optimizer=None, batch_size=4).validation_loss()  # type: ignore[arg-type]
+    assert f"{run['val_loss']:.4f}" != f"{own:.4f}"
     for expected in ("| run | unit-run@abc |", "| optimizer epochs | 5 |", "| samples (this node's count) | 60 |",
-                     "| samples this node contributed | 60 |", f"{run['val_loss']:.4f} nats/byte",
+                     "| samples this node contributed | 60 |",
+                     f"| validation loss | {own:.4f} nats/byte ({own / math.log(2):.3f} bits per byte) at epoch 5: "
+                     "this model on the run's held-out split |",
                      "| contributing peers (seen by this node) | 3 |", "2023-11-14"):
         assert expected in card
+    assert f"{run['val_loss']:.4f}" not in card
     config = json.loads((out / "config.json").read_text())
     assert config["task"]["seq_len"] == 24 and config["model_args"]["d_model"] == 32
     assert config["training"] == {"batch_size": 4, "seed": 3}
@@ -212,6 +304,25 @@ def test_corrupt_newest_checkpoint_falls_back_and_says_which(run, tmp_path: Path
         broken.unlink()
 
 
+@pytest.mark.parametrize("cut", [1, 30, None], ids=["last-byte", "tail", "garbage"])
+def test_a_truncated_checkpoint_is_named_as_such(run, tmp_path: Path, capsys, cut: int | None) -> None:
+    data = Path(run["newest"]).read_bytes()
+    broken = tmp_path / "ckpt-broken.pt"
+    broken.write_bytes(data[:-cut] if cut else b"not a checkpoint")
+    assert _main("export", "-c", run["config"], "--checkpoint", broken, tmp_path / "m") == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"p2ptrain export: checkpoint {broken} does not load (truncated or corrupt: "), err
+    assert len(err.splitlines()) == 1
+
+
+def test_an_export_under_a_file_says_which_path_is_not_a_directory(run, tmp_path: Path, capsys) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("notes")
+    assert _main("export", "-c", run["config"], afile / "sub") == 1
+    assert capsys.readouterr().err == f"p2ptrain export: cannot write {afile / 'sub'}: {afile} is not a directory\n"
+    assert afile.read_text() == "notes"
+
+
 def test_an_existing_export_dir_is_refused_unless_forced(run, tmp_path: Path, capsys) -> None:
     out = tmp_path / "m"
     assert _main("export", "-c", run["config"], out) == 0
@@ -264,7 +375,7 @@ def test_card_info_tolerates_missing_and_odd_keys() -> None:
         (["sample", "{out}", "--seed", "x"], 2, "--seed must be a whole number, got 'x'"),
         (["sample", "{tmp}/missing"], 1, "{tmp}/missing does not exist"),
         (["sample", "{tmp}"], 1, "{tmp} is not a p2ptrain export (no config.json)"),
-        (["eval", "{out}", "--data", "{tmp}/none.txt"], 1, "--data {tmp}/none.txt is not a file"),
+        (["eval", "{out}", "--data", "{tmp}/none.txt"], 1, "--data: {tmp}/none.txt does not exist"),
         (["eval", "{tmp}/garbage.pt"], 1, "checkpoint {tmp}/garbage.pt does not load ("),
         (["export", "--checkpoint", "{tmp}/none.pt", "{tmp}/x"], 1, "checkpoint {tmp}/none.pt does not exist"),
         (["export", "-c", "{tmp}/empty.toml", "{tmp}/x"], 1, "no checkpoint that loads in"),
@@ -372,15 +483,86 @@ def test_a_failing_user_hook_is_one_line(tmp_path: Path, capsys, monkeypatch, va
     assert captured.out == ""
 
 
-@pytest.mark.parametrize("content", [b"", b"abc", b"x" * 24])
+@pytest.mark.parametrize("content", [b"abc", b"x" * 24])
 def test_eval_on_too_little_text_is_one_line(run, tmp_path: Path, capsys, content: bytes) -> None:
     data = tmp_path / "short.txt"
     data.write_bytes(content)
     assert _main("eval", run["config"], "--data", data) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err == (f"p2ptrain eval: --data {data} holds {len(content):,} bytes: too little to score "
+    assert captured.err == (f"p2ptrain eval: --data {data} holds {len(content):,} bytes of text: too little to score "
                             "(the model needs more than task.seq_len = 24 bytes)\n")
+
+
+LINES = [f"def line_{i}(x):  # a record of its own" for i in range(120)]
+
+
+def _scored(report: str) -> tuple[float, int]:
+    """(validation loss, bytes scored) of an eval report."""
+    return float(report.split("validation loss")[1].split()[0]), int(report.split("(")[1].split()[0].replace(",", ""))
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "parquet", "directory", "glob"])
+def test_eval_data_is_read_as_task_data_path_is(run, tmp_path: Path, capsys, layout: str) -> None:
+    """--data goes through the task's readers: JSONL's text field and Parquet's text column are scored,
+    not the file's bytes, and directories and globs work; each gives what the same plain text gives."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("".join(line + "\n" for line in LINES))
+    assert _main("eval", run["config"], "--data", plain) == 0
+    expected = _scored(capsys.readouterr().out)
+    if layout == "jsonl":
+        data = tmp_path / "records.jsonl"
+        data.write_text("".join(json.dumps({"id": i, "text": line}) + "\n" for i, line in enumerate(LINES)))
+    elif layout == "parquet":
+        data = tmp_path / "records.parquet"
+        pq.write_table(pa.table({"id": list(range(len(LINES))), "text": LINES}), data, row_group_size=40)
+    else:
+        folder = tmp_path / "parts"
+        folder.mkdir()
+        for i in range(3):  # whole lines per file, so the concatenation is the plain text
+            (folder / f"part-{i}.txt").write_text("".join(line + "\n" for line in LINES[40 * i : 40 * i + 40]))
+        data = folder if layout == "directory" else folder / "part-*.txt"
+    assert _main("eval", run["config"], "--data", data) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    loss, scored = _scored(captured.out)
+    assert scored == expected[1] and abs(loss - expected[0]) < 1e-4
+
+
+def test_eval_data_problems_are_one_line_each(run, tmp_path: Path, capsys) -> None:
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(json.dumps({"body": line}) + "\n" for line in LINES))
+    assert _main("eval", run["config"], "--data", records) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["p2ptrain eval: --data: records.jsonl#00000000: no 'text' field in the record at byte 0 "
+                   "(its fields: body) (the model's task.text_field)"]
+    # A malformed shard is left out with one line; the rest is scored.
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": line}) + "\n" for line in LINES))
+    (folder / "b.jsonl").write_text("{not json\n")
+    assert _main("eval", run["config"], "--data", folder) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        "p2ptrain eval: --data: 1 shard(s) left out, unreadable or malformed: b.jsonl: the line at byte 0 is not "
+        "valid JSON (Expecting property name enclosed in double quotes)"]
+    assert f"on {folder}" in captured.out
+    assert _main("eval", run["config"], "--data", tmp_path / "none" / "*.txt") == 1
+    assert capsys.readouterr().err.strip() == (
+        f"p2ptrain eval: --data: no files match the glob '{tmp_path / 'none' / '*.txt'}'")
+
+
+def test_eval_data_reads_a_bounded_prefix(run, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("p2ptrain.tasks.data.SCORE_MAX_BYTES", 2_000)
+    big = tmp_path / "big.txt"
+    big.write_text("".join(line + "\n" for line in LINES * 20))
+    assert _main("eval", run["config"], "--data", big) == 0
+    captured = capsys.readouterr()
+    assert _scored(captured.out)[1] <= 2_000
+    assert captured.err == "p2ptrain eval: --data: scoring the first 2,000 bytes of its text\n"
 
 
 def test_export_of_a_checkpoint_directory_says_what_to_pass(run, tmp_path: Path, capsys) -> None:
@@ -420,6 +602,7 @@ def test_the_demo_ends_by_exporting_and_sampling(run, tmp_path: Path) -> None:
     out = io.StringIO()
     target = export_and_sample(DemoRun(tmp_path, nodes=[empty, trained]), out)
     assert target == tmp_path / "model" and from_export(target).card.epoch == 5
+    assert from_export(target).card.val_of == "export"  # the card gives the exported model's own loss
     text = out.getvalue()
     assert "=== the demo's model ===" in text and "    | def " in text and f"p2ptrain sample {target}" in text
 
@@ -432,5 +615,96 @@ def test_eval_with_a_glob_that_matches_nothing_exits_78_naming_the_field(run, tm
     assert _main("eval", config) == 78
     err = capsys.readouterr().err.strip()
     assert err.startswith("p2ptrain: config error: task.data_path: no files match the glob")
-    assert err.endswith("(the held-out split needs the run's data here; or pass --data FILE)")
+    assert err.endswith("(the held-out split needs the run's data here; or pass --data PATH)")
     assert len(err.splitlines()) == 1
+
+
+def _damage(out: Path, change) -> None:
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda c: c.update(training=5), "training: Input should be a valid dictionary"),
+    (lambda c: c.update(task=5), "task: Input should be a valid dictionary"),
+    (lambda c: c.update(task=[1, 2]), "task: Input should be a valid dictionary"),
+    (lambda c: c.pop("task"), "task: required"),
+    (lambda c: c.pop("training"), "training: required"),
+    (lambda c: c["training"].update(batch_size=0), "training.batch_size: Input should be greater than 0 (got 0)"),
+    (lambda c: c["training"].update(batch_size="8"), "training.batch_size: Input should be a valid integer"),
+    (lambda c: c["training"].update(seed=None), "training.seed: Input should be a valid integer"),
+    (lambda c: c["task"].update(seq_len="x"), "task.seq_len: Input should be a valid integer"),
+    (lambda c: c["task"].update(n_heads=5), "task: n_heads (5) must divide d_model (32)"),
+    (lambda c: c["task"].update(surprise=1), "task.surprise: unknown key"),
+    (lambda c: c.pop("fingerprint"), "fingerprint: required"),
+    (lambda c: c.update(fingerprint=7), "fingerprint: must be text"),
+    (lambda c: c.update(run=5), "run: must be an object, got int"),
+    (lambda c: c["run"].update(epoch="five"), "run.epoch: expected int, got 'five'"),
+    (lambda c: c["run"].update(val_loss=[1]), "run.val_loss: expected float, got [1]"),
+], ids=["training-int", "task-int", "task-list", "task-missing", "training-missing", "batch-size-zero",
+        "batch-size-text", "seed-null", "seq-len-text", "heads", "extra-key", "fingerprint-missing",
+        "fingerprint-int", "run-int", "run-epoch", "run-val-loss"])
+def test_a_malformed_export_config_is_one_line_naming_the_field(run, tmp_path: Path, capsys, change,
+                                                                 field: str) -> None:
+    out = tmp_path / "m"
+    assert _main("export", "-c", run["config"], out) == 0
+    _damage(out, change)
+    capsys.readouterr()
+    assert _main("sample", out, "--tokens", 5) == 1
+    assert _main("eval", out) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    for command, line in zip(("sample", "eval"), err, strict=True):
+        assert line.startswith(f"p2ptrain {command}: {out / 'config.json'}: {field}"), line
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"text"', "{broken", "\ufffe\x00", "[" * 100_000, " " * 2_000_000],
+                         ids=["list", "string", "not-json", "binary", "deep", "huge"])
+def test_an_export_config_that_is_not_an_object_is_one_line(run, tmp_path: Path, capsys, content: str) -> None:
+    out = tmp_path / "m"
+    assert _main("export", "-c", run["config"], out) == 0
+    (out / "config.json").write_text(content)
+    capsys.readouterr()
+    assert _main("sample", out) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and (f"{out / 'config.json'}" in err[0] or f"{out} is not a p2ptrain export" in err[0]), err
+
+
+def test_sampling_at_any_accepted_temperature_is_safe(run, tmp_path: Path, capsys) -> None:
+    """A temperature so small that logits / T overflows still samples: the likeliest byte, as greedy does."""
+    out = tmp_path / "m"
+    _main("export", "-c", run["config"], out)
+    capsys.readouterr()
+    texts = []
+    for temperature in ("0", "1e-40", "5e-324", "100"):
+        assert _main("sample", out, "--tokens", 40, "--temperature", temperature, "--top-k", 0) == 0, temperature
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] == texts[2] != texts[3]
+
+
+def test_a_prompt_of_any_bytes_is_the_models_context(run, tmp_path: Path, capsys) -> None:
+    """A shell can pass bytes that are not UTF-8 (--prompt $'\\xff'); Python holds them as lone surrogates."""
+    out = tmp_path / "m"
+    _main("export", "-c", run["config"], out)
+    capsys.readouterr()
+    assert _main("sample", out, "--prompt", "def \udcff", "--tokens", 20, "--seed", 3) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.startswith("def \ufffd")
+    model = from_export(out).model
+    request = SampleRequest("def \udcff", 20, temperature=0.8, top_k=40, seed=3)  # the command's defaults
+    assert prompt_bytes(request.prompt) == b"def \xff"
+    assert captured.out == "def \ufffd" + sample_bytes(model, request) + "\n"
+    # A lone surrogate that no command line could have made is still a prompt, not a crash.
+    assert prompt_bytes("\ud800x") == b"?x"
+
+
+def test_eval_adds_the_data_hint_only_to_errors_about_the_data(run, tmp_path: Path, capsys) -> None:
+    config = tmp_path / "node.toml"
+    text = Path(run["config"]).read_text()
+    config.write_text(text.replace("validation_batches = 3", "buffer_mb = 0\nvalidation_batches = 3"))
+    assert _main("eval", config) == 78
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"p2ptrain: config error: {config}: task.buffer_mb: ") and len(err.splitlines()) == 1
+    assert "held-out split" not in err and "--data" not in err

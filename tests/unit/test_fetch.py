@@ -21,6 +21,7 @@ from p2ptrain.fingerprint import model_fingerprint
 from p2ptrain.manifest import new_manifest
 from p2ptrain.models import from_export
 from p2ptrain.owner import OwnerKey
+from p2ptrain.status import PeerRecord, SwarmView
 from p2ptrain.swarm import FingerprintMismatch, SwarmError
 from p2ptrain.swarm_optimizer import GlobalProgress
 from p2ptrain.tasks import build_task
@@ -109,9 +110,18 @@ class FakeBuilder:
         return ClientParts(task, self.optimizer, model_fingerprint(task.model, task.shape_config))
 
 
+#: The run's peer records as the fetcher reads them: claims of samples contributed, one of them absurd.
+CLAIMS = (("QmPeerA", 1_000), ("QmPeerB", 2_000), ("QmLiar", 10**12), ("QmNewcomer", 0))
+
+
 class FakeRecords:
-    def __init__(self, peers: int = 2) -> None:
+    def __init__(self, peers: int = 2, claims: tuple[tuple[str, int], ...] = CLAIMS) -> None:
         self.count = peers
+        self.claims = claims
+
+    def view(self) -> SwarmView:
+        return SwarmView(peers=tuple(PeerRecord(peer_id=peer, state="training", epoch=7, samples_contributed=claim)
+                                     for peer, claim in self.claims), global_epoch=7)
 
     def validators(self, run_id: str) -> list[Any]:
         return []
@@ -145,7 +155,22 @@ def test_an_adopted_state_is_written_with_its_donor_and_epoch(tmp_path, corpus, 
     assert f"| downloaded | from the swarm (`p2ptrain fetch`), peer {DONOR}," in card
     assert "| optimizer epochs | 7 |" in card
     assert f"fetched epoch 7 of run unit-fetch from peer {DONOR}" in capsys.readouterr().out
+    # The samples and contributors are the run's records' claims, each capped at what a peer can have
+    # contributed by epoch 7 (8 epochs of at most 2 x (256 + 4) samples), and the card says so.
+    assert (run["samples"], run["contributors"], run["reported_by"]) == (1_000 + 2_000 + 8 * 520, 3, 4)
+    assert "| samples contributed | 7,160, as reported by 4 peers (each claim capped at what the run allows) |" in card
+    assert "| contributing peers | 3, as reported by 4 peers |" in card
+    assert "not recorded" not in card
+    assert f"| validation loss | {run['val_loss']:.4f} nats/byte" in card and "at epoch 7: this model on the" in card
     assert builder.optimizer is not None and builder.optimizer.shut_down and builder.left
+
+
+def test_without_peer_records_the_card_says_why_it_has_no_credit(tmp_path, corpus, capsys) -> None:
+    out = tmp_path / "model"
+    assert _fetcher(_config(tmp_path, corpus), FakeBuilder(), records=FakeRecords(claims=())).run(out) == 0
+    card = (out / CARD_FILE).read_text()
+    missing = "not recorded (no peer record of the run was read before the download)"
+    assert f"| samples contributed | {missing} |" in card and f"| contributing peers | {missing} |" in card
 
 
 def test_no_peer_answering_is_exit_69_and_nothing_written(tmp_path, corpus, capsys) -> None:

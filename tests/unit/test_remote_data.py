@@ -16,7 +16,7 @@ import torch
 from p2ptrain.config import ConfigError, TaskSection
 from p2ptrain.tasks.data import build_text_data
 from p2ptrain.tasks.readers import ShardUnreadable
-from p2ptrain.tasks.remote import Fetcher
+from p2ptrain.tasks.remote import Fetcher, NotDownloaded
 from p2ptrain.tasks.sources import discover, url_shard
 
 torch.set_num_threads(1)
@@ -210,3 +210,23 @@ def test_bad_index_is_one_config_error(listing: str, message: str) -> None:
 def test_bad_url_fragment_is_one_config_error() -> None:
     with pytest.raises(ConfigError, match=r"^task\.data_path: the URL fragment must be #sha256="):
         url_shard("http://127.0.0.1:9/a.txt#md5=abc", "auto")
+
+
+def test_an_offline_fetcher_reads_the_cache_and_asks_the_server_nothing(server: Server, tmp_path: Path) -> None:
+    """What ``p2ptrain export`` scores the model with: the same validation batches from the cache, or
+    NotDownloaded (never a quietly smaller held-out split) when something is missing."""
+    index = _publish(server, 6)
+    offline = _fetcher(tmp_path, offline=True)
+    with pytest.raises(NotDownloaded, match="SHA256SUMS is not downloaded in"):
+        _data(index, offline)
+    online = _data(index, _fetcher(tmp_path))
+    asked = len(server.requests)
+    cached = _data(index, offline)
+    assert server.requests[asked:] == []
+    assert all(torch.equal(a, b) for a, b in zip(online.validation, cached.validation, strict=True))
+    for shard in (tmp_path / "cache").iterdir():
+        if not shard.name.startswith("index-"):
+            shard.unlink()
+    with pytest.raises(NotDownloaded, match="is not downloaded in"):
+        _data(index, offline)
+    assert server.requests[asked:] == []
