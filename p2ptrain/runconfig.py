@@ -26,6 +26,7 @@ from p2ptrain.manifest import (
     RUN_WIDE_TRAINING,
     Manifest,
     is_data_url,
+    non_finite,
 )
 from p2ptrain.tomlfile import parse_literal
 
@@ -144,13 +145,16 @@ def apply_settings(manifest: Manifest, assignments: Iterable[str]) -> Manifest:
         else:
             raise ConfigError(f"{where}: only task.* and training.* settings live in the manifest")
     try:
-        task_all = TaskSection.model_validate(task).model_dump(mode="json")
-        training_all = TrainingSection.model_validate(training).model_dump(mode="json")
+        task_section, training_section = TaskSection.model_validate(task), TrainingSection.model_validate(training)
     except ValidationError as error:
         first = error.errors()[0]
         section = "task" if error.title == "TaskSection" else "training"
         field = ".".join([section, *(str(p) for p in first["loc"])])
         raise ConfigError(f"--set {field}: {first['msg'].removeprefix('Value error, ')}") from None
+    problem = non_finite(task_section.model_dump(), "task") or non_finite(training_section.model_dump(), "training")
+    if problem:  # checked before JSON conversion turns nan and inf into nothing
+        raise ConfigError(f"--set {problem}")
+    task_all, training_all = task_section.model_dump(mode="json"), training_section.model_dump(mode="json")
     return dataclasses.replace(manifest, task={name: task_all[name] for name in RUN_WIDE_TASK},
                                training={name: training_all[name] for name in RUN_WIDE_TRAINING},
                                local_data=local_data)

@@ -94,6 +94,20 @@ def test_init_bad_input_writes_nothing(tmp_path: Path, monkeypatch, capsys, run_
     assert _snapshot(tmp_path) == before and not Path("x").exists() and not Path("y").exists()
 
 
+def test_a_non_finite_number_makes_no_manifest_and_overwrites_none(tmp_path: Path, capsys, run_dir):
+    """A nan in task.options used to give a manifest that could never verify (JSON keeps null, TOML
+    drops it); run init wrote it, run update wrote it over a good one."""
+    (tmp_path / "nan.toml").write_text("[task]\noptions = {x = nan}\n")
+    before = _snapshot(tmp_path)
+    _fails(["run", "init", "r", "--from-config", "nan.toml", "--fingerprint", "none"], capsys,
+           r"^p2ptrain: config error: task\.options\.x: nan is not a finite number; a run manifest holds finite")
+    for value in ("{x=nan}", "{x=[1, {y=-inf}]}"):
+        _fails(["run", "update", "demo", "--set", f"task.options={value}"], capsys,
+               r"--set task\.options\.x.*: -?(nan|inf) is not a finite number")
+    assert _snapshot(tmp_path) == before and not Path("r").exists()
+    assert main(["run", "show", "demo"]) == 0
+
+
 def test_show_a_file_a_directory_and_its_toml(run_dir: Path, capsys):
     assert main(["run", "show", str(run_dir / "manifest.toml")]) == 0
     out = capsys.readouterr().out
