@@ -73,6 +73,55 @@ def _owner_key(path: Path, ref: RunRef) -> OwnerKey:
     return key
 
 
+class CannotCreate(Exception):
+    """The run's folder cannot be made; the message is the one line to show."""
+
+
+#: sysexits.h EX_CANTCREAT: a (user specified) output file cannot be created.
+EX_CANTCREAT = 73
+
+
+def _blocking_file(directory: Path) -> Path | None:
+    """The first existing part of ``directory``'s path that is not a folder, if any."""
+    for part in reversed((directory, *directory.parents)):
+        try:
+            if part.exists() and not part.is_dir():
+                return part
+        except OSError:  # cannot look inside: mkdir says why
+            return None
+    return None
+
+
+def make_run_dir(directory: Path) -> list[Path]:
+    """Create ``directory`` (and its missing parents); the folders created, outermost first.
+
+    Raises :class:`CannotCreate` with one line naming the folder (a file in the way, a read-only
+    place), so that a folder that cannot be made is found before the model is built.
+    """
+    blocking = _blocking_file(directory)
+    if blocking is not None:
+        raise CannotCreate(f"--dir {directory}: {blocking} exists and is not a folder")
+    created = [part for part in reversed((directory, *directory.parents)) if not part.exists()]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        remove_empty(created)
+        raise CannotCreate(f"--dir {directory}: cannot create it ({exc.strerror or exc})") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        remove_empty(created)
+        raise CannotCreate(f"--dir {directory}: cannot write there (permission denied)")
+    return created
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Take back folders this command created, innermost first, as long as they are empty."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def init_command(args: argparse.Namespace) -> int:
     name = check_name(args.name)
     config = load_config(args.from_config) if args.from_config is not None else NodeConfig()
@@ -81,13 +130,24 @@ def init_command(args: argparse.Namespace) -> int:
     for path in (key_path, manifest_path):
         if path.exists():
             raise ConfigError(f"{path}: already exists; a run is created once (change it with p2ptrain run update)")
-    fingerprint = choose_fingerprint(args.fingerprint, config)
+    if args.fingerprint not in ("auto", "none"):
+        choose_fingerprint(args.fingerprint, config)  # only checks the hex: nothing is built
     key = OwnerKey.generate()
+    # Refuses what cannot be signed, before the folder is made or the model built.
     manifest = new_manifest(key, name, config.task, config.training, policy="invite" if args.private else "open")
-    if fingerprint is not None:
-        manifest = dataclasses.replace(manifest, fingerprint=fingerprint).signed(key)
-    directory.mkdir(parents=True, exist_ok=True)
-    key.save(key_path)
+    try:
+        created = make_run_dir(directory)
+    except CannotCreate as error:
+        print(f"p2ptrain: {error}", file=sys.stderr)
+        return EX_CANTCREAT
+    try:
+        fingerprint = choose_fingerprint(args.fingerprint, config)
+        if fingerprint is not None:
+            manifest = dataclasses.replace(manifest, fingerprint=fingerprint).signed(key)
+        key.save(key_path)
+    except BaseException:
+        remove_empty(created)
+        raise
     write_atomic(manifest_path, manifest.to_toml())
     ref = manifest.ref
     print(f"created run {ref}")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from p2ptrain.cli import build_parser, main
+from p2ptrain.errors import ConfigError
 from p2ptrain.invite import verify_invite
 from p2ptrain.manifest import read_manifest_file
 from p2ptrain.runref import RunRef
@@ -106,6 +107,38 @@ def test_a_non_finite_number_makes_no_manifest_and_overwrites_none(tmp_path: Pat
                r"--set task\.options\.x.*: -?(nan|inf) is not a finite number")
     assert _snapshot(tmp_path) == before and not Path("r").exists()
     assert main(["run", "show", "demo"]) == 0
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("afile", r"--dir afile: afile exists and is not a folder$"),
+    ("afile/sub", r"--dir afile/sub: afile exists and is not a folder$"),
+    ("/proc/nope/run", r"--dir /proc/nope/run: cannot create it \(No such file or directory\)$"),
+])
+def test_a_run_folder_that_cannot_be_made_is_one_line_before_the_model_is_built(tmp_path: Path, monkeypatch, capsys,
+                                                                                target, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+
+    def build_task(*args, **kwargs):
+        raise AssertionError("the model was built before the run's folder was known to work")
+
+    monkeypatch.setattr("p2ptrain.tasks.build_task", build_task)
+    before = _snapshot(tmp_path)
+    err = _fails(["run", "init", "demo", "--dir", target], capsys, rf"^p2ptrain: {message}", code=73)
+    assert "config error" not in err
+    assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_failed_model_build_takes_back_the_run_folder_it_made(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+
+    def build_task(*args, **kwargs):
+        raise ConfigError("task.entrypoint: no such module")
+
+    monkeypatch.setattr("p2ptrain.tasks.build_task", build_task)
+    _fails(["run", "init", "demo", "--dir", "runs/demo"], capsys,
+           r"task\.entrypoint: no such module \(building the model")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_show_a_file_a_directory_and_its_toml(run_dir: Path, capsys):
