@@ -216,10 +216,12 @@ def build_run_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser("init", help="create an owner key and the run's signed manifest (version 1)")
     init.add_argument("name", metavar="NAME", help="run name: 1-32 letters, digits, '_' and '-'")
-    init.add_argument("--dir", type=Path, metavar="DIR", help="where owner.key and manifest.toml go (default: ./NAME)")
+    init.add_argument("--dir", type=Path, metavar="DIR",
+                      help="where owner.key, manifest.toml and the first node's node.toml go (default: ./NAME)")
     init.add_argument("--private", action="store_true", help="invite-only run (default: open to everyone)")
     init.add_argument("--from-config", type=Path, metavar="NODE_TOML",
-                      help="take [task] and the run-wide [training] settings from this node config")
+                      help="take [task] and the run-wide [training] settings from this node config (its local "
+                      "settings go into DIR/node.toml, the config of the run's first node)")
     init.add_argument("--fingerprint", default="auto", metavar="auto|none|HEX",
                       help="record the model fingerprint: auto builds the model once (default), none skips it")
     init.set_defaults(handler=_lazy("p2ptrain.run_cli:init_command"))

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TextIO
 
 from p2ptrain.errors import ConfigError
-from p2ptrain.localrun import LocalRun, create_local_run, local_only
+from p2ptrain.localrun import LocalRun, create_local_run
 from p2ptrain.localswarm import LocalNode
+from p2ptrain.runconfig import local_only
 from p2ptrain.status import StatusSnapshot
 
 #: Small enough for several nodes to share two cores and still learn visibly in 90 s.

@@ -21,11 +21,13 @@ from p2ptrain.manifest_source import SourceUnavailable, manifest_path, open_sour
 from p2ptrain.manifest_updates import classify
 from p2ptrain.owner import OwnerKey, encode_public_key
 from p2ptrain.peerid import check_peer_id
-from p2ptrain.runconfig import apply_settings
+from p2ptrain.runconfig import apply_settings, owner_node_config
 from p2ptrain.runref import RunRef, check_name
+from p2ptrain.tomlfile import read_toml
 
 KEY_FILE = "owner.key"
 MANIFEST_FILE = "manifest.toml"  # the name manifest_source.manifest_path looks for in a run's directory
+NODE_FILE = "node.toml"  # the owner's node config: local matters, the run by reference and manifest
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
@@ -126,8 +128,8 @@ def init_command(args: argparse.Namespace) -> int:
     name = check_name(args.name)
     config = load_config(args.from_config) if args.from_config is not None else NodeConfig()
     directory: Path = args.dir if args.dir is not None else Path(name)
-    key_path, manifest_path = directory / KEY_FILE, directory / MANIFEST_FILE
-    for path in (key_path, manifest_path):
+    key_path, manifest_path, node_path = directory / KEY_FILE, directory / MANIFEST_FILE, directory / NODE_FILE
+    for path in (key_path, manifest_path, node_path):
         if path.exists():
             raise ConfigError(f"{path}: already exists; a run is created once (change it with p2ptrain run update)")
     if args.fingerprint not in ("auto", "none"):
@@ -150,6 +152,8 @@ def init_command(args: argparse.Namespace) -> int:
         raise
     write_atomic(manifest_path, manifest.to_toml())
     ref = manifest.ref
+    source = read_toml(args.from_config) if args.from_config is not None else {}
+    write_atomic(node_path, owner_node_config(source, ref, manifest_path, str(args.from_config or "defaults")))
     print(f"created run {ref}")
     if manifest.local_data:
         print(f"  data       task.data_path {config.task.data_path} is a path on this machine: it stays out of the "
@@ -157,13 +161,16 @@ def init_command(args: argparse.Namespace) -> int:
               "or a SHA256SUMS index at one, would go into the manifest for all)")
     print(f"  owner key  {key_path}  (keep it private and backed up: whoever holds it owns the run)")
     print(f"  manifest   {manifest_path}  (version 1, {manifest.policy} run)")
+    kept = f"the local settings of {args.from_config}" if args.from_config is not None else "local settings"
+    print(f"  node       {node_path}  ({kept}, the run's reference and manifest: its [task] and [training] "
+          "come from the manifest only, so p2ptrain run update never contradicts it)")
     print("start the run's first node with:")
-    print(f"  p2ptrain run --run {ref} --manifest {manifest_path}")
+    print(f"  p2ptrain run --config {node_path}")
     print("volunteers join with one line (ADDR: the address that node logs):")
     print(f"  p2ptrain run --join ADDR --run {ref}")
     if args.private:
         print("this run is invite-only: invite each node, your own too, by its peer ID "
-              "(p2ptrain run peer-id --config node.toml prints it):")
+              f"(p2ptrain run peer-id --config {node_path} prints it), and put the token in its swarm.invite:")
         print(f"  p2ptrain run invite {manifest_path} PEER_ID --days 30")
     return 0
 

@@ -4,7 +4,9 @@ exit 78, and leaves every file as it was."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,6 +141,46 @@ def test_a_failed_model_build_takes_back_the_run_folder_it_made(tmp_path: Path, 
     _fails(["run", "init", "demo", "--dir", "runs/demo"], capsys,
            r"task\.entrypoint: no such module \(building the model")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_owner_s_node_config_from_init_keeps_working_across_updates(tmp_path: Path, monkeypatch, capsys):
+    """The owner's workflow: a node config with the run's settings, run init from it, the first node
+    started with the config init wrote, an update of a setting that config had: the restarted
+    node takes the new version (the source config itself would now contradict it)."""
+    from p2ptrain.config import load_config
+    from p2ptrain.ownedrun import prepare_run
+
+    monkeypatch.chdir(tmp_path)
+    Path("node.toml").write_text(
+        '[node]\nstate_dir = "state"\n[swarm]\nrun_id = "old-name"\nbootstrap_timeout = 7.0\n'
+        "[task]\nd_model = 32\nn_heads = 2\nbuffer_mb = 64\n[training]\nlr = 0.002\nbatch_size = 8\nthreads = 1\n")
+    assert main(["run", "init", "own", "--from-config", "node.toml", "--fingerprint", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "p2ptrain run --config own/node.toml" in out and "--manifest" not in out
+    ref = _ref(tmp_path / "own")
+    written = tomllib.loads(Path("own/node.toml").read_text())
+    assert written == {"swarm": {"run": str(ref), "manifest": str(tmp_path / "own" / "manifest.toml"),
+                                 "bootstrap_timeout": 7.0},
+                       "node": {"state_dir": "state"}, "task": {"buffer_mb": 64}, "training": {"threads": 1}}
+
+    def started() -> Any:  # what the node decides at each start, before anything is written
+        plan = prepare_run(load_config(Path("own/node.toml")), tmp_path / "state" / "identity.key")
+        assert plan is not None and plan.manifest is not None
+        return plan
+
+    plan = started()
+    assert (plan.manifest.version, plan.config.training.lr, plan.config.task.d_model) == (1, 0.002, 32)
+    assert plan.config.task.buffer_mb == 64 and plan.config.training.threads == 1
+    for setting in ("training.lr=3e-4", "training.batch_size=4"):  # applied live; applied by a restart
+        assert main(["run", "update", "own", "--set", setting]) == 0
+    plan = started()
+    assert (plan.manifest.version, plan.config.training.lr, plan.config.training.batch_size) == (3, 3e-4, 4)
+    assert main(["config", "check", "own/node.toml"]) == 0
+    # The old way, the source config itself as the first node's, is refused after such an update.
+    Path("old-way.toml").write_text(Path("node.toml").read_text().replace(
+        'run_id = "old-name"', f'run = "{ref}"\nmanifest = "own/manifest.toml"'))
+    _fails(["config", "check", "old-way.toml"], capsys,
+           r"training\.batch_size: this node's config says 8 but run .* \(manifest version 3\) says 4")
 
 
 def test_show_a_file_a_directory_and_its_toml(run_dir: Path, capsys):
