@@ -151,7 +151,7 @@ class Node:
             # (or the version kept from an earlier start), else the swarm's, fetched for it.
             self.plan = self.builder.prepare(self.config, state_dir)
             if self.plan is not None and self.plan.manifest is None:
-                self.plan = self.builder.fetch_manifest(self.plan, self.initial_peers(), self.stopper)
+                self.plan = self._fetch_manifest(self.plan)
             if self.plan is not None:
                 self._use_config(self.plan.config)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -176,6 +176,20 @@ class Node:
             return _fail(error, 1)
         except OSError as error:  # e.g. the API port is taken, the state directory is not writable
             return _fail(error, 1)
+
+    def _fetch_manifest(self, plan: RunPlan) -> RunPlan:
+        """The one-line join's manifest, settled into the plan; a node whose own manifest excluded it
+        (``plan.excluded_by``) looks for a newer version that readmits it, and ends with exit 78 and
+        that line when the swarm gives none."""
+        if plan.excluded_by is not None and not self.initial_peers():
+            raise ConfigError(f"{plan.excluded_by}; to look for a newer version that readmits it, give --join ADDR")
+        try:
+            return self.builder.fetch_manifest(plan, self.initial_peers(), self.stopper)
+        except (SwarmError, SourceUnavailable) as error:
+            if plan.excluded_by is None or self.stopper.is_set():
+                raise
+            raise ConfigError(f"{plan.excluded_by}; no newer version that readmits it came from the swarm "
+                              f"({error})") from None
 
     def _run(self, state_dir: Path) -> int:
         cfg = self.config

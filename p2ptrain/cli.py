@@ -250,6 +250,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     update.add_argument("--unban", action="append", default=[], metavar="PEER_ID", help="lift a ban (repeatable)")
     update.add_argument("--revoke", action="append", default=[], metavar="PEER_ID",
                         help="revoke every invite of a peer (repeatable)")
+    update.add_argument("--unrevoke", action="append", default=[], metavar="PEER_ID",
+                        help="readmit a peer whose invites were revoked: its unexpired invites admit it again "
+                        "(repeatable)")
     policy = update.add_mutually_exclusive_group()
     policy.add_argument("--private", dest="policy", action="store_const", const="invite",
                         help="make the run invite-only")

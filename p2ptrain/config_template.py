@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from p2ptrain.atomicfile import write_atomic
-from p2ptrain.config import NodeConfig, load_config
+from p2ptrain.config import ConfigError, NodeConfig, load_config
 
 _HEADER = """\
 # p2ptrain node configuration.
@@ -95,6 +95,9 @@ def check_command(args: argparse.Namespace) -> int:
 
     plan = prepare_run(config, identity_path(config.state_dir()))
     assert plan is not None
+    if plan.excluded_by is not None:
+        raise ConfigError(f"{plan.excluded_by}; the node asks the swarm for a newer version that readmits it "
+                          "(p2ptrain run update --unrevoke/--unban) before it gives up")
     print(f"{args.path}: ok (run {plan.ref}, run_id={plan.config.swarm.run_id}, state_dir={config.state_dir()})")
     if plan.manifest is None:
         print(f"the manifest of run {plan.ref} is fetched from the swarm when the node joins; to see it now: "

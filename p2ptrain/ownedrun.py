@@ -54,6 +54,10 @@ class RunPlan:
     store: ManifestStore | None = None
     #: Where ``manifest`` came from, in words (``run show`` / ``config check``).
     source: str = ""
+    #: Set when the manifest at hand (the file, or the version kept from an earlier start) bans this
+    #: node or revokes its invite: the one line to end with unless the swarm holds a newer version
+    #: that readmits it (``run update --unrevoke`` / ``--unban``), which is fetched before anything else.
+    excluded_by: str | None = None
 
     def dht_kwargs(self) -> dict[str, Any]:
         """Extra ``hivemind.DHT`` keyword arguments (the authorizer of an invite run)."""
@@ -118,7 +122,7 @@ def settle(plan: RunPlan, manifest: Manifest) -> RunPlan:
         raise ConfigError(f"swarm.invite: this node ({own}) was banned or its invite revoked in run {manifest.ref} "
                           f"(manifest version {manifest.version})")
     plan.gate.update(manifest.policy, (own,) if own else (), manifest.excluded())
-    return dataclasses.replace(plan, config=config, manifest=manifest)
+    return dataclasses.replace(plan, config=config, manifest=manifest, excluded_by=None)
 
 
 def _newest(*manifests: Manifest | None) -> Manifest | None:
@@ -167,9 +171,17 @@ def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = 
     if swarm.invite is not None:
         current = clock() if now is None else now
         try:
-            invite = verify_invite(swarm.invite, ref=ref, now=current, excluded=excluded)
+            invite = verify_invite(swarm.invite, ref=ref, now=current)
         except InviteError as error:
             raise ConfigError(f"swarm.invite: {error}") from None
+        if manifest is not None and invite.peer_id in excluded:
+            # Only a newer version can readmit this node, and the swarm may hold one: the node asks
+            # it first (as a one-line join does), and ends with this line if none comes.
+            plan.excluded_by = (f"swarm.invite: this node ({invite.peer_id}) was banned or its invite revoked in run "
+                                f"{ref} (manifest version {manifest.version}, {source})")
+            plan.config, plan.manifest, plan.source = unmerged, None, ""
+            excluded = excluded - {invite.peer_id}
+            gate.update(policy, (), excluded)
         if not identity_file.exists():
             raise ConfigError(f"swarm.invite: is for peer {invite.peer_id}, but this node has no identity yet "
                               f"({identity_file}); create it with p2ptrain run peer-id and ask for an invite for it")

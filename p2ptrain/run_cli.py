@@ -223,15 +223,25 @@ def _run_and_manifest(target: str) -> tuple[RunRef, Path | None]:
     return RunRef.parse(target), None
 
 
-def _refuse_open_run(path: Path, ref: RunRef) -> None:
-    """An invite means nothing in an open run, and a node that sets one there is refused."""
+def _check_invitable(path: Path, ref: RunRef, peer_id: str) -> None:
+    """Refuse an invite the run's manifest (when it is at hand) would make worthless: one in an open
+    run (a node that sets one there is refused), or one for a peer the manifest bans or revokes."""
     if not path.is_file():
         return  # only the reference is known here: the run may well be invite-only
     manifest = read_manifest_file(path)
-    if manifest.ref == ref and manifest.policy == "open":
+    if manifest.ref != ref:
+        return
+    where = f"run {ref} (manifest version {manifest.version})"
+    if manifest.policy == "open":
         raise ConfigError(f"run {ref} is open to everyone (manifest version {manifest.version}): nobody needs an "
                           "invite, and a node that sets one is refused; make the run invite-only first: "
                           f"p2ptrain run update {path} --private")
+    if peer_id in manifest.banned:
+        raise ConfigError(f"peer {peer_id} is banned from {where}: an invite would not admit it; lift the ban "
+                          f"first: p2ptrain run update {path} --unban {peer_id}")
+    if peer_id in manifest.revoked:
+        raise ConfigError(f"peer {peer_id}'s invites to {where} are revoked: a new one would not admit it; readmit "
+                          f"it first: p2ptrain run update {path} --unrevoke {peer_id}")
 
 
 def invite_command(args: argparse.Namespace) -> int:
@@ -239,12 +249,22 @@ def invite_command(args: argparse.Namespace) -> int:
     peer_id = check_peer_id(args.peer_id)
     key_path = _key_beside(manifest_path, ref, args.key)
     key = _owner_key(key_path, ref)
-    _refuse_open_run(manifest_path or key_path.parent / MANIFEST_FILE, ref)
+    _check_invitable(manifest_path or key_path.parent / MANIFEST_FILE, ref, peer_id)
     token = issue_invite(key, ref, peer_id, args.days)
     print(token)
     print(f"invite for peer {peer_id} to run {ref}, valid {args.days:g} days. In that node's config:\n"
           f'  [swarm]\n  run = "{ref}"\n  invite = "<the token above>"', file=sys.stderr)
     return 0
+
+
+def _peer_list(current: tuple[str, ...], add: list[str], remove: list[str], flags: tuple[str, str]) -> tuple[str, ...]:
+    """``current`` with ``add`` and without ``remove`` (each checked); a peer in both is refused."""
+    added = {check_peer_id(p, flags[0]) for p in add}
+    removed = {check_peer_id(p, flags[1]) for p in remove}
+    both = added & removed
+    if both:
+        raise ConfigError(f"{flags[0]} and {flags[1]} of the same peer ({sorted(both)[0]}): give one of them")
+    return tuple(sorted((set(current) | added) - removed))
 
 
 def update_command(args: argparse.Namespace) -> int:
@@ -253,10 +273,10 @@ def update_command(args: argparse.Namespace) -> int:
     ref = old.ref
     key = _owner_key(_key_beside(path, ref, args.key), ref)
     updated = apply_settings(old, args.set)
-    banned = set(updated.banned) | {check_peer_id(p, "--ban") for p in args.ban}
-    banned -= {check_peer_id(p, "--unban") for p in args.unban}
-    revoked = set(updated.revoked) | {check_peer_id(p, "--revoke") for p in args.revoke}
-    changes: dict[str, Any] = {"banned": tuple(sorted(banned)), "revoked": tuple(sorted(revoked))}
+    changes: dict[str, Any] = {
+        "banned": _peer_list(updated.banned, args.ban, args.unban, ("--ban", "--unban")),
+        "revoked": _peer_list(updated.revoked, args.revoke, args.unrevoke, ("--revoke", "--unrevoke")),
+    }
     if args.policy is not None:
         changes["policy"] = args.policy
     choice = args.fingerprint
@@ -270,8 +290,8 @@ def update_command(args: argparse.Namespace) -> int:
     updated = dataclasses.replace(updated, **changes)
     change = classify(old, updated)
     if not change.changes:
-        raise ManifestError(f"run update {path}: nothing changes (give --set, --ban, --revoke, --private, --open "
-                            "or --fingerprint)")
+        raise ManifestError(f"run update {path}: nothing changes (give --set, --ban, --unban, --revoke, "
+                            "--unrevoke, --private, --open or --fingerprint)")
     new = dataclasses.replace(updated, version=old.version + 1, updated_at=utc_now()).signed(key)
     write_atomic(path, new.to_toml())
     print(f"run {ref}: manifest version {old.version} -> {new.version} written to {path}")

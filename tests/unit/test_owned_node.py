@@ -24,6 +24,7 @@ from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity
 from p2ptrain.invite import issue_invite
 from p2ptrain.manifest import new_manifest
 from p2ptrain.manifest_source import SourceUnavailable
+from p2ptrain.manifest_store import ManifestStore
 from p2ptrain.ownedrun import RunKeeper, prepare_run, settle
 from p2ptrain.owner import OwnerKey
 from p2ptrain.rundht import fetch_manifest, publish_manifest
@@ -276,3 +277,36 @@ def test_a_one_line_join_without_a_peer_to_ask_is_one_line_and_writes_nothing(tm
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "swarm.initial_peers: run owned@" in err and "--join ADDR" in err, err
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("swarm_has", ["readmitting", "excluding", "nothing"])
+def test_a_revoked_node_restarts_only_once_a_newer_version_readmits_it(tmp_path, owner, capsys, swarm_has):
+    """The version a revoked node kept revokes it; only the swarm can say whether a newer one
+    (run update --unrevoke) readmits it: asked first, and the node trains, or ends with one line."""
+    key, manifest = owner
+    state = tmp_path / "state"
+    state.mkdir()
+    ensure_identity(identity_path(state))
+    own = peer_id_of_identity(identity_path(state))
+    v2 = _next(manifest, key, policy="invite")
+    v3 = _next(v2, key, revoked=(own,))
+    (tmp_path / "manifest.toml").write_text(v2.to_toml())
+    ManifestStore(state, manifest.ref).save(v3)  # kept when it stopped (exit 78)
+    dht = MemoryDHT()
+    if swarm_has != "nothing":
+        publish_manifest(dht, _next(v3, key, revoked=()) if swarm_has == "readmitting" else v3)
+    invite = issue_invite(key, manifest.ref, own, 1)
+    node, builder, _ = _node(tmp_path, dht, {"manifest": str(tmp_path / "manifest.toml"), "invite": invite,
+                                             "initial_peers": ["/ip4/127.0.0.1/tcp/1/p2p/" + OTHER]}, max_epochs=1)
+    code = node.run()
+    err = capsys.readouterr().err
+    if swarm_has == "readmitting":
+        assert code == 0, err
+        assert node.latest.status().manifest_version == 4 and ManifestStore(state, manifest.ref).load().version == 4
+        return
+    assert code == 78 and err.count("\n") == 1, err
+    assert re.search(rf"this node \({own}\) was banned or its invite revoked in run owned@\w+ \(manifest version 3",
+                     err), err
+    if swarm_has == "nothing":
+        assert "no newer version that readmits it came from the swarm" in err, err
+    assert builder.joined_with == {}

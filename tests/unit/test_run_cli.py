@@ -245,6 +245,37 @@ def test_update_bumps_the_version_and_re_signs(run_dir: Path, capsys):
     assert read_manifest_file(path).banned == () and read_manifest_file(path).revoked == (PEER,)
 
 
+OTHER = "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3"
+
+
+def test_no_invite_for_a_banned_or_revoked_peer_until_the_owner_readmits_it(run_dir: Path, capsys):
+    path = run_dir / "manifest.toml"
+    assert main(["run", "update", "demo", "--private", "--ban", PEER, "--revoke", OTHER]) == 0
+    capsys.readouterr()
+    before = path.read_bytes()
+    _fails(["run", "invite", "demo", PEER], capsys, rf"^p2ptrain: config error: peer {PEER} is banned from run "
+           rf"demo@\w+ \(manifest version 2\): an invite would not admit it; lift the ban first: "
+           rf"p2ptrain run update demo/manifest\.toml --unban {PEER}$")
+    _fails(["run", "invite", str(_ref(run_dir)), OTHER], capsys, rf"^p2ptrain: config error: peer {OTHER}'s invites "
+           rf"to run demo@\w+ \(manifest version 2\) are revoked: a new one would not admit it; readmit it first: "
+           rf"p2ptrain run update demo/manifest\.toml --unrevoke {OTHER}$")
+    assert capsys.readouterr().out == "" and path.read_bytes() == before
+
+    _fails(["run", "update", "demo", "--revoke", PEER, "--unrevoke", PEER], capsys,
+           rf"--revoke and --unrevoke of the same peer \({PEER}\): give one of them")
+    _fails(["run", "update", "demo", "--unrevoke", "x y"], capsys, r"--unrevoke 'x y': not a libp2p peer ID")
+    assert path.read_bytes() == before
+    assert main(["run", "update", "demo", "--unrevoke", OTHER, "--unban", PEER]) == 0
+    out = capsys.readouterr().out
+    manifest = read_manifest_file(path)
+    assert (manifest.version, manifest.revoked, manifest.banned) == (3, (), ())
+    assert f"admission.revoked: ['{OTHER}'] -> []" in out, out
+    for peer in (PEER, OTHER):
+        assert main(["run", "invite", "demo", peer]) == 0
+        assert verify_invite(capsys.readouterr().out.strip(), ref=manifest.ref, peer_id=peer).peer_id == peer
+    _fails(["run", "update", "demo", "--unrevoke", OTHER], capsys, r"nothing changes")
+
+
 def test_update_bad_input_leaves_the_manifest_alone(run_dir: Path, capsys):
     path = run_dir / "manifest.toml"
     original = path.read_bytes()
