@@ -85,7 +85,7 @@ def init_command(args: argparse.Namespace) -> int:
 
 def check_command(args: argparse.Namespace) -> int:
     config = load_config(args.path)  # ConfigError -> one line + exit 78 in the CLI
-    if config.swarm.run is None and config.swarm.manifest is None:
+    if config.swarm.run is None and config.swarm.manifest is None and config.swarm.invite is None:
         print(f"{args.path}: ok (run_id={config.swarm.run_id}, state_dir={config.state_dir()})")
         return 0
     # An owned run: check the manifest and invite as the node would, and show what it would use.

@@ -131,13 +131,17 @@ def _newest(*manifests: Manifest | None) -> Manifest | None:
 
 def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = None,
                 clock: Callable[[], float] = time.time) -> RunPlan | None:
-    """The plan for ``config``'s owned run, or None for a plain run (neither swarm.run nor swarm.manifest).
+    """The plan for ``config``'s owned run, or None for a plain run (neither swarm.run nor swarm.manifest;
+    then no swarm.invite either).
 
     Reads the manifest file, the manifest kept from an earlier start (the newer of the two is
     used) and the identity; writes nothing.
     """
     swarm = config.swarm
     if swarm.run is None and swarm.manifest is None:
+        if swarm.invite is not None:  # else the node would train in a plain run, its invite ignored
+            raise ConfigError("swarm.invite: an invite admits a node to an owned run, and this config names none: it "
+                              "needs swarm.run (the run's reference; or --run REF) or swarm.manifest")
         return None
     ref = RunRef.parse(swarm.run) if swarm.run is not None else None
     from_file = FileSource(swarm.manifest, ref).fetch() if swarm.manifest is not None else None

@@ -257,6 +257,19 @@ def test_an_invite_in_a_config_without_a_manifest_asks_for_the_identity_first(tm
 
 
 
+def test_an_invite_without_a_run_ends_the_node_with_one_line_before_anything_is_written(tmp_path, owner, capsys):
+    """It used to start a plain run (p2ptrain-default), the invite ignored."""
+    key, manifest = owner
+    invite = issue_invite(key, manifest.ref, OTHER, 1)
+    config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "swarm": {"invite": invite}}, "test")
+    node = Node(config, hooks=RecordingHooks(ManualClock()), builder=NodeBuilder())
+    assert node.run() == 78
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.match(r"p2ptrain: config error: swarm\.invite: .* it needs swarm\.run \(the "
+                                             r"run's reference; or --run REF\) or swarm\.manifest$", err), err
+    assert not (tmp_path / "state").exists()
+
+
 def test_a_one_line_join_that_contradicts_the_manifest_ends_before_anything_is_written(tmp_path, owner, capsys):
     _, manifest = owner
     dht = MemoryDHT()

@@ -93,7 +93,7 @@ def test_reference_only_sets_the_run_id_and_waits_for_the_swarm(tmp_path, owner)
 
 
 @pytest.mark.parametrize("case", ["other-run", "invite-only", "open-with-invite", "expired", "wrong-peer",
-                                  "no-identity", "run-id"])
+                                  "no-identity", "run-id", "invite-without-run"])
 def test_bad_combinations_are_one_line_and_write_nothing(tmp_path, owner, case):
     key, manifest = owner
     identity = tmp_path / "identity" / "id.key"
@@ -120,6 +120,10 @@ def test_bad_combinations_are_one_line_and_write_nothing(tmp_path, owner, case):
         identity = tmp_path / "missing.key"
         swarm = {"run": manifest.ref, "invite": issue_invite(key, manifest.ref, OTHER, 1, now=LATER)}
         message = r"^swarm\.invite: is for peer \w+, but this node has no identity yet"
+    elif case == "invite-without-run":  # was a plain run, the invite silently ignored
+        swarm = {"invite": issue_invite(key, manifest.ref, me, 1, now=LATER)}
+        message = (r"^swarm\.invite: an invite admits a node to an owned run, and this config names none: it needs "
+                   r"swarm\.run \(the run's reference; or --run REF\) or swarm\.manifest$")
     else:
         swarm = {"run": manifest.ref, "run_id": "something-else"}
         message = r"^swarm\.run_id: this node's config says 'something-else' but run owned@"

@@ -333,6 +333,20 @@ def test_config_check_shows_the_manifest_a_node_would_use(run_dir: Path, tmp_pat
     assert not (tmp_path / "state").exists()
 
 
+def test_an_invite_without_a_run_is_a_config_error_in_config_check(run_dir: Path, tmp_path: Path, capsys):
+    """It used to say ok and start a plain run (p2ptrain-default), the invite ignored."""
+    from p2ptrain.invite import issue_invite
+    from p2ptrain.owner import OwnerKey
+
+    ref = _ref(run_dir)
+    invite = issue_invite(OwnerKey.load(run_dir / "owner.key"), ref, PEER, 1)
+    node = tmp_path / "node.toml"
+    node.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[swarm]\ninvite = "{invite}"\n')
+    message = r"^p2ptrain: config error: swarm\.invite: .* it needs swarm\.run .* or swarm\.manifest$"
+    _fails(["config", "check", str(node)], capsys, message)
+    assert not (tmp_path / "state").exists()
+
+
 def test_config_check_runs_the_node_s_data_checks_on_the_merged_config(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corpus.txt").write_text("the owner's data\n" * 50)
