@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.config import ConfigError, NodeConfig, load_config
-from p2ptrain.invite import issue_invite
+from p2ptrain.invite import issue_invite, parse_invite, when
 from p2ptrain.manifest import Manifest, ManifestError, new_manifest, read_manifest_file, utc_now
 from p2ptrain.manifest_source import SourceUnavailable, manifest_path, open_source
 from p2ptrain.manifest_updates import classify
@@ -251,10 +251,19 @@ def invite_command(args: argparse.Namespace) -> int:
     key = _owner_key(key_path, ref)
     _check_invitable(manifest_path or key_path.parent / MANIFEST_FILE, ref, peer_id)
     token = issue_invite(key, ref, peer_id, args.days)
+    invite, _, _ = parse_invite(token)
     print(token)
-    print(f"invite for peer {peer_id} to run {ref}, valid {args.days:g} days. In that node's config:\n"
+    print(f"invite for peer {peer_id} to run {ref}, valid until {when(invite.expires_at)} "
+          f"({_lasts(invite.expires_at - invite.issued_at)}). In that node's config:\n"
           f'  [swarm]\n  run = "{ref}"\n  invite = "<the token above>"', file=sys.stderr)
     return 0
+
+
+def _lasts(seconds: int) -> str:
+    """How long an invite lasts, in the unit that reads best."""
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.3g} hours"
+    return f"{seconds / 86400:.3g} days"
 
 
 def _peer_list(current: tuple[str, ...], add: list[str], remove: list[str], flags: tuple[str, str]) -> tuple[str, ...]:

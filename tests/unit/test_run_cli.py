@@ -4,6 +4,7 @@ exit 78, and leaves every file as it was."""
 from __future__ import annotations
 
 import re
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -211,8 +212,12 @@ def test_invite_prints_a_token_that_verifies(run_dir: Path, capsys):
     assert main(["run", "invite", str(ref), PEER, "--days", "2"]) == 0  # the key found at ./demo/owner.key
     captured = capsys.readouterr()
     token = captured.out.strip()
-    assert verify_invite(token, ref=ref, peer_id=PEER).peer_id == PEER
-    assert "invite = " in captured.err
+    invite = verify_invite(token, ref=ref, peer_id=PEER)
+    assert invite.peer_id == PEER and "invite = " in captured.err
+    until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(invite.expires_at))
+    assert f"valid until {until} (2 days)" in captured.err, captured.err
+    assert main(["run", "invite", str(ref), PEER, "--days", "0.05"]) == 0
+    assert "(1.2 hours)" in capsys.readouterr().err
     assert main(["run", "invite", "demo", PEER]) == 0
 
 
@@ -221,7 +226,8 @@ def test_invite_bad_input(run_dir: Path, tmp_path: Path, capsys):
     assert main(["run", "update", "demo", "--private"]) == 0
     capsys.readouterr()
     _fails(["run", "invite", "demo", "not-a-peer"], capsys, r"peer ID 'not-a-peer': not a libp2p peer ID")
-    _fails(["run", "invite", "demo", PEER, "--days", "-1"], capsys, r"--days -1: must be more than 0")
+    _fails(["run", "invite", "demo", PEER, "--days", "-1"], capsys, r"--days -1: an invite lasts at least one hour")
+    _fails(["run", "invite", "demo", PEER, "--days", "0.000001"], capsys, r"--days 1e-06: an invite lasts at least")
     _fails(["run", "invite", str(ref), PEER, "--key", "nope.key"], capsys, r"owner key nope.key: no such file")
     assert main(["run", "init", "demo2", "--fingerprint", "none"]) == 0
     capsys.readouterr()
