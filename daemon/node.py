@@ -228,7 +228,8 @@ class Node:
         follower = None
         if self.keeper is not None:
             follower = RunFollower(self.keeper, parts.optimizer, parts.trainer, peer_id=swarm.peer_id,
-                                   fingerprint=parts.fingerprint, request_exit=self.request_exit, clock=self.clock)
+                                   fingerprint=parts.fingerprint, request_exit=self.request_exit, clock=self.clock,
+                                   wall_clock=self.wall_clock)
 
         def refresh_fingerprint() -> None:
             if self.keeper is None:  # owned runs keep the fingerprint in the signed manifest

@@ -67,6 +67,16 @@ def issue_invite(key: OwnerKey, ref: RunRef, peer_id: str, days: float, now: flo
     return f"{TOKEN_PREFIX}{_b64url(raw)}.{_b64url(key.sign(_SIGNING_DOMAIN + raw))}"
 
 
+#: A running node warns once that its own invite is about to expire when less than this is left, or
+#: less than a tenth of the invite's life, whichever is shorter.
+WARN_AHEAD_SECONDS = 86400.0
+
+
+def warn_ahead(invite: Invite) -> float:
+    """Seconds before ``invite`` expires when its node says so (a day for most, less for short ones)."""
+    return min(WARN_AHEAD_SECONDS, (invite.expires_at - invite.issued_at) / 10)
+
+
 def _int(payload: dict[str, Any], name: str) -> int:
     value = payload.get(name)
     if type(value) is not int or not 0 <= value < 2**63:

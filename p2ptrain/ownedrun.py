@@ -27,7 +27,7 @@ from typing import Any
 
 from p2ptrain.admission import AdmissionGate
 from p2ptrain.config import ConfigError, NodeConfig
-from p2ptrain.invite import InviteError, verify_invite
+from p2ptrain.invite import Invite, InviteError, verify_invite
 from p2ptrain.manifest import Manifest
 from p2ptrain.manifest_source import FileSource, SourceUnavailable
 from p2ptrain.manifest_store import ManifestStore
@@ -369,6 +369,11 @@ class RunKeeper:
         self._next_publish = self._clock()
         return offer
 
+    @property
+    def own_invite(self) -> Invite | None:
+        """This node's own invite (an invite run), whose expiry ends its part in the run."""
+        return self.plan.authorizer.own_invite if self.plan.authorizer is not None else None
+
     def is_excluded(self, peer_id: str) -> bool:
         """Whether the current manifest bans ``peer_id`` or revokes its invite."""
         return peer_id in self._excluded()
@@ -434,6 +439,7 @@ class RunKeeper:
             "fingerprint_entries_refused_total": sum(_counter_total(v, "fingerprint_counter")
                                                      for v in self.plan.validators),
             "averaging_refused_total": self.plan.gate.refused_total,
+            "invite_expires_at": float(self.own_invite.expires_at) if self.own_invite is not None else 0.0,
         }
 
 

@@ -9,7 +9,9 @@ swarm view without non-admitted peers, and the closed-swarm hint.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -323,3 +325,41 @@ def test_a_revoked_node_restarts_only_once_a_newer_version_readmits_it(tmp_path,
     if swarm_has == "nothing":
         assert "no newer version that readmits it came from the swarm" in err, err
     assert builder.joined_with == {}
+
+
+def test_a_node_whose_invite_expires_is_warned_once_ahead_and_stops_at_expiry(tmp_path, owner, capsys, caplog):
+    """Its peers refuse an expired invite: it used to train on alone, unseen. The wall clock is the test's."""
+    caplog.set_level("INFO")
+    key, manifest = owner
+    state = tmp_path / "state"
+    state.mkdir()
+    ensure_identity(identity_path(state))
+    own = peer_id_of_identity(identity_path(state))
+    (tmp_path / "manifest.toml").write_text(_next(manifest, key, policy="invite").to_toml())
+    issued = time.time()
+    invite = issue_invite(key, manifest.ref, own, 1, now=issued)  # 1 day: warned 2.4 hours ahead
+    expires = int(issued) + 86400
+    wall = [issued]
+
+    def on_step(step: int) -> None:
+        wall[0] = {3: expires - 3 * 3600, 6: expires - 2 * 3600, 9: expires - 3600, 12: expires + 1}.get(step, wall[0])
+        if step == 20 * STEPS_PER_EPOCH:
+            node.request_stop("the invite never expired")
+
+    node, builder, _ = _node(tmp_path, MemoryDHT(), {"manifest": str(tmp_path / "manifest.toml"), "invite": invite},
+                             on_step=on_step)
+    node.wall_clock = lambda: wall[0]
+    assert node.latest.status().invite_expires_at == 0.0
+    assert node.run() == 78
+    err = capsys.readouterr().err
+    until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(expires))
+    assert err == (f"p2ptrain: swarm.invite: this node's invite to run {manifest.ref} expired on {until}; its peers "
+                   f"refuse it from now on: ask the run's owner for a new one (p2ptrain run invite {manifest.ref} "
+                   f"{SELF}), put it in swarm.invite and start the node again\n")
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "expires on" in r.getMessage()]
+    assert warnings == [f"swarm.invite: this node's invite to run {manifest.ref} expires on {until} (in 2.0 hours), "
+                        f"and then the node stops: ask the run's owner for a new one (p2ptrain run invite "
+                        f"{manifest.ref} {SELF}), put it in swarm.invite and start the node again"], warnings
+    assert builder.parts.checkpoints == 1  # stopped cleanly
+    assert node.latest.status().invite_expires_at == expires
