@@ -3,8 +3,10 @@
 The training loop calls :meth:`RunFollower.poll` once per pass. It asks the run's keeper (which
 never blocks) for a newly accepted manifest version and decides what the node does with it:
 
-- live settings (learning rate and schedule, target batch size, bans and revocations) are
-  applied to the optimizer at the next epoch boundary, and the loop runs with the new config;
+- live training settings (learning rate and schedule, target batch size) are applied to the
+  optimizer at the next epoch boundary, and the loop runs with the new config; bans and
+  revocations need nothing here: the keeper put them into the admission gate when it accepted
+  the version;
 - a change a running node cannot apply (the model, the task, the mode, the micro-batch size, the
   matchmaking window or averaging timeout its averagers were built with) stops the node with
   exit code 75, so the service manager starts it again with the new version;

@@ -301,7 +301,8 @@ class RunKeeper:
 
     def poll(self) -> Offer | None:
         """Re-publish, look for a newer manifest and current members; returns the offer of a newly
-        accepted manifest version (the node applies it at the next epoch boundary, or restarts)."""
+        accepted manifest version. Its bans and revocations are in the gate when this returns; the node
+        applies its training settings at the next epoch boundary, or restarts for the rest."""
         from p2ptrain.rundht import (
             manifest_key,
             members_key,

@@ -307,8 +307,7 @@ def update_command(args: argparse.Namespace) -> int:
     for item in classify(old, new).changes:
         if item.field == "run.updated_at":
             continue
-        how = "applied live at an epoch boundary" if item.live else "nodes restart to apply it"
-        print(f"  {item.field}: {item.old!r} -> {item.new!r}  ({how})")
+        print(f"  {item.field}: {item.old!r} -> {item.new!r}  ({item.when})")
     print("nodes pick it up from the swarm once a node of the run holds it "
           f"(start one with --manifest {path}, or restart one)")
     return 0

@@ -247,6 +247,7 @@ def test_update_bumps_the_version_and_re_signs(run_dir: Path, capsys):
     assert new.version == 2 and new.training["lr"] == 3e-4 and new.banned == (PEER,) and new.policy == "invite"
     assert "version 1 -> 2" in out and "training.lr: 0.001 -> 0.0003  (applied live at an epoch boundary)" in out
     assert "admission.policy: 'open' -> 'invite'  (nodes restart to apply it)" in out
+    assert f"admission.banned: [] -> ['{PEER}']  (applied as soon as a node has this version)" in out, out
     assert main(["run", "update", "demo", "--unban", PEER, "--revoke", PEER]) == 0
     assert read_manifest_file(path).banned == () and read_manifest_file(path).revoked == (PEER,)
 
