@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,27 @@ def settle(plan: RunPlan, manifest: Manifest) -> RunPlan:
                           f"(manifest version {manifest.version})")
     plan.gate.update(manifest.policy, (own,) if own else (), manifest.excluded())
     return dataclasses.replace(plan, config=config, manifest=manifest, excluded_by=None)
+
+
+def fetch_readmitting(plan: RunPlan, initial_peers: Sequence[str], stopping: Callable[[], bool],
+                      fetch: Callable[[RunPlan], RunPlan]) -> RunPlan:
+    """``fetch(plan)``: the swarm's manifest settled into a plan that has none yet (the one-line join).
+
+    A node whose own manifest excluded it (``plan.excluded_by``) is looking for a newer version that
+    readmits it: when the swarm gives none, it ends with that line (exit 78, not restarted) instead
+    of a swarm error that the service manager would retry forever.
+    """
+    from p2ptrain.swarm import SwarmError  # hivemind
+
+    if plan.excluded_by is not None and not initial_peers:
+        raise ConfigError(f"{plan.excluded_by}; to look for a newer version that readmits it, give --join ADDR")
+    try:
+        return fetch(plan)
+    except (SwarmError, SourceUnavailable) as error:
+        if plan.excluded_by is None or stopping():
+            raise
+        raise ConfigError(f"{plan.excluded_by}; no newer version that readmits it came from the swarm "
+                          f"({error})") from None
 
 
 def _newest(*manifests: Manifest | None) -> Manifest | None:
