@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from p2ptrain.atomicfile import write_atomic
 from p2ptrain.config import NodeConfig
 from p2ptrain.invite import issue_invite
 from p2ptrain.localswarm import LOOPBACK_TRAINING
 from p2ptrain.manifest import LOCAL_TRAINING, Manifest, new_manifest
 from p2ptrain.owner import OwnerKey
-from p2ptrain.run_cli import KEY_FILE, MANIFEST_FILE, choose_fingerprint, write_atomic
+from p2ptrain.run_cli import KEY_FILE, MANIFEST_FILE, choose_fingerprint
 from p2ptrain.runconfig import local_data_path, run_wide
 from p2ptrain.runref import RunRef
 
@@ -47,7 +48,7 @@ class LocalRun:
         """The next manifest version with ``changes`` (e.g. ``training={...}``, ``revoked=(...)``), signed
         and written over the manifest file (what ``p2ptrain run update`` does)."""
         manifest = dataclasses.replace(self.manifest, version=self.manifest.version + 1, **changes).signed(self.key)
-        write_atomic(self.manifest_path, manifest.to_toml())
+        write_atomic(self.manifest_path, manifest.to_toml().encode("utf-8"))
         self.manifest = manifest
         return manifest
 
@@ -71,5 +72,5 @@ def create_local_run(directory: Path, name: str, overrides: Mapping[str, Mapping
         manifest = dataclasses.replace(manifest, fingerprint=recorded).signed(key)
     directory.mkdir(parents=True, exist_ok=True)
     key.save(directory / KEY_FILE)
-    write_atomic(directory / MANIFEST_FILE, manifest.to_toml())
+    write_atomic(directory / MANIFEST_FILE, manifest.to_toml().encode("utf-8"))
     return LocalRun(directory, key, manifest)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.atomicfile import write_atomic
 from p2ptrain.config import ConfigError, NodeConfig, load_config
 from p2ptrain.invite import issue_invite, parse_invite, when
 from p2ptrain.manifest import Manifest, ManifestError, new_manifest, read_manifest_file, utc_now
@@ -28,18 +29,6 @@ from p2ptrain.tomlfile import read_toml
 KEY_FILE = "owner.key"
 MANIFEST_FILE = "manifest.toml"  # the name manifest_source.manifest_path looks for in a run's directory
 NODE_FILE = "node.toml"  # the owner's node config: local matters, the run by reference and manifest
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to a temp file beside ``path``, fsync, then rename over it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def choose_fingerprint(choice: str, config: NodeConfig) -> str | None:
@@ -150,10 +139,11 @@ def init_command(args: argparse.Namespace) -> int:
     except BaseException:
         remove_empty(created)
         raise
-    write_atomic(manifest_path, manifest.to_toml())
+    write_atomic(manifest_path, manifest.to_toml().encode("utf-8"))
     ref = manifest.ref
     source = read_toml(args.from_config) if args.from_config is not None else {}
-    write_atomic(node_path, owner_node_config(source, ref, manifest_path, str(args.from_config or "defaults")))
+    node_config = owner_node_config(source, ref, manifest_path, str(args.from_config or "defaults"))
+    write_atomic(node_path, node_config.encode("utf-8"))
     print(f"created run {ref}")
     if manifest.local_data:
         print(f"  data       task.data_path {config.task.data_path} is a path on this machine: it stays out of the "
@@ -302,7 +292,7 @@ def update_command(args: argparse.Namespace) -> int:
         raise ManifestError(f"run update {path}: nothing changes (give --set, --ban, --unban, --revoke, "
                             "--unrevoke, --private, --open or --fingerprint)")
     new = dataclasses.replace(updated, version=old.version + 1, updated_at=utc_now()).signed(key)
-    write_atomic(path, new.to_toml())
+    write_atomic(path, new.to_toml().encode("utf-8"))
     print(f"run {ref}: manifest version {old.version} -> {new.version} written to {path}")
     for item in classify(old, new).changes:
         if item.field == "run.updated_at":
