@@ -38,7 +38,7 @@ from p2ptrain.daemon.sync import sync_with_swarm
 from p2ptrain.defences import Defences
 from p2ptrain.errors import error_line
 from p2ptrain.manifest_source import SourceUnavailable
-from p2ptrain.ownedrun import RunKeeper, RunPlan
+from p2ptrain.ownedrun import RunKeeper, RunPlan, fetch_readmitting
 from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
 from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
 from p2ptrain.swarmcredit import epoch_samples_bound
@@ -151,7 +151,8 @@ class Node:
             # (or the version kept from an earlier start), else the swarm's, fetched for it.
             self.plan = self.builder.prepare(self.config, state_dir)
             if self.plan is not None and self.plan.manifest is None:
-                self.plan = self.builder.fetch_manifest(self.plan, self.initial_peers(), self.stopper)
+                self.plan = fetch_readmitting(self.plan, self.initial_peers(), self.stopper.is_set, lambda plan: (
+                    self.builder.fetch_manifest(plan, self.initial_peers(), self.stopper)))
             if self.plan is not None:
                 self._use_config(self.plan.config)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -211,10 +212,9 @@ class Node:
                                                          long_operation=self.hooks.long_operation, run=self.keeper,
                                                          defences=self.defences, wait=self.stopper.wait)
         self._watch(parts)
-        follower = None
-        if self.keeper is not None:
-            follower = RunFollower(self.keeper, parts.optimizer, parts.trainer, peer_id=swarm.peer_id,
-                                   fingerprint=parts.fingerprint, request_exit=self.request_exit, clock=self.clock)
+        follower = RunFollower(self.keeper, parts.optimizer, parts.trainer, peer_id=swarm.peer_id,
+                               fingerprint=parts.fingerprint, request_exit=self.request_exit, clock=self.clock,
+                               wall_clock=self.wall_clock) if self.keeper is not None else None
 
         def refresh_fingerprint() -> None:
             if self.keeper is None:  # owned runs keep the fingerprint in the signed manifest

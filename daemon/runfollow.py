@@ -3,13 +3,18 @@
 The training loop calls :meth:`RunFollower.poll` once per pass. It asks the run's keeper (which
 never blocks) for a newly accepted manifest version and decides what the node does with it:
 
-- live settings (learning rate and schedule, target batch size, bans and revocations) are
-  applied to the optimizer at the next epoch boundary, and the loop runs with the new config;
+- live training settings (learning rate and schedule, target batch size) are applied to the
+  optimizer at the next epoch boundary, and the loop runs with the new config; bans and
+  revocations need nothing here: the keeper put them into the admission gate when it accepted
+  the version;
 - a change a running node cannot apply (the model, the task, the mode, the micro-batch size, the
   matchmaking window or averaging timeout its averagers were built with) stops the node with
   exit code 75, so the service manager starts it again with the new version;
 - a manifest that bans this node, revokes its invite or records another model stops it with
-  exit code 78 (a restart would not help).
+  exit code 78 (a restart would not help);
+- in an invite run, this node's own invite expiring: one WARNING ahead of it (a day, less for a
+  short invite), then exit code 78 when it expires, since its peers refuse it from then on and it
+  would train on alone, unseen.
 
 Swarm trouble while polling is normal weather: one log line, and the node keeps training.
 """
@@ -22,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from p2ptrain.config import EX_CONFIG, ConfigError, NodeConfig, TrainingSection
+from p2ptrain.invite import Invite, warn_ahead, when
 from p2ptrain.manifest import Manifest
 from p2ptrain.manifest_updates import Offer, classify
 from p2ptrain.swarm_optimizer import SwarmOptimizer
@@ -45,6 +51,9 @@ class RunKeeping(Protocol):
 
     def check_fingerprint(self, fingerprint: str) -> None: ...
 
+    @property
+    def own_invite(self) -> Invite | None: ...
+
 
 class EpochCounter(Protocol):
     @property
@@ -54,11 +63,13 @@ class EpochCounter(Protocol):
 class RunFollower:
     def __init__(self, keeper: RunKeeping, optimizer: SwarmOptimizer, trainer: EpochCounter, *, peer_id: str,
                  fingerprint: str, request_exit: Callable[[str, int], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
         self.keeper, self.optimizer, self.trainer = keeper, optimizer, trainer
         self.peer_id, self.fingerprint = peer_id, fingerprint
         self._request_exit = request_exit
         self._clock = clock
+        self._wall_clock = wall_clock  # invites expire at a time of day
+        self._invite_warned = False
         #: The manifest whose settings are in force (a newer one may be pending).
         self.applied: Manifest | None = keeper.manifest
         self._pending: tuple[Manifest, int] | None = None
@@ -67,6 +78,9 @@ class RunFollower:
 
     def poll(self, config: NodeConfig) -> NodeConfig | None:
         """Once per loop pass: the config to run with from now on, or None to keep ``config``."""
+        if self._stopping:
+            return None
+        self._check_own_invite()
         if self._stopping:
             return None
         try:
@@ -81,6 +95,23 @@ class RunFollower:
             self._take(offer)
         if self._pending is not None and self.trainer.epoch > self._pending[1]:
             return self._apply(config)
+        return None
+
+    def _check_own_invite(self) -> None:
+        invite = self.keeper.own_invite
+        if invite is None:
+            return
+        left = invite.expires_at - self._wall_clock()
+        ref = invite.run
+        renew = (f"ask the run's owner for a new one (p2ptrain run invite {ref} {self.peer_id}), put it in "
+                 "swarm.invite and start the node again")
+        if left <= 0:
+            return self._exit(f"swarm.invite: this node's invite to run {ref} expired on {when(invite.expires_at)}; "
+                              f"its peers refuse it from now on: {renew}", EX_CONFIG)
+        if not self._invite_warned and left <= warn_ahead(invite):
+            self._invite_warned = True
+            logger.warning("swarm.invite: this node's invite to run %s expires on %s (in %.1f hours), and then the "
+                           "node stops: %s", ref, when(invite.expires_at), left / 3600, renew)
         return None
 
     def _take(self, offer: Offer) -> None:

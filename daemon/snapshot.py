@@ -81,6 +81,7 @@ class RunFigures:
     dht_requests_refused_total: int = 0
     averaging_refused_total: int = 0
     records_not_admitted: int = 0
+    invite_expires_at: float = 0.0
 
 
 @dataclass(frozen=True)

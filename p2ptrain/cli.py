@@ -246,10 +246,12 @@ def build_run_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser("init", help="create an owner key and the run's signed manifest (version 1)")
     init.add_argument("name", metavar="NAME", help="run name: 1-32 letters, digits, '_' and '-'")
-    init.add_argument("--dir", type=Path, metavar="DIR", help="where owner.key and manifest.toml go (default: ./NAME)")
+    init.add_argument("--dir", type=Path, metavar="DIR",
+                      help="where owner.key, manifest.toml and the first node's node.toml go (default: ./NAME)")
     init.add_argument("--private", action="store_true", help="invite-only run (default: open to everyone)")
     init.add_argument("--from-config", type=Path, metavar="NODE_TOML",
-                      help="take [task] and the run-wide [training] settings from this node config")
+                      help="take [task] and the run-wide [training] settings from this node config (its local "
+                      "settings go into DIR/node.toml, the config of the run's first node)")
     init.add_argument("--fingerprint", default="auto", metavar="auto|none|HEX",
                       help="record the model fingerprint: auto builds the model once (default), none skips it")
     init.set_defaults(handler=_lazy("p2ptrain.run_cli:init_command"))
@@ -278,6 +280,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     update.add_argument("--unban", action="append", default=[], metavar="PEER_ID", help="lift a ban (repeatable)")
     update.add_argument("--revoke", action="append", default=[], metavar="PEER_ID",
                         help="revoke every invite of a peer (repeatable)")
+    update.add_argument("--unrevoke", action="append", default=[], metavar="PEER_ID",
+                        help="readmit a peer whose invites were revoked: its unexpired invites admit it again "
+                        "(repeatable)")
     policy = update.add_mutually_exclusive_group()
     policy.add_argument("--private", dest="policy", action="store_const", const="invite",
                         help="make the run invite-only")

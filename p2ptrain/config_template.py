@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from p2ptrain.atomicfile import write_atomic
-from p2ptrain.config import NodeConfig, load_config
+from p2ptrain.config import ConfigError, NodeConfig, load_config
 from p2ptrain.errors import printable
 
 _HEADER = """\
@@ -86,7 +86,7 @@ def init_command(args: argparse.Namespace) -> int:
 
 def check_command(args: argparse.Namespace) -> int:
     config = load_config(args.path)  # ConfigError -> one line + exit 78 in the CLI
-    if config.swarm.run is None and config.swarm.manifest is None:
+    if config.swarm.run is None and config.swarm.manifest is None and config.swarm.invite is None:
         print(f"{printable(args.path)}: ok (run_id={config.swarm.run_id}, state_dir={printable(config.state_dir())})")
         return 0
     # An owned run: check the manifest and invite as the node would, and show what it would use.
@@ -96,6 +96,9 @@ def check_command(args: argparse.Namespace) -> int:
 
     plan = prepare_run(config, identity_path(config.state_dir()))
     assert plan is not None
+    if plan.excluded_by is not None:
+        raise ConfigError(f"{plan.excluded_by}; the node asks the swarm for a newer version that readmits it "
+                          "(p2ptrain run update --unrevoke/--unban) before it gives up")
     print(f"{printable(args.path)}: ok (run {plan.ref}, run_id={plan.config.swarm.run_id}, "
           f"state_dir={printable(config.state_dir())})")
     if plan.manifest is None:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TextIO
 
 from p2ptrain.errors import ConfigError
-from p2ptrain.localrun import LocalRun, create_local_run, local_only
+from p2ptrain.localrun import LocalRun, create_local_run
 from p2ptrain.localswarm import LocalNode
+from p2ptrain.runconfig import local_only
 from p2ptrain.status import StatusSnapshot
 
 #: Small enough for several nodes to share two cores and still learn visibly in 90 s.
@@ -34,6 +35,8 @@ SAMPLE_TOKENS = 160
 LEAVE_AT, JOIN_AT = 0.35, 0.55
 #: --private: when the node without an invite tries to join, and how long it keeps trying.
 STRANGER_AT, STRANGER_BOOTSTRAP = 0.3, 10.0
+#: How long the demo waits, once its time is up, for the stranger to give up (start-up included).
+STRANGER_GRACE = 60.0
 
 
 @dataclass
@@ -50,6 +53,7 @@ class DemoRun:
     joins: int = 0
     leaves: int = 0
     stranger: LocalNode | None = None
+    stranger_seen: StrangerSeen | None = None
 
     def add_node(self, join: list[str], *, invited: bool = True, name: str = "") -> LocalNode:
         """A node of the run: the first one holds the manifest file, the others join with one line."""
@@ -169,6 +173,75 @@ def export_and_sample(run: DemoRun, out: TextIO) -> Path | None:
     return target
 
 
+@dataclass(frozen=True)
+class StrangerSeen:
+    """What the demo saw of the node without an invite, and of the invited nodes' refusals."""
+
+    code: int | None
+    """Its exit code (None: still running when the demo ended)."""
+    dht_refused: int
+    """DHT requests the invited nodes refused, all of them together (dht_requests_refused_total)."""
+    averaging_refused: int
+    """Averaging and state requests the invited nodes refused (averaging_refused_total)."""
+    last: StatusSnapshot | None
+    """Its own last status, if it ever answered."""
+    wrote_state: bool
+    """Whether its state directory exists (a node writes it only once it is let in)."""
+    last_line: str = ""
+
+    def doubts(self) -> list[str]:
+        """Each observation that contradicts "it was refused: it never joined a group or got any state"."""
+        found = []
+        if self.code is None:
+            found.append("it was still running when the demo ended")
+        elif self.code == 0:
+            found.append("it exited with code 0, as a node that trained and left would")
+        if self.dht_refused == 0:
+            found.append("the invited nodes refused none of its DHT requests")
+        if self.last is not None and self.last.averaging_rounds_ok_total:
+            found.append(f"it reported {self.last.averaging_rounds_ok_total} averaging round(s)")
+        if self.last is not None and self.last.state_downloads_total:
+            found.append(f"it reported {self.last.state_downloads_total} state download(s)")
+        if self.wrote_state:
+            found.append("it wrote a state directory, which a node does only once it has joined")
+        return found
+
+    def lines(self) -> list[str]:
+        ended = "is still running" if self.code is None else f"exited with code {self.code}"
+        lines = [f">>> stranger {ended}"]
+        if self.last_line:
+            lines.append(f"    its last line: {self.last_line}")
+        lines.append(f"    the invited nodes refused {self.dht_refused} of its DHT requests "
+                     f"(dht_requests_refused_total) and {self.averaging_refused} averaging or state requests "
+                     "(averaging_refused_total)")
+        doubts = self.doubts()
+        if doubts:
+            lines.append("    so the demo did NOT show it was kept out: " + "; ".join(doubts))
+        else:
+            lines.append("    so it was refused: it never joined a group or got any state (no state directory, "
+                         "no averaging round, no download)")
+        return lines
+
+    def event(self) -> str:
+        doubts = self.doubts()
+        if doubts:
+            return "stranger (no invite) NOT shown to be kept out: " + "; ".join(doubts)
+        return (f"stranger (no invite) was refused by the invited nodes' DHT ({self.dht_refused} requests) and exited "
+                f"{self.code}, never in a group, never served state")
+
+
+def stranger_seen(run: DemoRun) -> StrangerSeen:
+    stranger = run.stranger
+    assert stranger is not None
+    code = stranger.process.returncode if stranger.process is not None and not stranger.running else None
+    lines = [line for line in stranger.log_tail(200).splitlines() if line.startswith("p2ptrain: ")]
+    honest = [status for name, status in run.last.items() if name != stranger.name]
+    return StrangerSeen(code=code, dht_refused=sum(s.dht_requests_refused_total for s in honest),
+                        averaging_refused=sum(s.averaging_refused_total for s in honest),
+                        last=run.last.get(stranger.name), wrote_state=stranger.state_dir.exists(),
+                        last_line=lines[-1] if lines else "")
+
+
 def _stranger(run: DemoRun, join: list[str], elapsed: float, duration: float, out: TextIO) -> None:
     """--private: a node that knows the run and an address, but has no invite, tries to join."""
     if run.stranger is None and elapsed >= STRANGER_AT * duration:
@@ -177,17 +250,16 @@ def _stranger(run: DemoRun, join: list[str], elapsed: float, duration: float, ou
                   f"--run {run.owned.ref if run.owned else ''}\n")
         return
     stranger = run.stranger
-    if stranger is None or stranger.running or any("stranger" in e for e in run.events):
+    if stranger is None or stranger.running or run.stranger_seen is not None:
         return
-    code = stranger.process.returncode if stranger.process is not None else None
-    lines = [line for line in stranger.log_tail(200).splitlines() if line.startswith("p2ptrain: ")]
-    refused = max((s.dht_requests_refused_total for n, s in run.last.items() if n != stranger.name), default=0)
-    run.events.append(f"stranger (no invite) was refused by the invited nodes' DHT and exited {code}; "
-                      f"they refused {refused} of its requests")
-    out.write(f"\n>>> stranger was refused and exited with code {code}; it never joined a group or got any state\n")
-    if lines:
-        out.write(f"    its last line: {lines[-1]}\n")
-    out.write(f"    the invited nodes refused {refused} of its DHT requests (dht_requests_refused_total)\n")
+    _report_stranger(run, out)
+
+
+def _report_stranger(run: DemoRun, out: TextIO) -> None:
+    """What was seen of the stranger, once: when it has exited, or when the demo ends."""
+    run.stranger_seen = seen = stranger_seen(run)
+    run.events.append(seen.event())
+    out.write("\n" + "\n".join(seen.lines()) + "\n")
 
 
 def _churn(run: DemoRun, join: list[str], elapsed: float, duration: float, out: TextIO) -> None:
@@ -238,12 +310,18 @@ def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
             else:
                 _churn(run, join, elapsed, duration, out)
             time.sleep(REFRESH_SECONDS)
+        if run.stranger is not None and run.stranger_seen is None:
+            # It gives up after its bootstrap timeout; on a busy machine it may not have got that far.
+            out.write(f"\nwaiting for the stranger to finish trying (at most {STRANGER_GRACE:.0f}s) ...\n")
+            run.stranger.wait(STRANGER_GRACE)
+            run.poll()
+            _report_stranger(run, out)  # say what was seen, not what was hoped
         run.poll()
         out.write("\nstopping all nodes (each writes a final checkpoint) ...\n")
         run.stop_all()
         print_summary(run, time.monotonic() - started, out)
         export_and_sample(run, out)
-        return 0
+        return 1 if run.stranger_seen is not None and run.stranger_seen.doubts() else 0
     except KeyboardInterrupt:
         out.write("\ninterrupted: stopping all nodes ...\n")
         run.stop_all()

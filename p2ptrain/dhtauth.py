@@ -37,7 +37,7 @@ from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from p2ptrain.admission import AdmissionGate
 from p2ptrain.errors import ConfigError, printable
-from p2ptrain.invite import InviteError, verify_invite
+from p2ptrain.invite import Invite, InviteError, verify_invite
 from p2ptrain.runref import RunRef
 
 logger = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class InviteAuthorizer(TokenAuthorizerBase):
         # Our own invite must hold now: hivemind asserts it on first use, deep inside an RPC.
         own = verify_invite(invite, ref=ref, peer_id=self.peer_id, now=clock(),
                             excluded={self.peer_id} if gate.is_excluded(self.peer_id) else set())
+        self.own_invite: Invite = own  # the node watches its expiry (daemon.runfollow)
         self._expires_at = own.expires_at
         self._known: collections.OrderedDict[tuple[str, bytes], tuple[str, int]] = collections.OrderedDict()
         self._logged: set[str] = set()

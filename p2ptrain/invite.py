@@ -24,6 +24,9 @@ from p2ptrain.runref import RunRef
 TOKEN_PREFIX = "p2ptrain-invite-v1."
 MAX_TOKEN_CHARS = 2048
 MAX_DAYS = 3660.0
+#: The shortest invite: one hour. Shorter ones would expire before a node could start and join with
+#: one (or, truncated to whole seconds, be born expired), and the warning ahead of expiry needs time.
+MIN_DAYS = 1 / 24
 _SIGNING_DOMAIN = b"p2ptrain-invite-v1\x00"
 
 
@@ -44,7 +47,8 @@ def _b64url(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-def _when(timestamp: float) -> str:
+def when(timestamp: float) -> str:
+    """A moment as people read it in a log line or an error: ``2026-07-01 12:00 UTC``."""
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(timestamp))
 
 
@@ -53,13 +57,24 @@ def issue_invite(key: OwnerKey, ref: RunRef, peer_id: str, days: float, now: flo
     check_peer_id(peer_id)
     if not ref.matches(key.public_key):
         raise InviteError(f"this owner key is not the key of run {ref}")
-    if not 0 < days <= MAX_DAYS:
-        raise InviteError(f"--days {days:g}: must be more than 0 and at most {MAX_DAYS:g}")
+    if not MIN_DAYS <= days <= MAX_DAYS:
+        raise InviteError(f"--days {days:g}: an invite lasts at least one hour (--days {MIN_DAYS:.4f}) and at "
+                          f"most {MAX_DAYS:g} days")
     issued = int(time.time() if now is None else now)
-    payload = {"run": str(ref), "peer": peer_id, "issued": issued, "expires": issued + int(days * 86400),
+    payload = {"run": str(ref), "peer": peer_id, "issued": issued, "expires": issued + round(days * 86400),
                "owner_key": encode_public_key(key.public_key)}
     raw = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode("ascii")
     return f"{TOKEN_PREFIX}{_b64url(raw)}.{_b64url(key.sign(_SIGNING_DOMAIN + raw))}"
+
+
+#: A running node warns once that its own invite is about to expire when less than this is left, or
+#: less than a tenth of the invite's life, whichever is shorter.
+WARN_AHEAD_SECONDS = 86400.0
+
+
+def warn_ahead(invite: Invite) -> float:
+    """Seconds before ``invite`` expires when its node says so (a day for most, less for short ones)."""
+    return min(WARN_AHEAD_SECONDS, (invite.expires_at - invite.issued_at) / 10)
 
 
 def _int(payload: dict[str, Any], name: str) -> int:
@@ -107,7 +122,7 @@ def verify_invite(token: str, *, ref: RunRef, peer_id: str | None = None, now: f
         raise InviteError(f"invite is for peer {invite.peer_id}, not {peer_id}")
     current = time.time() if now is None else now
     if current >= invite.expires_at:
-        raise InviteError(f"invite for peer {invite.peer_id} expired on {_when(invite.expires_at)}; "
+        raise InviteError(f"invite for peer {invite.peer_id} expired on {when(invite.expires_at)}; "
                           "ask the run's owner for a new one")
     if invite.peer_id in excluded:
         raise InviteError(f"peer {invite.peer_id} was banned or its invite revoked by the run's owner")

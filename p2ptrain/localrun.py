@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from p2ptrain.atomicfile import write_atomic
 from p2ptrain.config import NodeConfig
 from p2ptrain.invite import issue_invite
 from p2ptrain.localswarm import LOOPBACK_TRAINING
-from p2ptrain.manifest import LOCAL_TASK, LOCAL_TRAINING, Manifest, is_data_url, new_manifest
+from p2ptrain.manifest import LOCAL_TRAINING, Manifest, new_manifest
 from p2ptrain.owner import OwnerKey
-from p2ptrain.run_cli import KEY_FILE, MANIFEST_FILE, choose_fingerprint, write_atomic
+from p2ptrain.run_cli import KEY_FILE, MANIFEST_FILE, choose_fingerprint
+from p2ptrain.runconfig import local_data_path, run_wide
 from p2ptrain.runref import RunRef
 
 
@@ -46,31 +48,9 @@ class LocalRun:
         """The next manifest version with ``changes`` (e.g. ``training={...}``, ``revoked=(...)``), signed
         and written over the manifest file (what ``p2ptrain run update`` does)."""
         manifest = dataclasses.replace(self.manifest, version=self.manifest.version + 1, **changes).signed(self.key)
-        write_atomic(self.manifest_path, manifest.to_toml())
+        write_atomic(self.manifest_path, manifest.to_toml().encode("utf-8"))
         self.manifest = manifest
         return manifest
-
-
-def _local_data_path(overrides: Mapping[str, Mapping[str, Any]]) -> Any:
-    """The overrides' data path when it is a local one (each node's own), else None."""
-    data_path = overrides.get("task", {}).get("data_path")
-    return data_path if data_path is not None and not is_data_url(str(data_path)) else None
-
-
-def run_wide(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The manifest's part of per-section overrides: [task] (less local fields and a local data path)
-    and run-wide [training]."""
-    local_data = _local_data_path(overrides) is not None
-    return {"task": {k: v for k, v in overrides.get("task", {}).items()
-                     if k not in LOCAL_TASK and not (k == "data_path" and local_data)},
-            "training": {k: v for k, v in overrides.get("training", {}).items() if k not in LOCAL_TRAINING}}
-
-
-def local_only(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """A node's part of per-section overrides: everything but the manifest's."""
-    wide = run_wide(overrides)
-    return {section: {k: v for k, v in values.items() if k not in wide.get(section, {})}
-            for section, values in overrides.items()}
 
 
 def create_local_run(directory: Path, name: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *,
@@ -82,7 +62,7 @@ def create_local_run(directory: Path, name: str, overrides: Mapping[str, Mapping
     """
     wide = run_wide(overrides or {})
     training = {k: v for k, v in LOOPBACK_TRAINING.items() if k not in LOCAL_TRAINING} | wide["training"]
-    local_data = _local_data_path(overrides or {})  # the manifest then says each node brings its own
+    local_data = local_data_path(overrides or {})  # the manifest then says each node brings its own
     task = wide["task"] | ({"data_path": local_data} if local_data is not None else {})
     config = NodeConfig.model_validate({"task": task, "training": training})
     recorded = choose_fingerprint(fingerprint, config)
@@ -92,5 +72,5 @@ def create_local_run(directory: Path, name: str, overrides: Mapping[str, Mapping
         manifest = dataclasses.replace(manifest, fingerprint=recorded).signed(key)
     directory.mkdir(parents=True, exist_ok=True)
     key.save(directory / KEY_FILE)
-    write_atomic(directory / MANIFEST_FILE, manifest.to_toml())
+    write_atomic(directory / MANIFEST_FILE, manifest.to_toml().encode("utf-8"))
     return LocalRun(directory, key, manifest)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -166,14 +167,12 @@ class Manifest:
     def signed(self, key: OwnerKey) -> Manifest:
         if key.public_key != self.owner_key:
             raise ManifestError(f"owner key is not the key of run {self.ref}")
-        problem = data_problem(self.task.get("data_path"), self.local_data)
+        problem = data_problem(self.task.get("data_path"), self.local_data) or unwritable(self.sections())
         if problem:
             raise ManifestError(f"run {self.ref}: {problem}")
-        try:
-            self.to_toml()  # every value must have a TOML form before it is signed
-        except (TypeError, ValueError) as exc:
-            raise ManifestError(f"run {self.ref}: a value cannot be written to the manifest ({exc})") from None
-        return dataclasses.replace(self, signature=key.sign(self.signing_bytes()))
+        signed = dataclasses.replace(self, signature=key.sign(self.signing_bytes()))
+        _check_reads_back(signed)
+        return signed
 
     def verify(self, ref: RunRef | None = None, origin: str = "manifest") -> Manifest:
         """Raise :class:`ManifestError` unless the owner signed exactly this (for ``ref``, if given)."""
@@ -197,6 +196,100 @@ class Manifest:
 
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
+
+
+def _leaves(value: Any, where: str) -> Iterator[tuple[str, Any]]:
+    """Every value inside ``value`` that is not a table or an array, with its dotted name; a table's
+    key that is not text comes as a leaf of its own (``KeyError`` stands for it)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str):
+                yield from _leaves(item, f"{where}.{key}")
+            else:
+                yield f"{where}.{key!r}", KeyError
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _leaves(item, f"{where}[{index}]")
+    else:
+        yield where, value
+
+
+def _not_finite(where: str, leaf: Any) -> str | None:
+    if isinstance(leaf, float) and not math.isfinite(leaf):
+        return f"{where}: {leaf!r} is not a finite number; a run manifest holds finite numbers only"
+    return None
+
+
+def non_finite(values: Mapping[str, Any], section: str) -> str | None:
+    """The first number in a config section's fields (before JSON conversion turns nan and inf into
+    nothing) that is not finite, by name, as the reason they cannot go into a manifest; or None."""
+    return next((p for where, leaf in _leaves(values, section) if (p := _not_finite(where, leaf))), None)
+
+
+def unwritable(sections: Mapping[str, Any]) -> str | None:
+    """Why a manifest's values (:meth:`Manifest.sections`) cannot be signed and read back as the same
+    values, or None; names the first such value. TOML, the file's form, has no null, and JSON (what
+    is signed) has no nan or inf; a field left unset (None right under its section) is left out."""
+    for section in ("run", "admission", "task", "training"):
+        for name, value in sections[section].items():
+            if value is None:
+                continue
+            for where, leaf in _leaves(value, f"{section}.{name}"):
+                problem = _leaf_problem(where, leaf)
+                if problem:
+                    return problem
+    return None
+
+
+def _leaf_problem(where: str, leaf: Any) -> str | None:
+    if leaf is KeyError:
+        return f"{where}: a key that is not text"
+    if leaf is None:
+        return f"{where}: has no value (TOML, a manifest's form, has no null)"
+    if isinstance(leaf, bool):
+        return None
+    if isinstance(leaf, int):
+        return None if -(2**63) <= leaf < 2**63 else f"{where}: integer {leaf} does not fit TOML's 64 bits"
+    if isinstance(leaf, float):
+        return _not_finite(where, leaf)
+    if isinstance(leaf, str):
+        return None if _is_unicode(leaf) else f"{where}: text that is not valid Unicode"
+    return f"{where}: a {type(leaf).__name__}, which has no TOML form"
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_reads_back(manifest: Manifest) -> None:
+    """Raise one line naming the first value whose file form would not read back as signed: a
+    manifest that cannot verify must never be written (the file is how every node receives it)."""
+    origin = f"run {manifest.ref}"
+    try:
+        back = parse_manifest(manifest.to_toml(), origin)
+    except ManifestError as error:
+        raise ManifestError(f"{error} (in the manifest about to be signed)") from None
+    if back.signing_bytes() == manifest.signing_bytes():
+        return
+    where = _first_change(manifest.sections(), back.sections(), "") or "a value"
+    raise ManifestError(f"{origin}: {where.lstrip('.')}: would not read back from the manifest file as signed")
+
+
+def _first_change(ours: Any, theirs: Any, where: str) -> str | None:
+    if isinstance(ours, Mapping) and isinstance(theirs, Mapping):
+        for key in [*ours, *(k for k in theirs if k not in ours)]:
+            found = _first_change(ours.get(key), theirs.get(key), f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(ours, list | tuple) and isinstance(theirs, list | tuple) and len(ours) == len(theirs):
+        return next((f for i, (a, b) in enumerate(zip(ours, theirs, strict=True))
+                     if (f := _first_change(a, b, f"{where}[{i}]"))), None)
+    return None if canonical_json(ours) == canonical_json(theirs) else where
 
 
 def _describe(error: ValidationError, origin: str, section: str) -> str:
@@ -374,6 +467,10 @@ def settings_from(task: TaskSection, training: TrainingSection) -> RunSettings:
     Machine-local fields stay out; a local ``data_path`` becomes ``local_data`` (every node then names
     its own copy), a URL stays in.
     """
+    problem = (non_finite({name: getattr(task, name) for name in RUN_WIDE_TASK}, "task")
+               or non_finite({name: getattr(training, name) for name in RUN_WIDE_TRAINING}, "training"))
+    if problem:  # JSON conversion would turn it into nothing, silently
+        raise ManifestError(problem)
     task_all, training_all = task.model_dump(mode="json"), training.model_dump(mode="json")
     values = {name: task_all[name] for name in RUN_WIDE_TASK}
     local_data = values["data_path"] is not None and not is_data_url(values["data_path"])

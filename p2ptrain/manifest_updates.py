@@ -1,9 +1,10 @@
 """Manifest updates: what changed between two versions, whether a running node may apply it, and
 which version a node holds (never an older one again).
 
-A change is *live* when a running node can apply it at its next epoch boundary without
-rebuilding anything (learning rate and schedule, weight decay, clipping, the target batch size,
-how often state is averaged, bans and revocations); it *needs a restart* when the model, the
+A change is *live* when a running node can apply it without rebuilding anything: training
+settings (learning rate and schedule, weight decay, clipping, the target batch size, how often
+state is averaged) at its next epoch boundary, bans and revocations as soon as it holds the new
+version (its keeper updates the admission gate then); it *needs a restart* when the model, the
 task, the mode or anything baked into the optimizer when it was built changes, which includes
 the matchmaking window and the averaging timeout: hivemind's averagers run in forked processes
 that took them (and request timeouts derived from them) at build time. The node decides what to
@@ -41,6 +42,15 @@ class FieldChange:
     new: Any
     live: bool
 
+    @property
+    def when(self) -> str:
+        """How a running node takes the change up, in words (``p2ptrain run update`` prints it)."""
+        if not self.live:
+            return "nodes restart to apply it"
+        if self.field.startswith("training."):
+            return "applied live at an epoch boundary"
+        return "applied as soon as a node has this version"
+
 
 @dataclass(frozen=True)
 class ManifestChange:
@@ -52,7 +62,7 @@ class ManifestChange:
 
     @property
     def live(self) -> bool:
-        """True when every change can be applied by a running node at an epoch boundary."""
+        """True when a running node can apply every change without a restart."""
         return all(change.live for change in self.changes)
 
     @property

@@ -20,14 +20,14 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from p2ptrain.admission import AdmissionGate
 from p2ptrain.config import ConfigError, NodeConfig
-from p2ptrain.invite import InviteError, verify_invite
+from p2ptrain.invite import Invite, InviteError, verify_invite
 from p2ptrain.manifest import Manifest
 from p2ptrain.manifest_source import FileSource, SourceUnavailable
 from p2ptrain.manifest_store import ManifestStore
@@ -54,6 +54,10 @@ class RunPlan:
     store: ManifestStore | None = None
     #: Where ``manifest`` came from, in words (``run show`` / ``config check``).
     source: str = ""
+    #: Set when the manifest at hand (the file, or the version kept from an earlier start) bans this
+    #: node or revokes its invite: the one line to end with unless the swarm holds a newer version
+    #: that readmits it (``run update --unrevoke`` / ``--unban``), which is fetched before anything else.
+    excluded_by: str | None = None
 
     def dht_kwargs(self) -> dict[str, Any]:
         """Extra ``hivemind.DHT`` keyword arguments (the authorizer of an invite run)."""
@@ -118,7 +122,28 @@ def settle(plan: RunPlan, manifest: Manifest) -> RunPlan:
         raise ConfigError(f"swarm.invite: this node ({own}) was banned or its invite revoked in run {manifest.ref} "
                           f"(manifest version {manifest.version})")
     plan.gate.update(manifest.policy, (own,) if own else (), manifest.excluded())
-    return dataclasses.replace(plan, config=config, manifest=manifest)
+    return dataclasses.replace(plan, config=config, manifest=manifest, excluded_by=None)
+
+
+def fetch_readmitting(plan: RunPlan, initial_peers: Sequence[str], stopping: Callable[[], bool],
+                      fetch: Callable[[RunPlan], RunPlan]) -> RunPlan:
+    """``fetch(plan)``: the swarm's manifest settled into a plan that has none yet (the one-line join).
+
+    A node whose own manifest excluded it (``plan.excluded_by``) is looking for a newer version that
+    readmits it: when the swarm gives none, it ends with that line (exit 78, not restarted) instead
+    of a swarm error that the service manager would retry forever.
+    """
+    from p2ptrain.swarm import SwarmError  # hivemind
+
+    if plan.excluded_by is not None and not initial_peers:
+        raise ConfigError(f"{plan.excluded_by}; to look for a newer version that readmits it, give --join ADDR")
+    try:
+        return fetch(plan)
+    except (SwarmError, SourceUnavailable) as error:
+        if plan.excluded_by is None or stopping():
+            raise
+        raise ConfigError(f"{plan.excluded_by}; no newer version that readmits it came from the swarm "
+                          f"({error})") from None
 
 
 def _newest(*manifests: Manifest | None) -> Manifest | None:
@@ -127,13 +152,17 @@ def _newest(*manifests: Manifest | None) -> Manifest | None:
 
 def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = None,
                 clock: Callable[[], float] = time.time) -> RunPlan | None:
-    """The plan for ``config``'s owned run, or None for a plain run (neither swarm.run nor swarm.manifest).
+    """The plan for ``config``'s owned run, or None for a plain run (neither swarm.run nor swarm.manifest;
+    then no swarm.invite either).
 
     Reads the manifest file, the manifest kept from an earlier start (the newer of the two is
     used) and the identity; writes nothing.
     """
     swarm = config.swarm
     if swarm.run is None and swarm.manifest is None:
+        if swarm.invite is not None:  # else the node would train in a plain run, its invite ignored
+            raise ConfigError("swarm.invite: an invite admits a node to an owned run, and this config names none: it "
+                              "needs swarm.run (the run's reference; or --run REF) or swarm.manifest")
         return None
     ref = RunRef.parse(swarm.run) if swarm.run is not None else None
     from_file = FileSource(swarm.manifest, ref).fetch() if swarm.manifest is not None else None
@@ -167,9 +196,17 @@ def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = 
     if swarm.invite is not None:
         current = clock() if now is None else now
         try:
-            invite = verify_invite(swarm.invite, ref=ref, now=current, excluded=excluded)
+            invite = verify_invite(swarm.invite, ref=ref, now=current)
         except InviteError as error:
             raise ConfigError(f"swarm.invite: {error}") from None
+        if manifest is not None and invite.peer_id in excluded:
+            # Only a newer version can readmit this node, and the swarm may hold one: the node asks
+            # it first (as a one-line join does), and ends with this line if none comes.
+            plan.excluded_by = (f"swarm.invite: this node ({invite.peer_id}) was banned or its invite revoked in run "
+                                f"{ref} (manifest version {manifest.version}, {source})")
+            plan.config, plan.manifest, plan.source = unmerged, None, ""
+            excluded = excluded - {invite.peer_id}
+            gate.update(policy, (), excluded)
         if not identity_file.exists():
             raise ConfigError(f"swarm.invite: is for peer {invite.peer_id}, but this node has no identity yet "
                               f"({identity_file}); create it with p2ptrain run peer-id and ask for an invite for it")
@@ -285,7 +322,8 @@ class RunKeeper:
 
     def poll(self) -> Offer | None:
         """Re-publish, look for a newer manifest and current members; returns the offer of a newly
-        accepted manifest version (the node applies it at the next epoch boundary, or restarts)."""
+        accepted manifest version. Its bans and revocations are in the gate when this returns; the node
+        applies its training settings at the next epoch boundary, or restarts for the rest."""
         from p2ptrain.rundht import (
             manifest_key,
             members_key,
@@ -353,6 +391,11 @@ class RunKeeper:
         self._next_publish = self._clock()
         return offer
 
+    @property
+    def own_invite(self) -> Invite | None:
+        """This node's own invite (an invite run), whose expiry ends its part in the run."""
+        return self.plan.authorizer.own_invite if self.plan.authorizer is not None else None
+
     def is_excluded(self, peer_id: str) -> bool:
         """Whether the current manifest bans ``peer_id`` or revokes its invite."""
         return peer_id in self._excluded()
@@ -418,6 +461,7 @@ class RunKeeper:
             "fingerprint_entries_refused_total": sum(_counter_total(v, "fingerprint_counter")
                                                      for v in self.plan.validators),
             "averaging_refused_total": self.plan.gate.refused_total,
+            "invite_expires_at": float(self.own_invite.expires_at) if self.own_invite is not None else 0.0,
         }
 
 

@@ -14,30 +14,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.atomicfile import write_atomic
 from p2ptrain.config import ConfigError, NodeConfig, load_config
-from p2ptrain.invite import issue_invite
+from p2ptrain.invite import issue_invite, parse_invite, when
 from p2ptrain.manifest import Manifest, ManifestError, new_manifest, read_manifest_file, utc_now
 from p2ptrain.manifest_source import SourceUnavailable, manifest_path, open_source
 from p2ptrain.manifest_updates import classify
 from p2ptrain.owner import OwnerKey, encode_public_key
 from p2ptrain.peerid import check_peer_id
-from p2ptrain.runconfig import apply_settings
+from p2ptrain.runconfig import apply_settings, owner_node_config
 from p2ptrain.runref import RunRef, check_name
+from p2ptrain.tomlfile import read_toml
 
 KEY_FILE = "owner.key"
 MANIFEST_FILE = "manifest.toml"  # the name manifest_source.manifest_path looks for in a run's directory
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to a temp file beside ``path``, fsync, then rename over it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+NODE_FILE = "node.toml"  # the owner's node config: local matters, the run by reference and manifest
 
 
 def choose_fingerprint(choice: str, config: NodeConfig) -> str | None:
@@ -73,23 +64,86 @@ def _owner_key(path: Path, ref: RunRef) -> OwnerKey:
     return key
 
 
+class CannotCreate(Exception):
+    """The run's folder cannot be made; the message is the one line to show."""
+
+
+#: sysexits.h EX_CANTCREAT: a (user specified) output file cannot be created.
+EX_CANTCREAT = 73
+
+
+def _blocking_file(directory: Path) -> Path | None:
+    """The first existing part of ``directory``'s path that is not a folder, if any."""
+    for part in reversed((directory, *directory.parents)):
+        try:
+            if part.exists() and not part.is_dir():
+                return part
+        except OSError:  # cannot look inside: mkdir says why
+            return None
+    return None
+
+
+def make_run_dir(directory: Path) -> list[Path]:
+    """Create ``directory`` (and its missing parents); the folders created, outermost first.
+
+    Raises :class:`CannotCreate` with one line naming the folder (a file in the way, a read-only
+    place), so that a folder that cannot be made is found before the model is built.
+    """
+    blocking = _blocking_file(directory)
+    if blocking is not None:
+        raise CannotCreate(f"--dir {directory}: {blocking} exists and is not a folder")
+    created = [part for part in reversed((directory, *directory.parents)) if not part.exists()]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        remove_empty(created)
+        raise CannotCreate(f"--dir {directory}: cannot create it ({exc.strerror or exc})") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        remove_empty(created)
+        raise CannotCreate(f"--dir {directory}: cannot write there (permission denied)")
+    return created
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Take back folders this command created, innermost first, as long as they are empty."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def init_command(args: argparse.Namespace) -> int:
     name = check_name(args.name)
     config = load_config(args.from_config) if args.from_config is not None else NodeConfig()
     directory: Path = args.dir if args.dir is not None else Path(name)
-    key_path, manifest_path = directory / KEY_FILE, directory / MANIFEST_FILE
-    for path in (key_path, manifest_path):
+    key_path, manifest_path, node_path = directory / KEY_FILE, directory / MANIFEST_FILE, directory / NODE_FILE
+    for path in (key_path, manifest_path, node_path):
         if path.exists():
             raise ConfigError(f"{path}: already exists; a run is created once (change it with p2ptrain run update)")
-    fingerprint = choose_fingerprint(args.fingerprint, config)
+    if args.fingerprint not in ("auto", "none"):
+        choose_fingerprint(args.fingerprint, config)  # only checks the hex: nothing is built
     key = OwnerKey.generate()
+    # Refuses what cannot be signed, before the folder is made or the model built.
     manifest = new_manifest(key, name, config.task, config.training, policy="invite" if args.private else "open")
-    if fingerprint is not None:
-        manifest = dataclasses.replace(manifest, fingerprint=fingerprint).signed(key)
-    directory.mkdir(parents=True, exist_ok=True)
-    key.save(key_path)
-    write_atomic(manifest_path, manifest.to_toml())
+    try:
+        created = make_run_dir(directory)
+    except CannotCreate as error:
+        print(f"p2ptrain: {error}", file=sys.stderr)
+        return EX_CANTCREAT
+    try:
+        fingerprint = choose_fingerprint(args.fingerprint, config)
+        if fingerprint is not None:
+            manifest = dataclasses.replace(manifest, fingerprint=fingerprint).signed(key)
+        key.save(key_path)
+    except BaseException:
+        remove_empty(created)
+        raise
+    write_atomic(manifest_path, manifest.to_toml().encode("utf-8"))
     ref = manifest.ref
+    source = read_toml(args.from_config) if args.from_config is not None else {}
+    node_config = owner_node_config(source, ref, manifest_path, str(args.from_config or "defaults"))
+    write_atomic(node_path, node_config.encode("utf-8"))
     print(f"created run {ref}")
     if manifest.local_data:
         print(f"  data       task.data_path {config.task.data_path} is a path on this machine: it stays out of the "
@@ -97,13 +151,16 @@ def init_command(args: argparse.Namespace) -> int:
               "or a SHA256SUMS index at one, would go into the manifest for all)")
     print(f"  owner key  {key_path}  (keep it private and backed up: whoever holds it owns the run)")
     print(f"  manifest   {manifest_path}  (version 1, {manifest.policy} run)")
+    kept = f"the local settings of {args.from_config}" if args.from_config is not None else "local settings"
+    print(f"  node       {node_path}  ({kept}, the run's reference and manifest: its [task] and [training] "
+          "come from the manifest only, so p2ptrain run update never contradicts it)")
     print("start the run's first node with:")
-    print(f"  p2ptrain run --run {ref} --manifest {manifest_path}")
+    print(f"  p2ptrain run --config {node_path}")
     print("volunteers join with one line (ADDR: the address that node logs):")
     print(f"  p2ptrain run --join ADDR --run {ref}")
     if args.private:
         print("this run is invite-only: invite each node, your own too, by its peer ID "
-              "(p2ptrain run peer-id --config node.toml prints it):")
+              f"(p2ptrain run peer-id --config {node_path} prints it), and put the token in its swarm.invite:")
         print(f"  p2ptrain run invite {manifest_path} PEER_ID --days 30")
     return 0
 
@@ -156,15 +213,25 @@ def _run_and_manifest(target: str) -> tuple[RunRef, Path | None]:
     return RunRef.parse(target), None
 
 
-def _refuse_open_run(path: Path, ref: RunRef) -> None:
-    """An invite means nothing in an open run, and a node that sets one there is refused."""
+def _check_invitable(path: Path, ref: RunRef, peer_id: str) -> None:
+    """Refuse an invite the run's manifest (when it is at hand) would make worthless: one in an open
+    run (a node that sets one there is refused), or one for a peer the manifest bans or revokes."""
     if not path.is_file():
         return  # only the reference is known here: the run may well be invite-only
     manifest = read_manifest_file(path)
-    if manifest.ref == ref and manifest.policy == "open":
+    if manifest.ref != ref:
+        return
+    where = f"run {ref} (manifest version {manifest.version})"
+    if manifest.policy == "open":
         raise ConfigError(f"run {ref} is open to everyone (manifest version {manifest.version}): nobody needs an "
                           "invite, and a node that sets one is refused; make the run invite-only first: "
                           f"p2ptrain run update {path} --private")
+    if peer_id in manifest.banned:
+        raise ConfigError(f"peer {peer_id} is banned from {where}: an invite would not admit it; lift the ban "
+                          f"first: p2ptrain run update {path} --unban {peer_id}")
+    if peer_id in manifest.revoked:
+        raise ConfigError(f"peer {peer_id}'s invites to {where} are revoked: a new one would not admit it; readmit "
+                          f"it first: p2ptrain run update {path} --unrevoke {peer_id}")
 
 
 def invite_command(args: argparse.Namespace) -> int:
@@ -172,12 +239,31 @@ def invite_command(args: argparse.Namespace) -> int:
     peer_id = check_peer_id(args.peer_id)
     key_path = _key_beside(manifest_path, ref, args.key)
     key = _owner_key(key_path, ref)
-    _refuse_open_run(manifest_path or key_path.parent / MANIFEST_FILE, ref)
+    _check_invitable(manifest_path or key_path.parent / MANIFEST_FILE, ref, peer_id)
     token = issue_invite(key, ref, peer_id, args.days)
+    invite, _, _ = parse_invite(token)
     print(token)
-    print(f"invite for peer {peer_id} to run {ref}, valid {args.days:g} days. In that node's config:\n"
+    print(f"invite for peer {peer_id} to run {ref}, valid until {when(invite.expires_at)} "
+          f"({_lasts(invite.expires_at - invite.issued_at)}). In that node's config:\n"
           f'  [swarm]\n  run = "{ref}"\n  invite = "<the token above>"', file=sys.stderr)
     return 0
+
+
+def _lasts(seconds: int) -> str:
+    """How long an invite lasts, in the unit that reads best."""
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.3g} hours"
+    return f"{seconds / 86400:.3g} days"
+
+
+def _peer_list(current: tuple[str, ...], add: list[str], remove: list[str], flags: tuple[str, str]) -> tuple[str, ...]:
+    """``current`` with ``add`` and without ``remove`` (each checked); a peer in both is refused."""
+    added = {check_peer_id(p, flags[0]) for p in add}
+    removed = {check_peer_id(p, flags[1]) for p in remove}
+    both = added & removed
+    if both:
+        raise ConfigError(f"{flags[0]} and {flags[1]} of the same peer ({sorted(both)[0]}): give one of them")
+    return tuple(sorted((set(current) | added) - removed))
 
 
 def update_command(args: argparse.Namespace) -> int:
@@ -186,10 +272,10 @@ def update_command(args: argparse.Namespace) -> int:
     ref = old.ref
     key = _owner_key(_key_beside(path, ref, args.key), ref)
     updated = apply_settings(old, args.set)
-    banned = set(updated.banned) | {check_peer_id(p, "--ban") for p in args.ban}
-    banned -= {check_peer_id(p, "--unban") for p in args.unban}
-    revoked = set(updated.revoked) | {check_peer_id(p, "--revoke") for p in args.revoke}
-    changes: dict[str, Any] = {"banned": tuple(sorted(banned)), "revoked": tuple(sorted(revoked))}
+    changes: dict[str, Any] = {
+        "banned": _peer_list(updated.banned, args.ban, args.unban, ("--ban", "--unban")),
+        "revoked": _peer_list(updated.revoked, args.revoke, args.unrevoke, ("--revoke", "--unrevoke")),
+    }
     if args.policy is not None:
         changes["policy"] = args.policy
     choice = args.fingerprint
@@ -203,16 +289,15 @@ def update_command(args: argparse.Namespace) -> int:
     updated = dataclasses.replace(updated, **changes)
     change = classify(old, updated)
     if not change.changes:
-        raise ManifestError(f"run update {path}: nothing changes (give --set, --ban, --revoke, --private, --open "
-                            "or --fingerprint)")
+        raise ManifestError(f"run update {path}: nothing changes (give --set, --ban, --unban, --revoke, "
+                            "--unrevoke, --private, --open or --fingerprint)")
     new = dataclasses.replace(updated, version=old.version + 1, updated_at=utc_now()).signed(key)
-    write_atomic(path, new.to_toml())
+    write_atomic(path, new.to_toml().encode("utf-8"))
     print(f"run {ref}: manifest version {old.version} -> {new.version} written to {path}")
     for item in classify(old, new).changes:
         if item.field == "run.updated_at":
             continue
-        how = "applied live at an epoch boundary" if item.live else "nodes restart to apply it"
-        print(f"  {item.field}: {item.old!r} -> {item.new!r}  ({how})")
+        print(f"  {item.field}: {item.old!r} -> {item.new!r}  ({item.when})")
     print("nodes pick it up from the swarm once a node of the run holds it "
           f"(start one with --manifest {path}, or restart one)")
     return 0

@@ -12,7 +12,8 @@ config that never mentions ``training.lr`` simply follows the run, one that says
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -22,14 +23,18 @@ from p2ptrain.config_checks import missing_data_path
 from p2ptrain.manifest import (
     LOCAL_DATA_KEY,
     LOCAL_TASK,
+    LOCAL_TRAINING,
     RUN_WIDE_TASK,
     RUN_WIDE_TRAINING,
     Manifest,
     is_data_url,
+    non_finite,
 )
+from p2ptrain.runref import RunRef
 from p2ptrain.tomlfile import parse_literal
+from p2ptrain.tomlwrite import toml_table
 
-__all__ = ["LOCAL_TASK", "apply_settings", "merge_manifest"]
+__all__ = ["LOCAL_TASK", "apply_settings", "local_only", "merge_manifest", "owner_node_config", "run_wide"]
 _DEFAULT_RUN_ID = SwarmSection.model_fields["run_id"].default
 
 
@@ -144,13 +149,63 @@ def apply_settings(manifest: Manifest, assignments: Iterable[str]) -> Manifest:
         else:
             raise ConfigError(f"{where}: only task.* and training.* settings live in the manifest")
     try:
-        task_all = TaskSection.model_validate(task).model_dump(mode="json")
-        training_all = TrainingSection.model_validate(training).model_dump(mode="json")
+        task_section, training_section = TaskSection.model_validate(task), TrainingSection.model_validate(training)
     except ValidationError as error:
         first = error.errors()[0]
         section = "task" if error.title == "TaskSection" else "training"
         field = ".".join([section, *(str(p) for p in first["loc"])])
         raise ConfigError(f"--set {field}: {first['msg'].removeprefix('Value error, ')}") from None
+    problem = non_finite(task_section.model_dump(), "task") or non_finite(training_section.model_dump(), "training")
+    if problem:  # checked before JSON conversion turns nan and inf into nothing
+        raise ConfigError(f"--set {problem}")
+    task_all, training_all = task_section.model_dump(mode="json"), training_section.model_dump(mode="json")
     return dataclasses.replace(manifest, task={name: task_all[name] for name in RUN_WIDE_TASK},
                                training={name: training_all[name] for name in RUN_WIDE_TRAINING},
                                local_data=local_data)
+
+
+def local_data_path(overrides: Mapping[str, Mapping[str, Any]]) -> Any:
+    """The overrides' data path when it is a local one (each node's own), else None."""
+    data_path = overrides.get("task", {}).get("data_path")
+    return data_path if data_path is not None and not is_data_url(str(data_path)) else None
+
+
+def run_wide(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The manifest's part of per-section overrides: [task] (less local fields and a local data path)
+    and run-wide [training]."""
+    local_data = local_data_path(overrides) is not None
+    return {"task": {k: v for k, v in overrides.get("task", {}).items()
+                     if k not in LOCAL_TASK and not (k == "data_path" and local_data)},
+            "training": {k: v for k, v in overrides.get("training", {}).items() if k not in LOCAL_TRAINING}}
+
+
+def local_only(overrides: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A node's part of per-section overrides: everything but the manifest's."""
+    wide = run_wide(overrides)
+    return {section: {k: v for k, v in values.items() if k not in wide.get(section, {})}
+            for section, values in overrides.items()}
+
+
+#: [swarm] keys the run decides (run_id), or that name another run: never copied into an owner's node config.
+_RUN_SWARM_KEYS = ("run_id", "run", "manifest", "invite")
+
+
+def owner_node_config(source: Mapping[str, Any], ref: RunRef, manifest_path: Path, origin: str) -> str:
+    """The config of the run's first node (its owner's): ``source``'s local matters, the run by reference and
+    its manifest file.
+
+    The run's own settings stay out: the manifest decides them, and a node config that repeated them
+    would contradict the next ``p2ptrain run update`` of any of them (exit 78, never restarted).
+    ``source`` is a node config file's parsed TOML (not the environment's overrides), ``origin`` its name.
+    """
+    local = local_only({name: dict(values) for name, values in source.items() if isinstance(values, Mapping)})
+    swarm = {key: value for key, value in local.pop("swarm", {}).items() if key not in _RUN_SWARM_KEYS}
+    sections = {"swarm": {"run": str(ref), "manifest": str(manifest_path.resolve()), **swarm},
+                **{name: values for name, values in local.items() if values}}
+    lines = [f"# The node config of run {ref}'s first node, written by p2ptrain run init from {origin}.",
+             "# Local matters only: the run's [task] and [training] settings come from its signed manifest",
+             "# (swarm.manifest), and change with: p2ptrain run update " + str(manifest_path) + " --set ...",
+             "# Start the node with: p2ptrain run --config <this file>", ""]
+    for name, values in sections.items():
+        lines += [*toml_table(name, values), ""]
+    return "\n".join(lines)

@@ -301,6 +301,9 @@ class StatusSnapshot:
     dht_requests_refused_total: int = 0
     averaging_refused_total: int = 0
     records_not_admitted: int = 0
+    #: An invite run: when this node's own invite expires (Unix time; 0: no invite). The node warns a
+    #: day ahead (less for short invites) and stops with exit 78 when it does.
+    invite_expires_at: float = 0.0
     #: Whether this node checks what peers send (swarm.peer_checks); False: it trusts every peer.
     peer_checks: bool = False
     #: Offences by peers since start, by kind (see p2ptrain.peergate.OFFENCE_KINDS), and in total.

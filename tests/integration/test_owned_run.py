@@ -30,7 +30,7 @@ from p2ptrain.admission_averager import admitting
 from p2ptrain.cli import main
 from p2ptrain.config import EX_CONFIG, TaskSection, TrainingSection
 from p2ptrain.localrun import create_local_run
-from p2ptrain.localswarm import LocalNode
+from p2ptrain.localswarm import LocalNode, local_node_config
 from p2ptrain.manifest import LOCAL_TRAINING, new_manifest
 from p2ptrain.owner import OwnerKey
 from p2ptrain.rundht import fingerprint_key, manifest_key
@@ -110,6 +110,36 @@ def test_one_line_join_forgeries_refused_and_a_live_update(make_node, tmp_path, 
         wait_until(lambda node=node: applied in node.log_path.read_text(), 30, "version 2 applied")
     assert "training.lr 0.002 -> 0.0005; applied at the next epoch boundary" in volunteer.log_path.read_text()
     assert volunteer.status().state == "training"
+
+
+@pytest.mark.timeout(240)
+def test_the_owner_s_workflow_init_start_update_restart(make_node, tmp_path):
+    """As the README has it: a node config with the run's settings, run init --from-config, the first
+    node started with the config init wrote, updates of settings that config had (one applied live,
+    one by the restart its exit 75 asks for), and the restarted node trains with the new version."""
+    source = tmp_path / "node.toml"
+    source.write_text(local_node_config(tmp_path / "own" / "state", "before-the-run", {
+        "task": TINY_TASK, "training": {**RUN_SETTINGS["training"], "validate_every": 5.0}}))
+    assert main(["run", "init", "own", "--from-config", str(source), "--dir", str(tmp_path / "own"),
+                 "--fingerprint", "none"]) == 0
+    manifest = tmp_path / "own" / "manifest.toml"
+    owner = make_node("own", owned=True)  # its config: the one run init wrote, own/node.toml
+    assert owner.config_path.exists() and "lr" not in owner.config_path.read_text()
+    owner.start()
+    owner.wait_for(lambda s: s.state == "training" and s.manifest_version == 1, 120, "training with version 1")
+
+    assert main(["run", "update", str(manifest), "--set", "training.lr=3e-4"]) == 0
+    owner.wait_for(lambda s: s.manifest_version == 2, 60, "manifest version 2")
+    wait_until(lambda: "applied manifest version 2 at epoch" in owner.log_path.read_text(), 60, "the lr applied")
+    assert main(["run", "update", str(manifest), "--set", "training.batch_size=4"]) == 0
+    assert owner.wait(90) == 75, owner.log_tail()
+    assert "training.batch_size 8 -> 4 (needs a restart)" in owner.log_path.read_text()
+
+    owner.start()  # what systemd does after exit 75
+    status = owner.wait_for(lambda s: s.state == "training" and s.local_epoch >= 1, 120, "training after restart")
+    assert status.manifest_version == 3 and owner.running
+    log = owner.log_path.read_text()
+    assert "config error" not in log and "this node's config says" not in log, owner.log_tail()
 
 
 def test_invite_run_refuses_a_stranger_admits_the_invited_and_drops_the_revoked(make_node, tmp_path):

@@ -98,8 +98,10 @@ def test_damaged_tokens_are_one_line(bad, ref):
 def test_issue_refuses_bad_input(key, ref):
     with pytest.raises(InviteError, match="this owner key is not the key of run"):
         issue_invite(OwnerKey.generate(), ref, PEER, 30)
-    with pytest.raises(InviteError, match=r"--days 0: must be more than 0"):
-        issue_invite(key, ref, PEER, 0)
+    for days in (0, -1, 1e-06, 0.04, float("nan"), float("inf"), 3661):
+        with pytest.raises(InviteError, match=rf"^--days {days:g}: an invite lasts at least one hour \(--days "
+                                              r"0\.0417\) and at most 3660 days$"):
+            issue_invite(key, ref, PEER, days)
     from p2ptrain.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"peer ID 'not-a-peer': not a libp2p peer ID"):
@@ -114,3 +116,10 @@ def _reencode(token: str, **changes) -> str:
     body = base64.urlsafe_b64encode(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode())
     prefix, _, rest = token.partition(".")
     return f"{prefix}.{body.decode().rstrip('=')}.{rest.split('.', 1)[1]}"
+
+
+@pytest.mark.parametrize(("days", "seconds"), [(1 / 24, 3600), (0.5, 43200), (30, 30 * 86400), (1.0000001, 86400)])
+def test_an_invite_lasts_what_was_asked_to_the_second(key, ref, days, seconds):
+    """A tiny --days used to give a token born expired (the seconds truncated to 0)."""
+    invite = verify_invite(issue_invite(key, ref, PEER, days, now=NOW), ref=ref, now=NOW)
+    assert invite.expires_at - invite.issued_at == seconds

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import tomllib
 
-from p2ptrain.localrun import create_local_run, local_only, run_wide
+from p2ptrain.localrun import create_local_run
 from p2ptrain.localswarm import local_node_config
 from p2ptrain.manifest import read_manifest_file
+from p2ptrain.runconfig import local_only, run_wide
 
 OVERRIDES = {"task": {"d_model": 32, "n_heads": 2, "data_path": "/data"},
              "training": {"lr": 2e-3, "target_batch_size": 48, "validate_every": 5.0},

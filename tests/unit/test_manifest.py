@@ -236,5 +236,47 @@ def test_list_order_is_not_meaning_and_unwritable_values_are_refused(manifest, k
     unsorted = dataclasses.replace(manifest, banned=(a, b, a)).signed(key)
     assert load_manifest(unsorted.to_toml(), "m").banned == (b, a)
     huge = dataclasses.replace(manifest, task={**manifest.task, "options": {"n": 2**70}})
-    with pytest.raises(ManifestError, match=r"a value cannot be written to the manifest \(integer"):
+    with pytest.raises(ManifestError, match=r"task\.options\.n: integer 1180591620717411303424 does not fit TOML"):
         huge.signed(key)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"x": None}, r"task\.options\.x: has no value \(TOML, a manifest's form, has no null\)"),
+    ({"x": [1, {"y": None}]}, r"task\.options\.x\[1\]\.y: has no value"),
+    ({"x": float("nan")}, r"task\.options\.x: nan is not a finite number"),
+    ({"deep": {"x": -float("inf")}}, r"task\.options\.deep\.x: -inf is not a finite number"),
+    ({"x": "\ud800"}, r"task\.options\.x: text that is not valid Unicode"),
+    ({1: "one"}, r"task\.options\.1: a key that is not text"),
+    ({"x": {1, 2}}, r"task\.options\.x: a set, which has no TOML form"),
+])
+def test_a_value_toml_cannot_write_back_is_refused_before_signing_by_name(manifest, key, options, message):
+    """Signing it would give a manifest whose file can never verify (the signed JSON keeps what its
+    TOML file loses)."""
+    bad = dataclasses.replace(manifest, task={**manifest.task, "options": options})
+    with pytest.raises(ManifestError, match=rf"^run demo-run@\w+: {message}") as caught:
+        bad.signed(key)
+    _one_line(caught.value)
+
+
+def test_a_value_the_file_s_reader_refuses_or_changes_is_refused_by_name(manifest, key, monkeypatch):
+    """Whatever slips past the value checks is caught by reading the file back before it is signed:
+    a float where an integer belongs (refused by the reader), or a value the reader would change."""
+    coerced = dataclasses.replace(manifest, task={**manifest.task, "seq_len": 32.0})
+    with pytest.raises(ManifestError, match=r"task\.seq_len: .*\(in the manifest about to be signed\)"):
+        coerced.signed(key)
+
+    import p2ptrain.manifest as module
+
+    reader = module.parse_manifest
+    monkeypatch.setattr(module, "parse_manifest", lambda text, origin: dataclasses.replace(
+        reader(text, origin), training={**manifest.training, "lr": 1.0}))
+    with pytest.raises(ManifestError, match=r"^run demo-run@\w+: training\.lr: would not read back from the "
+                                            r"manifest file as signed$"):
+        manifest.signed(key)
+
+
+@pytest.mark.parametrize("options", [{"x": float("nan")}, {"x": [1.0, float("inf")]}, {"x": {"y": -float("inf")}}])
+def test_a_config_with_a_non_finite_number_makes_no_manifest(key, options):
+    """JSON conversion would quietly turn nan and inf into nothing: refused first, by name."""
+    with pytest.raises(ManifestError, match=r"^task\.options\.x.*: -?(nan|inf) is not a finite number"):
+        new_manifest(key, "demo-run", TaskSection(options=options), TrainingSection())

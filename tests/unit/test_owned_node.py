@@ -9,7 +9,9 @@ swarm view without non-admitted peers, and the closed-swarm hint.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity
 from p2ptrain.invite import issue_invite
 from p2ptrain.manifest import new_manifest
 from p2ptrain.manifest_source import SourceUnavailable
+from p2ptrain.manifest_store import ManifestStore
 from p2ptrain.ownedrun import RunKeeper, prepare_run, settle
 from p2ptrain.owner import OwnerKey
 from p2ptrain.rundht import fetch_manifest, publish_manifest
@@ -256,6 +259,19 @@ def test_an_invite_in_a_config_without_a_manifest_asks_for_the_identity_first(tm
 
 
 
+def test_an_invite_without_a_run_ends_the_node_with_one_line_before_anything_is_written(tmp_path, owner, capsys):
+    """It used to start a plain run (p2ptrain-default), the invite ignored."""
+    key, manifest = owner
+    invite = issue_invite(key, manifest.ref, OTHER, 1)
+    config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "swarm": {"invite": invite}}, "test")
+    node = Node(config, hooks=RecordingHooks(ManualClock()), builder=NodeBuilder())
+    assert node.run() == 78
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.match(r"p2ptrain: config error: swarm\.invite: .* it needs swarm\.run \(the "
+                                             r"run's reference; or --run REF\) or swarm\.manifest$", err), err
+    assert not (tmp_path / "state").exists()
+
+
 def test_a_one_line_join_that_contradicts_the_manifest_ends_before_anything_is_written(tmp_path, owner, capsys):
     _, manifest = owner
     dht = MemoryDHT()
@@ -276,3 +292,74 @@ def test_a_one_line_join_without_a_peer_to_ask_is_one_line_and_writes_nothing(tm
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "swarm.initial_peers: run owned@" in err and "--join ADDR" in err, err
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("swarm_has", ["readmitting", "excluding", "nothing"])
+def test_a_revoked_node_restarts_only_once_a_newer_version_readmits_it(tmp_path, owner, capsys, swarm_has):
+    """The version a revoked node kept revokes it; only the swarm can say whether a newer one
+    (run update --unrevoke) readmits it: asked first, and the node trains, or ends with one line."""
+    key, manifest = owner
+    state = tmp_path / "state"
+    state.mkdir()
+    ensure_identity(identity_path(state))
+    own = peer_id_of_identity(identity_path(state))
+    v2 = _next(manifest, key, policy="invite")
+    v3 = _next(v2, key, revoked=(own,))
+    (tmp_path / "manifest.toml").write_text(v2.to_toml())
+    ManifestStore(state, manifest.ref).save(v3)  # kept when it stopped (exit 78)
+    dht = MemoryDHT()
+    if swarm_has != "nothing":
+        publish_manifest(dht, _next(v3, key, revoked=()) if swarm_has == "readmitting" else v3)
+    invite = issue_invite(key, manifest.ref, own, 1)
+    node, builder, _ = _node(tmp_path, dht, {"manifest": str(tmp_path / "manifest.toml"), "invite": invite,
+                                             "initial_peers": ["/ip4/127.0.0.1/tcp/1/p2p/" + OTHER]}, max_epochs=1)
+    code = node.run()
+    err = capsys.readouterr().err
+    if swarm_has == "readmitting":
+        assert code == 0, err
+        assert node.latest.status().manifest_version == 4 and ManifestStore(state, manifest.ref).load().version == 4
+        return
+    assert code == 78 and err.count("\n") == 1, err
+    assert re.search(rf"this node \({own}\) was banned or its invite revoked in run owned@\w+ \(manifest version 3",
+                     err), err
+    if swarm_has == "nothing":
+        assert "no newer version that readmits it came from the swarm" in err, err
+    assert builder.joined_with == {}
+
+
+def test_a_node_whose_invite_expires_is_warned_once_ahead_and_stops_at_expiry(tmp_path, owner, capsys, caplog):
+    """Its peers refuse an expired invite: it used to train on alone, unseen. The wall clock is the test's."""
+    caplog.set_level("INFO")
+    key, manifest = owner
+    state = tmp_path / "state"
+    state.mkdir()
+    ensure_identity(identity_path(state))
+    own = peer_id_of_identity(identity_path(state))
+    (tmp_path / "manifest.toml").write_text(_next(manifest, key, policy="invite").to_toml())
+    issued = time.time()
+    invite = issue_invite(key, manifest.ref, own, 1, now=issued)  # 1 day: warned 2.4 hours ahead
+    expires = int(issued) + 86400
+    wall = [issued]
+
+    def on_step(step: int) -> None:
+        wall[0] = {3: expires - 3 * 3600, 6: expires - 2 * 3600, 9: expires - 3600, 12: expires + 1}.get(step, wall[0])
+        if step == 20 * STEPS_PER_EPOCH:
+            node.request_stop("the invite never expired")
+
+    node, builder, _ = _node(tmp_path, MemoryDHT(), {"manifest": str(tmp_path / "manifest.toml"), "invite": invite},
+                             on_step=on_step)
+    node.wall_clock = lambda: wall[0]
+    assert node.latest.status().invite_expires_at == 0.0
+    assert node.run() == 78
+    err = capsys.readouterr().err
+    until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(expires))
+    assert err == (f"p2ptrain: swarm.invite: this node's invite to run {manifest.ref} expired on {until}; its peers "
+                   f"refuse it from now on: ask the run's owner for a new one (p2ptrain run invite {manifest.ref} "
+                   f"{SELF}), put it in swarm.invite and start the node again\n")
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "expires on" in r.getMessage()]
+    assert warnings == [f"swarm.invite: this node's invite to run {manifest.ref} expires on {until} (in 2.0 hours), "
+                        f"and then the node stops: ask the run's owner for a new one (p2ptrain run invite "
+                        f"{manifest.ref} {SELF}), put it in swarm.invite and start the node again"], warnings
+    assert builder.parts.checkpoints == 1  # stopped cleanly
+    assert node.latest.status().invite_expires_at == expires

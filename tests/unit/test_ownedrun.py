@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -92,7 +93,7 @@ def test_reference_only_sets_the_run_id_and_waits_for_the_swarm(tmp_path, owner)
 
 
 @pytest.mark.parametrize("case", ["other-run", "invite-only", "open-with-invite", "expired", "wrong-peer",
-                                  "no-identity", "run-id"])
+                                  "no-identity", "run-id", "invite-without-run"])
 def test_bad_combinations_are_one_line_and_write_nothing(tmp_path, owner, case):
     key, manifest = owner
     identity = tmp_path / "identity" / "id.key"
@@ -119,6 +120,10 @@ def test_bad_combinations_are_one_line_and_write_nothing(tmp_path, owner, case):
         identity = tmp_path / "missing.key"
         swarm = {"run": manifest.ref, "invite": issue_invite(key, manifest.ref, OTHER, 1, now=LATER)}
         message = r"^swarm\.invite: is for peer \w+, but this node has no identity yet"
+    elif case == "invite-without-run":  # was a plain run, the invite silently ignored
+        swarm = {"invite": issue_invite(key, manifest.ref, me, 1, now=LATER)}
+        message = (r"^swarm\.invite: an invite admits a node to an owned run, and this config names none: it needs "
+                   r"swarm\.run \(the run's reference; or --run REF\) or swarm\.manifest$")
     else:
         swarm = {"run": manifest.ref, "run_id": "something-else"}
         message = r"^swarm\.run_id: this node's config says 'something-else' but run owned@"
@@ -138,6 +143,34 @@ def test_invited_node_gets_an_authorizer_and_admits_itself(tmp_path, owner):
                                invite=issue_invite(key, manifest.ref, me, 1)), identity)
     assert plan.authorizer is not None and plan.dht_kwargs() == {"authorizer": plan.authorizer}
     assert plan.gate.policy == "invite" and plan.gate(me) and not plan.gate(OTHER)
+
+
+def test_a_version_that_revokes_this_node_is_checked_with_the_swarm_first(tmp_path, owner, capsys):
+    """Only a newer version can readmit a revoked node: the plan asks the swarm for one (no manifest
+    yet, its own invite not refused), and config check says the node may end there."""
+    from p2ptrain.cli import main
+    from p2ptrain.swarm import identity_path
+
+    key, manifest = owner
+    identity = identity_path(tmp_path / "state")
+    identity.parent.mkdir()
+    ensure_identity(identity)
+    me = peer_id_of_identity(identity)
+    revoked = dataclasses.replace(manifest, policy="invite", version=2, revoked=(me,)).signed(key)
+    invite = issue_invite(key, manifest.ref, me, 1)
+    for swarm in ({"manifest": _write(tmp_path, revoked)}, {"run": manifest.ref}):
+        if "run" in swarm:
+            ManifestStore(tmp_path / "state", manifest.ref).save(revoked)
+        plan = prepare_run(_config(tmp_path, invite=invite, **swarm), identity)
+        assert plan.manifest is None and plan.authorizer is not None and plan.gate(me)
+        assert re.fullmatch(rf"swarm\.invite: this node \({me}\) was banned or its invite revoked in run owned@\w+ "
+                            r"\(manifest version 2, file .*\)", plan.excluded_by or ""), plan.excluded_by
+    config = tmp_path / "node.toml"
+    config.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[swarm]\nrun = "{manifest.ref}"\n'
+                      f'invite = "{invite}"\n')
+    assert main(["config", "check", str(config)]) == 78
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "was banned or its invite revoked" in err and "--unrevoke" in err, err
 
 
 def test_keeper_fetches_merges_follows_updates_and_members(tmp_path, owner):

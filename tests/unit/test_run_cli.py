@@ -4,11 +4,15 @@ exit 78, and leaves every file as it was."""
 from __future__ import annotations
 
 import re
+import time
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from p2ptrain.cli import build_parser, main
+from p2ptrain.errors import ConfigError
 from p2ptrain.invite import verify_invite
 from p2ptrain.manifest import read_manifest_file
 from p2ptrain.runref import RunRef
@@ -94,6 +98,92 @@ def test_init_bad_input_writes_nothing(tmp_path: Path, monkeypatch, capsys, run_
     assert _snapshot(tmp_path) == before and not Path("x").exists() and not Path("y").exists()
 
 
+def test_a_non_finite_number_makes_no_manifest_and_overwrites_none(tmp_path: Path, capsys, run_dir):
+    """A nan in task.options used to give a manifest that could never verify (JSON keeps null, TOML
+    drops it); run init wrote it, run update wrote it over a good one."""
+    (tmp_path / "nan.toml").write_text("[task]\noptions = {x = nan}\n")
+    before = _snapshot(tmp_path)
+    _fails(["run", "init", "r", "--from-config", "nan.toml", "--fingerprint", "none"], capsys,
+           r"^p2ptrain: config error: task\.options\.x: nan is not a finite number; a run manifest holds finite")
+    for value in ("{x=nan}", "{x=[1, {y=-inf}]}"):
+        _fails(["run", "update", "demo", "--set", f"task.options={value}"], capsys,
+               r"--set task\.options\.x.*: -?(nan|inf) is not a finite number")
+    assert _snapshot(tmp_path) == before and not Path("r").exists()
+    assert main(["run", "show", "demo"]) == 0
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("afile", r"--dir afile: afile exists and is not a folder$"),
+    ("afile/sub", r"--dir afile/sub: afile exists and is not a folder$"),
+    ("/proc/nope/run", r"--dir /proc/nope/run: cannot create it \(No such file or directory\)$"),
+])
+def test_a_run_folder_that_cannot_be_made_is_one_line_before_the_model_is_built(tmp_path: Path, monkeypatch, capsys,
+                                                                                target, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+
+    def build_task(*args, **kwargs):
+        raise AssertionError("the model was built before the run's folder was known to work")
+
+    monkeypatch.setattr("p2ptrain.tasks.build_task", build_task)
+    before = _snapshot(tmp_path)
+    err = _fails(["run", "init", "demo", "--dir", target], capsys, rf"^p2ptrain: {message}", code=73)
+    assert "config error" not in err
+    assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_failed_model_build_takes_back_the_run_folder_it_made(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+
+    def build_task(*args, **kwargs):
+        raise ConfigError("task.entrypoint: no such module")
+
+    monkeypatch.setattr("p2ptrain.tasks.build_task", build_task)
+    _fails(["run", "init", "demo", "--dir", "runs/demo"], capsys,
+           r"task\.entrypoint: no such module \(building the model")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_owner_s_node_config_from_init_keeps_working_across_updates(tmp_path: Path, monkeypatch, capsys):
+    """The owner's workflow: a node config with the run's settings, run init from it, the first node
+    started with the config init wrote, an update of a setting that config had: the restarted
+    node takes the new version (the source config itself would now contradict it)."""
+    from p2ptrain.config import load_config
+    from p2ptrain.ownedrun import prepare_run
+
+    monkeypatch.chdir(tmp_path)
+    Path("node.toml").write_text(
+        '[node]\nstate_dir = "state"\n[swarm]\nrun_id = "old-name"\nbootstrap_timeout = 7.0\n'
+        "[task]\nd_model = 32\nn_heads = 2\nbuffer_mb = 64\n[training]\nlr = 0.002\nbatch_size = 8\nthreads = 1\n")
+    assert main(["run", "init", "own", "--from-config", "node.toml", "--fingerprint", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "p2ptrain run --config own/node.toml" in out and "--manifest" not in out
+    ref = _ref(tmp_path / "own")
+    written = tomllib.loads(Path("own/node.toml").read_text())
+    assert written == {"swarm": {"run": str(ref), "manifest": str(tmp_path / "own" / "manifest.toml"),
+                                 "bootstrap_timeout": 7.0},
+                       "node": {"state_dir": "state"}, "task": {"buffer_mb": 64}, "training": {"threads": 1}}
+
+    def started() -> Any:  # what the node decides at each start, before anything is written
+        plan = prepare_run(load_config(Path("own/node.toml")), tmp_path / "state" / "identity.key")
+        assert plan is not None and plan.manifest is not None
+        return plan
+
+    plan = started()
+    assert (plan.manifest.version, plan.config.training.lr, plan.config.task.d_model) == (1, 0.002, 32)
+    assert plan.config.task.buffer_mb == 64 and plan.config.training.threads == 1
+    for setting in ("training.lr=3e-4", "training.batch_size=4"):  # applied live; applied by a restart
+        assert main(["run", "update", "own", "--set", setting]) == 0
+    plan = started()
+    assert (plan.manifest.version, plan.config.training.lr, plan.config.training.batch_size) == (3, 3e-4, 4)
+    assert main(["config", "check", "own/node.toml"]) == 0
+    # The old way, the source config itself as the first node's, is refused after such an update.
+    Path("old-way.toml").write_text(Path("node.toml").read_text().replace(
+        'run_id = "old-name"', f'run = "{ref}"\nmanifest = "own/manifest.toml"'))
+    _fails(["config", "check", "old-way.toml"], capsys,
+           r"training\.batch_size: this node's config says 8 but run .* \(manifest version 3\) says 4")
+
+
 def test_show_a_file_a_directory_and_its_toml(run_dir: Path, capsys):
     assert main(["run", "show", str(run_dir / "manifest.toml")]) == 0
     out = capsys.readouterr().out
@@ -122,8 +212,12 @@ def test_invite_prints_a_token_that_verifies(run_dir: Path, capsys):
     assert main(["run", "invite", str(ref), PEER, "--days", "2"]) == 0  # the key found at ./demo/owner.key
     captured = capsys.readouterr()
     token = captured.out.strip()
-    assert verify_invite(token, ref=ref, peer_id=PEER).peer_id == PEER
-    assert "invite = " in captured.err
+    invite = verify_invite(token, ref=ref, peer_id=PEER)
+    assert invite.peer_id == PEER and "invite = " in captured.err
+    until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(invite.expires_at))
+    assert f"valid until {until} (2 days)" in captured.err, captured.err
+    assert main(["run", "invite", str(ref), PEER, "--days", "0.05"]) == 0
+    assert "(1.2 hours)" in capsys.readouterr().err
     assert main(["run", "invite", "demo", PEER]) == 0
 
 
@@ -132,7 +226,8 @@ def test_invite_bad_input(run_dir: Path, tmp_path: Path, capsys):
     assert main(["run", "update", "demo", "--private"]) == 0
     capsys.readouterr()
     _fails(["run", "invite", "demo", "not-a-peer"], capsys, r"peer ID 'not-a-peer': not a libp2p peer ID")
-    _fails(["run", "invite", "demo", PEER, "--days", "-1"], capsys, r"--days -1: must be more than 0")
+    _fails(["run", "invite", "demo", PEER, "--days", "-1"], capsys, r"--days -1: an invite lasts at least one hour")
+    _fails(["run", "invite", "demo", PEER, "--days", "0.000001"], capsys, r"--days 1e-06: an invite lasts at least")
     _fails(["run", "invite", str(ref), PEER, "--key", "nope.key"], capsys, r"owner key nope.key: no such file")
     assert main(["run", "init", "demo2", "--fingerprint", "none"]) == 0
     capsys.readouterr()
@@ -152,8 +247,40 @@ def test_update_bumps_the_version_and_re_signs(run_dir: Path, capsys):
     assert new.version == 2 and new.training["lr"] == 3e-4 and new.banned == (PEER,) and new.policy == "invite"
     assert "version 1 -> 2" in out and "training.lr: 0.001 -> 0.0003  (applied live at an epoch boundary)" in out
     assert "admission.policy: 'open' -> 'invite'  (nodes restart to apply it)" in out
+    assert f"admission.banned: [] -> ['{PEER}']  (applied as soon as a node has this version)" in out, out
     assert main(["run", "update", "demo", "--unban", PEER, "--revoke", PEER]) == 0
     assert read_manifest_file(path).banned == () and read_manifest_file(path).revoked == (PEER,)
+
+
+OTHER = "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3"
+
+
+def test_no_invite_for_a_banned_or_revoked_peer_until_the_owner_readmits_it(run_dir: Path, capsys):
+    path = run_dir / "manifest.toml"
+    assert main(["run", "update", "demo", "--private", "--ban", PEER, "--revoke", OTHER]) == 0
+    capsys.readouterr()
+    before = path.read_bytes()
+    _fails(["run", "invite", "demo", PEER], capsys, rf"^p2ptrain: config error: peer {PEER} is banned from run "
+           rf"demo@\w+ \(manifest version 2\): an invite would not admit it; lift the ban first: "
+           rf"p2ptrain run update demo/manifest\.toml --unban {PEER}$")
+    _fails(["run", "invite", str(_ref(run_dir)), OTHER], capsys, rf"^p2ptrain: config error: peer {OTHER}'s invites "
+           rf"to run demo@\w+ \(manifest version 2\) are revoked: a new one would not admit it; readmit it first: "
+           rf"p2ptrain run update demo/manifest\.toml --unrevoke {OTHER}$")
+    assert capsys.readouterr().out == "" and path.read_bytes() == before
+
+    _fails(["run", "update", "demo", "--revoke", PEER, "--unrevoke", PEER], capsys,
+           rf"--revoke and --unrevoke of the same peer \({PEER}\): give one of them")
+    _fails(["run", "update", "demo", "--unrevoke", "x y"], capsys, r"--unrevoke 'x y': not a libp2p peer ID")
+    assert path.read_bytes() == before
+    assert main(["run", "update", "demo", "--unrevoke", OTHER, "--unban", PEER]) == 0
+    out = capsys.readouterr().out
+    manifest = read_manifest_file(path)
+    assert (manifest.version, manifest.revoked, manifest.banned) == (3, (), ())
+    assert f"admission.revoked: ['{OTHER}'] -> []" in out, out
+    for peer in (PEER, OTHER):
+        assert main(["run", "invite", "demo", peer]) == 0
+        assert verify_invite(capsys.readouterr().out.strip(), ref=manifest.ref, peer_id=peer).peer_id == peer
+    _fails(["run", "update", "demo", "--unrevoke", OTHER], capsys, r"nothing changes")
 
 
 def test_update_bad_input_leaves_the_manifest_alone(run_dir: Path, capsys):
@@ -210,6 +337,20 @@ def test_config_check_shows_the_manifest_a_node_would_use(run_dir: Path, tmp_pat
     _fails(["config", "check", str(node)], capsys,
            r"^p2ptrain: config error: training\.lr: this node's config says 0\.5 "
            rf"but run {re.escape(str(ref))} \(manifest version 1\) says 0\.001")
+    assert not (tmp_path / "state").exists()
+
+
+def test_an_invite_without_a_run_is_a_config_error_in_config_check(run_dir: Path, tmp_path: Path, capsys):
+    """It used to say ok and start a plain run (p2ptrain-default), the invite ignored."""
+    from p2ptrain.invite import issue_invite
+    from p2ptrain.owner import OwnerKey
+
+    ref = _ref(run_dir)
+    invite = issue_invite(OwnerKey.load(run_dir / "owner.key"), ref, PEER, 1)
+    node = tmp_path / "node.toml"
+    node.write_text(f'[node]\nstate_dir = "{tmp_path / "state"}"\n[swarm]\ninvite = "{invite}"\n')
+    message = r"^p2ptrain: config error: swarm\.invite: .* it needs swarm\.run .* or swarm\.manifest$"
+    _fails(["config", "check", str(node)], capsys, message)
     assert not (tmp_path / "state").exists()
 
 
