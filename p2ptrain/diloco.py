@@ -352,12 +352,21 @@ class DiLoCoOptimizer:
         """Rejoin a swarm that has moved on: one round behind, just join the next round (the missed
         outer step is the same small drift as a failed round); further behind, download the state."""
         swarm_round = self._tracker.global_epoch
-        if swarm_round == self.local_epoch + 1:
-            logger.info("missed round %d: joining round %d with the swarm", self.local_epoch, swarm_round)
-            self._set_epoch(swarm_round)
-        elif swarm_round > self.local_epoch:
+        if swarm_round > self.local_epoch and not self.join_next_round(swarm_round):
             logger.info("swarm is at round %d, we are at %d: syncing", swarm_round, self.local_epoch)
             self.load_state_from_peers()
+
+    def join_next_round(self, swarm_round: int) -> bool:
+        """One round behind the swarm: take its round number and average with it at the end of this
+        one, without a download; False (nothing changed) when ``swarm_round`` is not just one ahead.
+
+        Safe because a round averages the peers' *parameters*: the outer step this node missed
+        leaves it where a failed round would, and averaging halves that gap every round."""
+        if swarm_round != self.local_epoch + 1:
+            return False
+        logger.info("missed round %d: joining round %d with the swarm", self.local_epoch, swarm_round)
+        self._set_epoch(swarm_round)
+        return True
 
     def _finish_round(self, group: Any, pseudo: list[torch.Tensor], carry: list[torch.Tensor] | None,
                       started: float) -> None:

@@ -223,3 +223,106 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
     micro_batch()
     assert control.triggered and control.weight == 5 * 8  # ended now, weighted by this round's samples
     assert optimizer.local_epoch == 1 and optimizer.inner_step == 0
+
+
+class _Behind(_Averager):
+    """Tracker and averager in one: a swarm of two whose round number is set by the test."""
+
+    global_progress = SimpleNamespace(num_peers=2, samples_accumulated=0)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*(args or ([],)), **kwargs)
+        self.global_epoch, self.ready_to_update_epoch, self.epochs_published = 0, False, []
+
+    @property
+    def estimated_next_update_time(self) -> float:
+        return float("inf")  # matchmaking is never due by the clock: only a round that ends schedules one
+
+    def update_epoch(self, epoch: int) -> None:
+        self.epochs_published.append(epoch)
+
+
+def _behind_optimizer(monkeypatch) -> tuple[object, _Behind, _Behind, list[int], torch.nn.Parameter]:
+    """A DiLoCo optimizer on fakes; the list collects the epochs at which it started a state download."""
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.swarmstats import SwarmStats
+
+    made: list[_Behind] = []
+
+    def make(*args: object, **kwargs: object) -> _Behind:
+        made.append(_Behind(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
+    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make)
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
+    optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
+    downloads: list[int] = []
+    monkeypatch.setattr(optimizer, "load_state_from_peers", lambda: downloads.append(optimizer.local_epoch) or False)
+    tracker, averager = made
+    optimizer.restore({"epoch": 3})
+    return optimizer, tracker, averager, downloads, param
+
+
+def test_one_round_behind_joins_the_next_round_without_a_download(monkeypatch) -> None:
+    optimizer, tracker, _, downloads, param = _behind_optimizer(monkeypatch)
+    before = param.detach().clone()
+    tracker.global_epoch = 4
+    optimizer._catch_up()
+    assert optimizer.local_epoch == 4 and downloads == []
+    assert tracker.epochs_published[-1] == 4  # the swarm's progress now counts this node in round 4
+    assert torch.equal(param.detach(), before)  # nothing replaced: its own parameters, averaged next round
+    assert optimizer.join_next_round(6) is False and optimizer.local_epoch == 4  # two ahead: not joinable
+
+
+def test_further_behind_downloads_the_state_and_level_or_ahead_does_nothing(monkeypatch) -> None:
+    optimizer, tracker, _, downloads, _ = _behind_optimizer(monkeypatch)
+    tracker.global_epoch = 6
+    optimizer._catch_up()
+    assert downloads == [3] and optimizer.local_epoch == 3  # the download (failed here) decides the epoch
+    for swarm_round in (3, 2):  # level with the swarm, or a stale view of it behind us
+        tracker.global_epoch = swarm_round
+        optimizer._catch_up()
+    assert downloads == [3] and optimizer.local_epoch == 3
+
+
+def test_two_rounds_behind_no_round_is_scheduled_or_ended_until_caught_up(monkeypatch) -> None:
+    """A round of ours would average with nobody: the step trains on, tries the download, and neither
+    schedules matchmaking nor ends a round, even when the round clock says the round is over."""
+    optimizer, tracker, averager, downloads, param = _behind_optimizer(monkeypatch)
+    tracker.global_epoch, tracker.ready_to_update_epoch = 5, True
+
+    def micro_batch() -> None:
+        param.grad = torch.ones(3)
+        optimizer.step(batch_size=8)
+        optimizer.zero_grad()
+
+    for _ in range(3):
+        micro_batch()
+    assert averager.controls == [] and optimizer.local_epoch == 3 and optimizer.inner_step == 3
+    assert downloads == [3, 3, 3]  # retried at each step (load_state_from_peers bounds how often it really runs)
+    tracker.global_epoch = 4  # now one behind: this round ends and the node moves with the swarm
+    micro_batch()
+    assert len(averager.controls) == 1 and averager.controls[0].triggered and optimizer.local_epoch == 4
+
+
+def test_a_fast_peer_past_inner_steps_serves_a_state_newcomers_accept() -> None:
+    """With the shared round clock a fast peer makes more inner steps than inner_steps in a round;
+    the round position it serves must still pass the newcomers' check, or they reject an honest donor."""
+    import threading
+
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.diloco_averager import averager_class
+    from p2ptrain.statecheck import check_diloco_metadata
+
+    settled = threading.Event()
+    settled.set()
+    outer = OuterStep([torch.nn.Parameter(torch.zeros(2))], lr=0.7, momentum=0.9, nesterov=True)
+    cfg = TrainingSection(mode="diloco", inner_steps=100)
+    owner = SimpleNamespace(cfg=cfg, local_epoch=7, inner_step=250, round_settled=settled, outer=outer)
+    # The method only reads its owner: called on a stand-in, no averager process is started.
+    metadata, tensors, _ = averager_class(False, None).get_current_state(SimpleNamespace(_owner=owner))
+    assert metadata == {"epoch": 7, "inner_step": 99} and len(tensors) == 2
+    assert check_diloco_metadata(metadata, cfg.inner_steps).ok
