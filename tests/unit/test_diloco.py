@@ -326,3 +326,71 @@ def test_a_fast_peer_past_inner_steps_serves_a_state_newcomers_accept() -> None:
     metadata, tensors, _ = averager_class(False, None).get_current_state(SimpleNamespace(_owner=owner))
     assert metadata == {"epoch": 7, "inner_step": 99} and len(tensors) == 2
     assert check_diloco_metadata(metadata, cfg.inner_steps).ok
+
+
+class _Flickering(_Behind):
+    """A swarm whose other peer shows in the progress or not, as the test says; every step ends a round."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.ready_to_update_epoch = True
+        self.global_progress = SimpleNamespace(num_peers=1, samples_accumulated=0)
+
+    def step(self, **kwargs: object) -> _Control:
+        raise AssertionError("no round may start with nobody to average with")
+
+
+def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_training_alone(
+        monkeypatch, caplog) -> None:
+    import logging
+
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.swarmstats import SwarmStats
+
+    made: list[_Flickering] = []
+
+    def make(*args: object, **kwargs: object) -> _Flickering:
+        made.append(_Flickering(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
+    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make)
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
+    stats = SwarmStats()
+    optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=stats)
+    tracker = made[0]
+
+    def round_ending(peers_while_training: int) -> None:
+        """One micro-batch, during which the swarm shows ``peers_while_training``; its round ends alone."""
+        tracker.global_progress = SimpleNamespace(num_peers=peers_while_training, samples_accumulated=0)
+        param.grad = torch.ones(3)
+        monkeypatch.setattr(tracker, "report_local_progress", lambda *a: None)
+        original = optimizer._begin_average
+
+        def lapsed(params: list[torch.Tensor]) -> object:  # the other peer's entry lapsed at the round's end
+            tracker.global_progress = SimpleNamespace(num_peers=1, samples_accumulated=0)
+            return original(params)
+
+        monkeypatch.setattr(optimizer, "_begin_average", lapsed)
+        optimizer.step(batch_size=8)
+        optimizer.zero_grad()
+
+    with caplog.at_level(logging.INFO, logger="p2ptrain.diloco"):
+        for _ in range(3):  # a swarm of one: its rounds are the swarm's, said once
+            round_ending(1)
+        figures, credit = stats.rounds.figures(), stats.credit.figures()
+        assert (figures.rounds_ok, figures.rounds_failed) == (0, 0) and credit.contributed == 3 * 8
+        round_ending(2)  # a peer in the swarm during the round, gone from the progress at its end
+        round_ending(1)  # ... and still not seen: this round missed it too
+        figures, credit = stats.rounds.figures(), stats.credit.figures()
+        assert figures.rounds_failed == 2 and credit.not_averaged == 2 * 8 and optimizer.rounds_missed_alone == 2
+        round_ending(1)  # two rounds without it: training alone again, said once more
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "p2ptrain.diloco"]
+    assert [level for level, _ in lines] == [logging.INFO, logging.WARNING, logging.WARNING, logging.INFO], lines
+    assert lines[0][1].startswith("DiLoCo round 0: no other peer in the swarm; training alone")
+    assert lines[1][1] == ("DiLoCo round 3 ended alone: no other peer in the swarm's progress at its end (one was "
+                           "there in round 3); applied the local pseudo-gradient (1 such round so far)")
+    assert lines[2][1].endswith("(2 such rounds so far)") and lines[3][1].startswith("DiLoCo round 5: no other peer")
+    assert optimizer.local_epoch == 6
