@@ -206,7 +206,8 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
 
     monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
     param = torch.nn.Parameter(torch.zeros(3))
-    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0, matchmaking_time=5.0)
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0,
+                          matchmaking_time=5.0)
     optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
 
     def micro_batch() -> None:
@@ -257,7 +258,7 @@ def _behind_optimizer(monkeypatch) -> tuple[object, _Behind, _Behind, list[int],
     monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
     monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make)
     param = torch.nn.Parameter(torch.zeros(3))
-    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
     optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
     downloads: list[int] = []
     monkeypatch.setattr(optimizer, "load_state_from_peers", lambda: downloads.append(optimizer.local_epoch) or False)
@@ -357,7 +358,7 @@ def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_
     monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
     monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make)
     param = torch.nn.Parameter(torch.zeros(3))
-    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
     stats = SwarmStats()
     optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=stats)
     tracker = made[0]
