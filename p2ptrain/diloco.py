@@ -71,6 +71,8 @@ class OuterStep:
     def __init__(self, params: list[torch.Tensor], lr: float, momentum: float, nesterov: bool) -> None:
         self.params = [p.detach().clone().float() for p in params]
         self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
+        #: Outer steps applied (each landed round, averaged or not): tells a reader the params changed.
+        self.steps_applied = 0
 
     @torch.no_grad()
     def pseudo_gradients(self, current: Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -89,6 +91,7 @@ class OuterStep:
             outer.grad = grad.detach().to(outer.dtype).clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.steps_applied += 1
         carried = list(carry) if carry is not None else [None] * len(self.params)
         for outer, param, extra in zip(self.params, model_params, carried, strict=True):
             param.copy_(outer if extra is None else outer + extra)
