@@ -81,6 +81,7 @@ class Runner:
         self.stats = SwarmStats()
         self.dht: Any = None
         self.opt: Any = None
+        self.defences: Defences | None = None
         self.accumulated = 0
         mode = args.mode
         if mode == "compute":
@@ -107,9 +108,9 @@ class Runner:
                 verbose=False)
         else:
             self.dht = start_dht(args, run_dir)
-            defences = Defences.from_config(SwarmSection(peer_checks=args.peer_checks == "on"))
+            self.defences = Defences.from_config(SwarmSection(peer_checks=args.peer_checks == "on"))
             self.opt = build_optimizer(self.model, self.dht, f"bench_{mode}", training_section(args),
-                                       client_mode=False, stats=self.stats, defences=defences,
+                                       client_mode=False, stats=self.stats, defences=self.defences,
                                        evaluate=evaluate_fn(task))
 
     def micro_step(self, batch: torch.Tensor) -> None:
@@ -250,7 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "timeline": timeline[:: max(1, len(timeline) // 400)] + timeline[-1:],
                   "epoch": runner.epoch(), "rounds_ok": rounds.rounds_ok, "rounds_partial": rounds.rounds_partial,
                   "rounds_failed": rounds.rounds_failed, "swarm_bytes_sent": stats.bytes_sent,
-                  "cpu_percent": args.cpu_percent, "peer_checks": args.peer_checks,
+                  "cpu_percent": args.cpu_percent, "peer_checks": "on" if runner.defences is not None else "off",
                   "eval_seconds": eval_wall[0],
                   "params": sum(p.numel() for p in task.model.parameters()),
                   "stall_seconds": stall_seconds(step_seconds)}
