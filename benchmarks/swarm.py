@@ -31,7 +31,7 @@ ALL_MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco")
 SHAPED_MODES = ("ddp", "diloco")  # add p2p_grad with --shaped-modes (about +150 s)
 WORKER_OPTS = ("sequences", "eval_every", "max_train_seconds", "micro_batch", "global_batch", "lr", "d_model",
                "n_layers", "n_heads", "val_batches", "inner_steps", "inner_batch", "matchmaking_time",
-               "averaging_timeout")
+               "averaging_timeout", "peer_checks")
 
 
 def free_port() -> int:
@@ -134,7 +134,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-batches", type=int, default=4)
     p.add_argument("--inner-steps", type=int, default=25, help="DiLoCo H: inner steps per round")
     p.add_argument("--inner-batch", type=int, default=32,
-                   help="DiLoCo: sequences per inner step (micro-batches accumulated; 0: --micro-batch)")
+                   help="DiLoCo: sequences per inner step (micro-batches accumulated; 0: 4 micro-batches)")
+    p.add_argument("--peer-checks", choices=("on", "off"), default="on",
+                   help="p2ptrain's modes with the node's peer checks (its default) or plain hivemind")
     p.add_argument("--grad-compression", default="fp16", choices=("none", "fp16", "8bit"))
     p.add_argument("--diloco-compression", default="8bit", choices=("none", "fp16", "8bit"))
     p.add_argument("--matchmaking-time", type=float, default=0.5,
@@ -207,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
               "overhead": {"runs": overhead_runs, **overhead_summary},
               "seconds": time.monotonic() - began}
     (args.out / "results.json").write_text(json.dumps(report, indent=1))
-    tables = [markdown_table(rows, f"{args.peers} peers on 127.0.0.1")]
+    checks = f"p2ptrain's peer checks {args.peer_checks}"
+    tables = [markdown_table(rows, f"{args.peers} peers on 127.0.0.1 ({checks})")]
     if shaped_rows:
-        tables.append(markdown_table(shaped_rows, f"{args.peers} peers, each link shaped to {args.rate} (tbf)"))
+        tables.append(markdown_table(shaped_rows,
+                                     f"{args.peers} peers, each link shaped to {args.rate} (tbf; {checks})"))
     if overhead_runs:
         tables.append(overhead.markdown(overhead_runs, overhead_summary, overhead_args).rstrip())
     text = "\n\n".join(tables) + f"\n\nTarget validation loss: {target if target is None else round(target, 3)}; " \

@@ -3,6 +3,14 @@
 Started by :mod:`benchmarks.swarm` as a real subprocess (``python -m benchmarks.worker``), never
 through multiprocessing's spawn (hivemind forks helpers).  Peers meet through files in ``--run-dir``
 (the first peer's DHT address, start/finish barriers), so no port is guessed twice.
+
+p2ptrain's modes run what a node runs by default: the optimizer built by
+:func:`p2ptrain.optim.build_optimizer` with the peer checks of
+:meth:`p2ptrain.defences.Defences.from_config` (``--peer-checks off``: plain hivemind, trusting
+every peer) and the node's validation pass for the state check.  The validation curve is taken
+every ``--eval-every`` sequences, or with ``--eval-on-change`` each time the swarm's model changes
+(DiLoCo: each landed round; gradient mode: each epoch); validating never counts as training time,
+nor against ``--cpu-percent``.
 """
 
 from __future__ import annotations
@@ -16,8 +24,9 @@ from typing import Any
 
 import torch
 
-from p2ptrain.config import TaskSection, TrainingSection
-from p2ptrain.cpushare import CpuShare, default_cpu_source
+from p2ptrain.config import SwarmSection, TaskSection, TrainingSection
+from p2ptrain.cpushare import CpuShare, process_cpu
+from p2ptrain.defences import Defences, evaluate_fn
 from p2ptrain.optim import ClippedAdamW, build_optimizer
 from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks.loader import build_task
@@ -72,6 +81,7 @@ class Runner:
         self.stats = SwarmStats()
         self.dht: Any = None
         self.opt: Any = None
+        self.defences: Defences | None = None
         self.accumulated = 0
         mode = args.mode
         if mode == "compute":
@@ -98,8 +108,10 @@ class Runner:
                 verbose=False)
         else:
             self.dht = start_dht(args, run_dir)
+            self.defences = Defences.from_config(SwarmSection(peer_checks=args.peer_checks == "on"))
             self.opt = build_optimizer(self.model, self.dht, f"bench_{mode}", training_section(args),
-                                       client_mode=False, stats=self.stats)
+                                       client_mode=False, stats=self.stats, defences=self.defences,
+                                       evaluate=evaluate_fn(task))
 
     def micro_step(self, batch: torch.Tensor) -> None:
         mode = self.args.mode
@@ -174,6 +186,12 @@ def swarm_model_loss(runner: Runner, task: Any) -> float:
             param.copy_(value)
 
 
+def model_version(runner: Runner) -> int:
+    """Changes whenever the swarm's model does: DiLoCo's outer steps applied, else the epoch."""
+    outer = getattr(runner.opt, "outer", None)
+    return int(outer.steps_applied) if outer is not None else runner.epoch()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     run_dir = Path(args.run_dir)
@@ -183,15 +201,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runner = Runner(args, task, run_dir)
     timeline: list[tuple[float, int]] = []
     curve: list[tuple[float, int, float]] = []
+    #: CPU and wall seconds spent validating: neither training time nor the CPU share's business.
+    eval_cpu, eval_wall = [0.0], [0.0]
+
+    def evaluate(of_swarm: bool) -> float:
+        cpu, wall = process_cpu(), time.perf_counter()
+        loss = swarm_model_loss(runner, task) if of_swarm else validation_loss(task)
+        eval_cpu[0] += process_cpu() - cpu
+        eval_wall[0] += time.perf_counter() - wall
+        return loss
+
     try:
         barrier(run_dir, "ready", args.rank, args.world)
         train_time, seqs = 0.0, 0
-        curve.append((0.0, 0, validation_loss(task)))
+        curve.append((0.0, 0, evaluate(False)))
+        version, last_eval = model_version(runner), 0.0
         # A mode slower than the cap stops early (and reports fewer sequences): every run stays bounded.
         step_seconds: list[float] = []
         # --cpu-percent: a slow peer, held to a share of one core the way a volunteer's node holds
         # itself to volunteer.max_cpu_percent (its idling counts as its training time).
-        share = CpuShare(args.cpu_percent, cpu_seconds=default_cpu_source(), cores=1,
+        share = CpuShare(args.cpu_percent, cpu_seconds=lambda: process_cpu() - eval_cpu[0], cores=1,
                          wait=lambda seconds: bool(time.sleep(seconds)))
         while seqs < args.sequences and train_time < args.max_train_seconds:
             started = time.perf_counter()
@@ -207,8 +236,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 started = time.perf_counter()
                 runner.opt.flush()
                 train_time += time.perf_counter() - started
-            if seqs % args.eval_every == 0 or done:
-                curve.append((train_time, seqs, swarm_model_loss(runner, task) if done else validation_loss(task)))
+            if args.eval_on_change:
+                changed = model_version(runner) != version
+                if done or (changed and train_time - last_eval >= args.eval_min_gap):
+                    version, last_eval = model_version(runner), train_time
+                    curve.append((train_time, seqs, evaluate(True)))
+            elif seqs % args.eval_every == 0 or done:
+                curve.append((train_time, seqs, evaluate(done)))
         final = curve[-1][2]
         stats, rounds = runner.stats.view(), runner.stats.rounds.figures()
         result = {"mode": args.mode, "rank": args.rank, "world": args.world, "sequences": seqs,
@@ -217,7 +251,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "timeline": timeline[:: max(1, len(timeline) // 400)] + timeline[-1:],
                   "epoch": runner.epoch(), "rounds_ok": rounds.rounds_ok, "rounds_partial": rounds.rounds_partial,
                   "rounds_failed": rounds.rounds_failed, "swarm_bytes_sent": stats.bytes_sent,
-                  "cpu_percent": args.cpu_percent,
+                  "cpu_percent": args.cpu_percent, "peer_checks": "on" if runner.defences is not None else "off",
+                  "eval_seconds": eval_wall[0],
                   "params": sum(p.numel() for p in task.model.parameters()),
                   "stall_seconds": stall_seconds(step_seconds)}
         Path(args.out).write_text(json.dumps(result))
@@ -250,11 +285,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--val-batches", type=int, default=4)
     p.add_argument("--inner-steps", type=int, default=100)
-    p.add_argument("--inner-batch", type=int, default=0, help="DiLoCo: sequences per inner step (0: --micro-batch)")
+    p.add_argument("--inner-batch", type=int, default=0,
+                   help="DiLoCo: sequences per inner step (0: the node's default, 4 micro-batches)")
     p.add_argument("--cpu-percent", type=float, default=0.0, help="hold this peer to this share of one core (0: none)")
     p.add_argument("--compression", default="fp16")
     p.add_argument("--matchmaking-time", type=float, default=0.5)
     p.add_argument("--averaging-timeout", type=float, default=30.0)
+    p.add_argument("--peer-checks", choices=("on", "off"), default="on",
+                   help="p2ptrain's modes: the node's peer checks (its default) or plain hivemind")
+    p.add_argument("--eval-on-change", action="store_true",
+                   help="validate the swarm's model each time it changes instead of every --eval-every sequences")
+    p.add_argument("--eval-min-gap", type=float, default=0.0,
+                   help="with --eval-on-change: at least this many seconds of training between validations")
     return p.parse_args(argv)
 
 

@@ -233,7 +233,8 @@ class Node:
         training = cfg.training
         sync_with_swarm(parts.optimizer, self.stopper, self.clock, before_download=lambda: self.hooks.long_operation(
             training.load_state_timeout * training.load_state_attempts), alone=not self.initial_peers(),
-            records=evidence.records_seen if evidence is not None and records_read else None)
+            records=evidence.records_seen if evidence is not None and records_read else None,
+            join_next_round=getattr(parts.optimizer, "join_next_round", None))  # DiLoCo only
         if not self.stopper.is_set():  # a stop during the sync skips straight to the final checkpoint
             self.loop.validate()
             self.board.set_state(NodeState.TRAINING)

@@ -71,6 +71,8 @@ class OuterStep:
     def __init__(self, params: list[torch.Tensor], lr: float, momentum: float, nesterov: bool) -> None:
         self.params = [p.detach().clone().float() for p in params]
         self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
+        #: Outer steps applied (each landed round, averaged or not): tells a reader the params changed.
+        self.steps_applied = 0
 
     @torch.no_grad()
     def pseudo_gradients(self, current: Iterable[torch.Tensor]) -> list[torch.Tensor]:
@@ -89,6 +91,7 @@ class OuterStep:
             outer.grad = grad.detach().to(outer.dtype).clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.steps_applied += 1
         carried = list(carry) if carry is not None else [None] * len(self.params)
         for outer, param, extra in zip(self.params, model_params, carried, strict=True):
             param.copy_(outer if extra is None else outer + extra)
@@ -128,7 +131,7 @@ class DiLoCoOptimizer:
             self.inner, warmup_cosine(cfg.warmup_epochs * cfg.inner_steps, cfg.total_epochs * cfg.inner_steps))
         self.outer = OuterStep(self.params, cfg.outer_lr, cfg.outer_momentum, cfg.outer_nesterov)
         #: Micro-batches per inner AdamW step (inner_batch_size / batch_size).
-        self._accumulate = max(1, (cfg.inner_batch_size or cfg.batch_size) // cfg.batch_size)
+        self._accumulate = max(1, cfg.inner_batch // cfg.batch_size)
         self._micro = MicroBatches(self.params, self._accumulate)
         self.inner_step = 0
         self.samples_this_round = 0
@@ -139,10 +142,17 @@ class DiLoCoOptimizer:
         self.round_settled = threading.Event()
         self.round_settled.set()
         self._last_failed_sync = -math.inf
+        #: The last round in which this node saw another peer in the swarm's progress, and the rounds
+        #: it ended alone although one had been there (:meth:`_alone_round`).
+        self._company_round = -2
+        self.rounds_missed_alone = 0
+        self._training_alone = False
         numel = sum(p.numel() for p in self.params)
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
         per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
+        logger.info("DiLoCo: a round ends when the swarm has trained %d sequences per peer on average (%d inner "
+                    "steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
         checks: dict[str, Any] = {}
         if defences is not None:
             self._tracker: SwarmRoundTracker | RobustRoundTracker = RobustRoundTracker(
@@ -220,6 +230,8 @@ class DiLoCoOptimizer:
         round clock says the round is over, the outer round."""
         self.samples_this_round += batch_size or self.cfg.batch_size
         self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
+        if self._tracker.global_progress.num_peers >= 2:
+            self._company_round, self._training_alone = self.local_epoch, False
         if not self._micro.add():
             return
         self._inner_step()
@@ -278,6 +290,8 @@ class DiLoCoOptimizer:
         started = time.perf_counter()
         pseudo = self.outer.pseudo_gradients(self.params)
         control = self._begin_average([p.detach().float() for p in self.params])
+        if control is _ALONE and self._alone_round():
+            control = None  # a failed round: reported (and its samples credited) as one
         # Credit (p2ptrain.credit): this round's samples; alone in the swarm, no round will report on them.
         self.stats.epoch_closed(self.samples_this_round, round_started=control is not _ALONE, alone=control is _ALONE)
         if control is _ALONE or control is None or not self.cfg.overlap:
@@ -290,6 +304,28 @@ class DiLoCoOptimizer:
         self._set_epoch(self._local_epoch + 1)
         if self._in_flight is None:
             self._catch_up()
+
+    def _alone_round(self) -> bool:
+        """A round ends with nobody else in the swarm's progress: say so, and say whether it failed.
+
+        Alone since the round before last, this node trains alone (a swarm of one, or everyone else
+        gone): its rounds are the swarm's, not failures, and that is said once.  With another peer
+        seen in this round or the last one (a slow peer whose progress entry lapsed, a peer that
+        just left), the round missed it: True, and it counts as a failed round.
+        """
+        if self._company_round >= self.local_epoch - 1:
+            self.rounds_missed_alone += 1
+            self._training_alone = False
+            logger.warning("DiLoCo round %d ended alone: no other peer in the swarm's progress at its end "
+                           "(one was there in round %d); applied the local pseudo-gradient (%d such round%s so far)",
+                           self.local_epoch, self._company_round, self.rounds_missed_alone,
+                           "s" if self.rounds_missed_alone != 1 else "")
+            return True
+        if not self._training_alone:
+            self._training_alone = True
+            logger.info("DiLoCo round %d: no other peer in the swarm; training alone, each round applying this "
+                        "node's own update", self.local_epoch)
+        return False
 
     def _begin_average(self, params: list[torch.Tensor]) -> Any:
         """Hand this peer's parameters to the averager and let the round's all-reduce start.
@@ -352,12 +388,21 @@ class DiLoCoOptimizer:
         """Rejoin a swarm that has moved on: one round behind, just join the next round (the missed
         outer step is the same small drift as a failed round); further behind, download the state."""
         swarm_round = self._tracker.global_epoch
-        if swarm_round == self.local_epoch + 1:
-            logger.info("missed round %d: joining round %d with the swarm", self.local_epoch, swarm_round)
-            self._set_epoch(swarm_round)
-        elif swarm_round > self.local_epoch:
+        if swarm_round > self.local_epoch and not self.join_next_round(swarm_round):
             logger.info("swarm is at round %d, we are at %d: syncing", swarm_round, self.local_epoch)
             self.load_state_from_peers()
+
+    def join_next_round(self, swarm_round: int) -> bool:
+        """One round behind the swarm: take its round number and average with it at the end of this
+        one, without a download; False (nothing changed) when ``swarm_round`` is not just one ahead.
+
+        Safe because a round averages the peers' *parameters*: the outer step this node missed
+        leaves it where a failed round would, and averaging halves that gap every round."""
+        if swarm_round != self.local_epoch + 1:
+            return False
+        logger.info("missed round %d: joining round %d with the swarm", self.local_epoch, swarm_round)
+        self._set_epoch(swarm_round)
+        return True
 
     def _finish_round(self, group: Any, pseudo: list[torch.Tensor], carry: list[torch.Tensor] | None,
                       started: float) -> None:

@@ -38,7 +38,10 @@ class _DiLoCoAverager(hivemind.DecentralizedAverager):
         # round in flight is applied, or it would start from params its peers have already left.
         owner.round_settled.wait(timeout=owner.cfg.averaging_timeout + owner.cfg.matchmaking_time)
         tensors = [p.clone() for p in owner.outer.params] + [b.clone() for b in owner.outer.momentum_buffers()]
-        return dict(epoch=owner.local_epoch, inner_step=owner.inner_step), tensors, None
+        # A fast peer makes more inner steps than inner_steps in a round; newcomers check the step
+        # against 0..inner_steps-1, and the LR schedule stands at the round's last position anyway.
+        step = min(owner.inner_step, owner.cfg.inner_steps - 1)
+        return dict(epoch=owner.local_epoch, inner_step=step), tensors, None
 
 
 class HardenedDiLoCoAverager(HardenedAveragerMixin, _DiLoCoAverager):

@@ -8,10 +8,17 @@ pending!").  p2ptrain already counts that weather and says it once, in its own w
 those loggers (and each Python warning raised in hivemind's code) into a DEBUG record (its
 original level kept in :data:`DEMOTED_FROM`), which shows only when the node runs with
 ``--log-level debug``, tracebacks included.  What it hid is tallied, and every few minutes one
-INFO line says so::
+INFO line says so, naming the most frequent of the hidden errors::
 
     hivemind: 12 partial reductions (median 67% received), 30 warnings and 2 errors hidden in the
-    last 5 min (--log-level debug shows them)
+    last 5 min (--log-level debug shows them); errors: 2x "Averaging step failed: could not find a group"
+
+A few of hivemind's records do need an operator (:data:`OPERATOR_CONDITIONS`, chosen from
+hivemind 1.1.12's source): p2pd, the libp2p daemon, reporting a fatal error (hivemind passes Go's
+FATAL/PANIC on at CRITICAL), and an averaging helper process found dead at shutdown.  Each is
+still demoted like the rest, and also said in our own words at ERROR, without a traceback, once
+per summary window.  (A p2pd that is killed outright, e.g. by the OOM killer, makes hivemind log
+nothing of its own: its rounds and lookups just fail, which the node counts as swarm weather.)
 
 hivemind runs much of its work in forked helper processes (DHT, averagers) that inherit the
 logging setup, this filter included; each process tallies and reports its own records (a child
@@ -26,6 +33,7 @@ A window that is due is reported by the next hidden record, and the daemon's one
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
@@ -34,6 +42,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 #: Loggers whose records are internals: theirs, not ours, to shout about.
 NOISY_LOGGERS = ("hivemind", "asyncio")
@@ -45,6 +54,12 @@ _MAX_FRACTIONS = 1000
 _PARTIAL = re.compile(r"Reducer: received (\d+(?:\.\d+)?)% of input tensors")
 #: Set on a record once judged, so the second handler neither re-counts nor re-judges it.
 _VERDICT = "_p2ptrain_noise_verdict"
+#: Distinct hidden errors tallied per window (the rest count as errors, unnamed); names shown.
+_MAX_ERROR_KINDS = 50
+_NAMED_ERRORS = 2
+_NAME_LENGTH = 60
+#: What varies between records of one kind: peer IDs, object addresses, numbers.
+_VARYING = re.compile(r"\b(?:12D3Koo|Qm)[1-9A-HJ-NP-Za-km-z]{20,}|0x[0-9a-fA-F]+|\d+(?:\.\d+)?")
 
 _summary_logger = logging.getLogger("p2ptrain.swarmlog")
 _filters: weakref.WeakSet[SwarmNoiseFilter] = weakref.WeakSet()
@@ -58,6 +73,52 @@ _LEVEL_NAMES = ((logging.CRITICAL, "CRITICAL"), (logging.ERROR, "ERROR"), (loggi
 def level_name(levelno: int) -> str:
     """The standard name of a level, whatever hivemind renamed it to."""
     return next((name for threshold, name in _LEVEL_NAMES if levelno >= threshold), "DEBUG")
+
+
+@dataclass(frozen=True)
+class OperatorCondition:
+    """A hivemind record an operator must act on, and what to tell them."""
+
+    kind: str
+    matches: Callable[[logging.LogRecord], bool]
+    says: str
+    """The ERROR line; ``{message}`` is the record's own message."""
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception:  # a record whose message cannot even be turned into text
+        return str(record.msg)
+
+
+OPERATOR_CONDITIONS: tuple[OperatorCondition, ...] = (
+    # hivemind/p2p/p2p_daemon.py passes p2pd's own (go-log) records on with a ``caller`` field,
+    # DPANIC/PANIC/FATAL as CRITICAL: the daemon is going down, and the node's swarm with it.
+    OperatorCondition(
+        "p2pd_fatal",
+        lambda r: r.name == "hivemind.p2p.p2p_daemon" and r.levelno >= logging.CRITICAL and hasattr(r, "caller"),
+        "p2pd, the libp2p daemon this node reaches the swarm through, failed ({message}): the node cannot reach "
+        "the swarm until it is restarted"),
+    # hivemind/averaging/averager.py, shutdown(): the helper process was already gone, so every
+    # round since it died failed.
+    OperatorCondition(
+        "averager_died",
+        lambda r: r.name.startswith("hivemind.averaging") and "process is already not alive" in _message(r),
+        "an averaging helper process had died before the node stopped (killed, or out of memory?): its rounds "
+        "failed since; the journal or dmesg says why"),
+)
+
+
+def error_name(record: logging.LogRecord) -> str:
+    """A short name for a kind of error: the first line of its message, with what varies between
+    records of one kind (peer IDs, addresses, numbers) replaced by ``N``."""
+    try:
+        text = str(record.msg).strip() or type(record.msg).__name__
+    except Exception:
+        text = type(record.msg).__name__
+    name = _VARYING.sub("N", text.splitlines()[0])
+    return name if len(name) <= _NAME_LENGTH else name[:_NAME_LENGTH - 3] + "..."
 
 
 def is_noisy(name: str) -> bool:
@@ -100,6 +161,8 @@ class SwarmNoiseFilter(logging.Filter):
         self._partial = 0
         self._warnings = 0
         self._errors = 0
+        self._error_kinds: collections.Counter[str] = collections.Counter()
+        self._said: set[str] = set()
 
     def after_fork(self) -> None:
         """In a new child: its lock may have been held by another thread, and the parent's tally is
@@ -142,6 +205,7 @@ class SwarmNoiseFilter(logging.Filter):
             return True
         if record.levelno > logging.DEBUG:
             self._tally(record)
+            self._tell_operator(record)
             setattr(record, DEMOTED_FROM, level_name(record.levelno))
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return self.level <= logging.DEBUG
@@ -160,9 +224,28 @@ class SwarmNoiseFilter(logging.Filter):
                     self._fractions.append(float(match.group(1)) / 100.0)
             elif record.levelno >= logging.ERROR:
                 self._errors += 1
+                name = error_name(record)
+                if name in self._error_kinds or len(self._error_kinds) < _MAX_ERROR_KINDS:
+                    self._error_kinds[name] += 1
             else:
                 self._warnings += 1
         self.flush_if_due()
+
+    def _tell_operator(self, record: logging.LogRecord) -> None:
+        """Say a condition of :data:`OPERATOR_CONDITIONS` at ERROR, once per summary window."""
+        for condition in OPERATOR_CONDITIONS:
+            try:
+                matched = condition.matches(record)
+            except Exception:  # a judge never raises into someone else's logging call
+                matched = False
+            if not matched:
+                continue
+            with self._lock:  # the tally that just counted the record opened the window
+                said, self._said = condition.kind in self._said, self._said | {condition.kind}
+            if not said:
+                lines = _message(record).strip().splitlines()
+                _summary_logger.error(condition.says.format(message=lines[0][:200] if lines else "no message"))
+            return
 
     def flush(self) -> str | None:
         """Log (at INFO) and return the summary of what was hidden since the last one; None if nothing."""
@@ -171,6 +254,7 @@ class SwarmNoiseFilter(logging.Filter):
                 return None
             elapsed = self._clock() - self._window_start
             partial, fractions, warnings, errors = self._partial, self._fractions, self._warnings, self._errors
+            kinds = self._error_kinds
             self._reset_tally()
         parts = []
         if partial:
@@ -183,6 +267,8 @@ class SwarmNoiseFilter(logging.Filter):
         listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
         line = (f"hivemind: {listed} hidden in the last {max(1, round(elapsed / 60))} min "
                 "(--log-level debug shows them)")
+        if kinds:
+            line += "; errors: " + ", ".join(f'{count}x "{name}"' for name, count in kinds.most_common(_NAMED_ERRORS))
         _summary_logger.info(line)
         return line
 

@@ -43,7 +43,8 @@ def epoch_samples_bound(training: Any) -> int:
     """
     batch = int(training.batch_size)
     if getattr(training, "mode", "gradient") == "diloco":
-        inner = int(getattr(training, "inner_batch_size", 0) or batch)
+        # TrainingSection.inner_batch: inner_batch_size or its automatic value (config imports pydantic).
+        inner = int(getattr(training, "inner_batch", 0) or getattr(training, "inner_batch_size", 0) or batch)
         return DILOCO_SPEED_RATIO * int(training.inner_steps) * inner
     return 2 * (int(training.target_batch_size) + batch)
 

@@ -25,9 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 #: A model of a few thousand parameters: epochs every few seconds on two shared cores.
 TINY_TASK = {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32, "validation_batches": 2}
 #: Short timeouts so a failure shows within seconds; the suite asserts bounds in multiples of these.
+#: DiLoCo scenarios count rounds of inner_steps micro-batches (inner_batch_size = batch_size).
 CHAOS_TRAINING = {"target_batch_size": 192, "batch_size": 8, "validate_every": 60.0, "matchmaking_time": 0.5,
                   "averaging_timeout": 10.0, "load_state_timeout": 10.0, "load_state_attempts": 2,
-                  "warmup_epochs": 1}
+                  "warmup_epochs": 1, "inner_batch_size": 8}
 AVERAGING_TIMEOUT = CHAOS_TRAINING["averaging_timeout"]
 
 NodeFactory = Callable[..., LocalNode]

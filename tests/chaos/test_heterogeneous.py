@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import signal
+import time
 
 import pytest
 import torch
@@ -23,7 +24,12 @@ from p2ptrain.waiting import WaitTimeout, wait_until
 from tests.chaos.conftest import TINY_TASK
 from tests.chaos.helpers import training
 
-pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
+TIMEOUT = 240
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(TIMEOUT)]
+#: What the test's waits may take together: the rest of TIMEOUT is for stopping the nodes, reading
+#: their checkpoints and tearing down, so a slow run ends in an assertion naming the wait that ran
+#: out rather than in the timeout's kill.
+WAITS = TIMEOUT - 45.0
 
 ROUNDS = 5
 #: Rounds of a few seconds: longer than the slow node's inner step and the matchmaking window.
@@ -36,8 +42,10 @@ MAX_SPREAD = 0.05
 MAX_APART = 0.5
 #: A quarter of one core, as a share of this machine.
 QUARTER_CORE_PERCENT = 25.0 / (os.cpu_count() or 1)
-#: Every way a node logs a DiLoCo round that did not average (scheduling, starting, ending, failing).
-FAILED_ROUND = re.compile(r"could not schedule the DiLoCo round|DiLoCo round \d* ?(could not start|never ended|failed)")
+#: Every way a node logs a DiLoCo round that did not average (scheduling, starting, ending alone or
+#: late, failing).
+FAILED_ROUND = re.compile(r"could not schedule the DiLoCo round|"
+                          r"DiLoCo round \d* ?(could not start|never ended|failed|ended alone)")
 
 
 def _fresh_task():
@@ -68,14 +76,25 @@ def _apart_over_travelled(states: dict[str, dict]) -> float:
     return apart / travelled
 
 
+class _Budget:
+    """One budget for a test's waits: each gets what is left of it, at most its own bound."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.end = seconds, time.monotonic() + seconds
+
+    def left(self, bound: float) -> float:
+        return max(1.0, min(bound, self.end - time.monotonic()))
+
+
 def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, chaos_report):
+    budget = _Budget(WAITS)
     fast = make_node("fast", training=DILOCO)
     slow = make_node("slow", training=DILOCO, volunteer={"max_cpu_percent": QUARTER_CORE_PERCENT})
     fast.start()
     slow.start(join=fast.join_addrs()[:1])
     for node in (fast, slow):
-        training(node, 120)
-    slow.wait_for(lambda s: s.averaging_rounds_ok_total + s.averaging_rounds_partial_total >= 1, 90,
+        training(node, budget.left(60))
+    slow.wait_for(lambda s: s.averaging_rounds_ok_total + s.averaging_rounds_partial_total >= 1, budget.left(60),
                   "the slow node's first averaged round")
     # From here on, ROUNDS more rounds; both stop on their own at the same one (training.max_epochs,
     # raised at run time by a SIGHUP reload).
@@ -94,11 +113,16 @@ def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, ch
         return not (fast.running or slow.running)
 
     with contextlib.suppress(WaitTimeout):
-        wait_until(both_stopped, 180, "both nodes stopping at training.max_epochs", interval=0.2)
+        wait_until(both_stopped, budget.left(120), "both nodes stopping at training.max_epochs", interval=0.2)
     codes = {node.name: node.wait(1) for node in (fast, slow)}
     for node in (fast, slow):
         if codes[node.name] is None:
             node.signal(signal.SIGTERM)
+    running = [name for name, code in codes.items() if code is None]
+    assert not running, (f"{running} not stopped at round {stop_epoch} within the {budget.seconds:.0f} s of "
+                         f"waits this test allows; last rounds seen: "
+                         f"{ {name: status.local_epoch for name, status in last.items()} }",
+                         fast.log_tail(), slow.log_tail())
     assert codes == {"fast": 0, "slow": 0}, (fast.log_tail(), slow.log_tail())
     states = {n.name: CheckpointStore(n.state_dir / "checkpoints", keep=100).load_latest().state for n in (fast, slow)}
     losses = {name: _validation_loss(state) for name, state in states.items()}

@@ -45,3 +45,31 @@ def test_every_mode_trains_and_reports(tmp_path: Path) -> None:
     assert service["endpoint_answers"] > 0  # the service swarm was scraped while it trained
     table = (out / "results.md").read_text()
     assert "p2ptrain DiLoCo" in table and "Daemon overhead" in table and table.strip() in done.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_the_heterogeneous_benchmark_measures_curves_and_says_a_verdict_per_target(tmp_path: Path) -> None:
+    """One ABBA pair and the equal swarm, DiLoCo only, tiny model: every peer validates the swarm's model
+    at each landed round, with the node's peer checks on, and every target gets one of the three verdicts."""
+    out = tmp_path / "hetero"
+    cmd = [sys.executable, "-m", "benchmarks.hetero", "--modes", "diloco", "--repeats", "1", "--seconds", "12",
+           "--out", str(out), "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--val-batches", "2",
+           "--inner-steps", "5", "--eval-min-gap", "0", "--mode-timeout", "60", "--report-only"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=270, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((out / "hetero.json").read_text())
+    [row] = report["rows"]
+    assert row["pairs"] == 1 and set(row["targets"]) == {"fast_vs_equal", "slow_rounds_share", "val_spread",
+                                                          "time_to_loss_vs_alone"}
+    assert set(row["targets"].values()) <= {"pass", "FAIL", "not shown (within noise)"}
+    runs = report["runs"]["diloco"]
+    peers = [peer for kind in ("alone", "mixed", "equal") for swarm in runs[kind] for peer in swarm]
+    assert len(peers) == 5 and {peer["peer_checks"] for peer in peers} == {"on"}
+    for peer in peers:
+        times = [point[0] for point in peer["curve"]]
+        assert times[0] == 0.0 and times == sorted(times) and len(times) >= 3, peer["curve"]  # start, a round, end
+        assert peer["eval_seconds"] > 0
+    assert row["loss_speed"]["target_loss"] < runs["alone"][0][0]["curve"][0][2]  # L*: the alone run learned
+    table = (out / "hetero.md").read_text()
+    assert "1 ABBA pair(s) per mode, peer checks on" in table and table.strip() in done.stdout

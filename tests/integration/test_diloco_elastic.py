@@ -10,8 +10,9 @@ from tests.integration.conftest import FAST_TRAINING
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-DILOCO = {"mode": "diloco", "inner_steps": 10, "matchmaking_time": 0.5, "averaging_timeout": 8.0,
-          "load_state_timeout": 20.0}
+#: Rounds of ten one-micro-batch inner steps.
+DILOCO = {"mode": "diloco", "inner_steps": 10, "inner_batch_size": FAST_TRAINING["batch_size"], "matchmaking_time": 0.5,
+          "averaging_timeout": 8.0, "load_state_timeout": 20.0}
 
 
 def test_late_peer_syncs_and_dead_peer_does_not_stall(make_node):

@@ -29,7 +29,7 @@ STATE_TOLERANCE = {"none": 0.0, "fp16": 2.0**-10}
 
 #: Gradient mode with overlap off: a node's model is its optimizer's parameters (what it serves) right
 #: after every step.  DiLoCo: the outer parameters (the agreed model) are served and checkpointed.
-MODES = {"gradient": {"overlap": False}, "diloco": {"mode": "diloco", "inner_steps": 4}}
+MODES = {"gradient": {"overlap": False}, "diloco": {"mode": "diloco", "inner_steps": 4, "inner_batch_size": 8}}
 
 
 @pytest.mark.parametrize("mode", ["gradient", "diloco"])

@@ -57,7 +57,7 @@ def test_training_defaults() -> None:
     training = parse_config({}, "t").training
     assert (training.mode, training.grad_compression, training.state_compression) == ("gradient", "fp16", "none")
     assert (training.outer_lr, training.outer_momentum, training.outer_nesterov) == (0.7, 0.9, True)
-    assert training.overlap and training.inner_steps == 100
+    assert training.overlap and training.inner_steps == 25
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [

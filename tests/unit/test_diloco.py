@@ -206,7 +206,8 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
 
     monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
     param = torch.nn.Parameter(torch.zeros(3))
-    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0, matchmaking_time=5.0)
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0,
+                          matchmaking_time=5.0)
     optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
 
     def micro_batch() -> None:
@@ -223,3 +224,174 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
     micro_batch()
     assert control.triggered and control.weight == 5 * 8  # ended now, weighted by this round's samples
     assert optimizer.local_epoch == 1 and optimizer.inner_step == 0
+
+
+class _Behind(_Averager):
+    """Tracker and averager in one: a swarm of two whose round number is set by the test."""
+
+    global_progress = SimpleNamespace(num_peers=2, samples_accumulated=0)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*(args or ([],)), **kwargs)
+        self.global_epoch, self.ready_to_update_epoch, self.epochs_published = 0, False, []
+
+    @property
+    def estimated_next_update_time(self) -> float:
+        return float("inf")  # matchmaking is never due by the clock: only a round that ends schedules one
+
+    def update_epoch(self, epoch: int) -> None:
+        self.epochs_published.append(epoch)
+
+
+def _behind_optimizer(monkeypatch) -> tuple[object, _Behind, _Behind, list[int], torch.nn.Parameter]:
+    """A DiLoCo optimizer on fakes; the list collects the epochs at which it started a state download."""
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.swarmstats import SwarmStats
+
+    made: list[_Behind] = []
+
+    def make(*args: object, **kwargs: object) -> _Behind:
+        made.append(_Behind(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
+    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make)
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
+    optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
+    downloads: list[int] = []
+    monkeypatch.setattr(optimizer, "load_state_from_peers", lambda: downloads.append(optimizer.local_epoch) or False)
+    tracker, averager = made
+    optimizer.restore({"epoch": 3})
+    return optimizer, tracker, averager, downloads, param
+
+
+def test_one_round_behind_joins_the_next_round_without_a_download(monkeypatch) -> None:
+    optimizer, tracker, _, downloads, param = _behind_optimizer(monkeypatch)
+    before = param.detach().clone()
+    tracker.global_epoch = 4
+    optimizer._catch_up()
+    assert optimizer.local_epoch == 4 and downloads == []
+    assert tracker.epochs_published[-1] == 4  # the swarm's progress now counts this node in round 4
+    assert torch.equal(param.detach(), before)  # nothing replaced: its own parameters, averaged next round
+    assert optimizer.join_next_round(6) is False and optimizer.local_epoch == 4  # two ahead: not joinable
+
+
+def test_further_behind_downloads_the_state_and_level_or_ahead_does_nothing(monkeypatch) -> None:
+    optimizer, tracker, _, downloads, _ = _behind_optimizer(monkeypatch)
+    tracker.global_epoch = 6
+    optimizer._catch_up()
+    assert downloads == [3] and optimizer.local_epoch == 3  # the download (failed here) decides the epoch
+    for swarm_round in (3, 2):  # level with the swarm, or a stale view of it behind us
+        tracker.global_epoch = swarm_round
+        optimizer._catch_up()
+    assert downloads == [3] and optimizer.local_epoch == 3
+
+
+def test_two_rounds_behind_no_round_is_scheduled_or_ended_until_caught_up(monkeypatch) -> None:
+    """A round of ours would average with nobody: the step trains on, tries the download, and neither
+    schedules matchmaking nor ends a round, even when the round clock says the round is over."""
+    optimizer, tracker, averager, downloads, param = _behind_optimizer(monkeypatch)
+    tracker.global_epoch, tracker.ready_to_update_epoch = 5, True
+
+    def micro_batch() -> None:
+        param.grad = torch.ones(3)
+        optimizer.step(batch_size=8)
+        optimizer.zero_grad()
+
+    for _ in range(3):
+        micro_batch()
+    assert averager.controls == [] and optimizer.local_epoch == 3 and optimizer.inner_step == 3
+    assert downloads == [3, 3, 3]  # retried at each step (load_state_from_peers bounds how often it really runs)
+    tracker.global_epoch = 4  # now one behind: this round ends and the node moves with the swarm
+    micro_batch()
+    assert len(averager.controls) == 1 and averager.controls[0].triggered and optimizer.local_epoch == 4
+
+
+def test_a_fast_peer_past_inner_steps_serves_a_state_newcomers_accept() -> None:
+    """With the shared round clock a fast peer makes more inner steps than inner_steps in a round;
+    the round position it serves must still pass the newcomers' check, or they reject an honest donor."""
+    import threading
+
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.diloco_averager import averager_class
+    from p2ptrain.statecheck import check_diloco_metadata
+
+    settled = threading.Event()
+    settled.set()
+    outer = OuterStep([torch.nn.Parameter(torch.zeros(2))], lr=0.7, momentum=0.9, nesterov=True)
+    cfg = TrainingSection(mode="diloco", inner_steps=100)
+    owner = SimpleNamespace(cfg=cfg, local_epoch=7, inner_step=250, round_settled=settled, outer=outer)
+    # The method only reads its owner: called on a stand-in, no averager process is started.
+    metadata, tensors, _ = averager_class(False, None).get_current_state(SimpleNamespace(_owner=owner))
+    assert metadata == {"epoch": 7, "inner_step": 99} and len(tensors) == 2
+    assert check_diloco_metadata(metadata, cfg.inner_steps).ok
+
+
+class _Flickering(_Behind):
+    """A swarm whose other peer shows in the progress or not, as the test says; every step ends a round."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.ready_to_update_epoch = True
+        self.global_progress = SimpleNamespace(num_peers=1, samples_accumulated=0)
+
+    def step(self, **kwargs: object) -> _Control:
+        raise AssertionError("no round may start with nobody to average with")
+
+
+def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_training_alone(
+        monkeypatch, caplog) -> None:
+    import logging
+
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.swarmstats import SwarmStats
+
+    made: list[_Flickering] = []
+
+    def make(*args: object, **kwargs: object) -> _Flickering:
+        made.append(_Flickering(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
+    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make)
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
+    stats = SwarmStats()
+    optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=stats)
+    tracker = made[0]
+
+    def round_ending(peers_while_training: int) -> None:
+        """One micro-batch, during which the swarm shows ``peers_while_training``; its round ends alone."""
+        tracker.global_progress = SimpleNamespace(num_peers=peers_while_training, samples_accumulated=0)
+        param.grad = torch.ones(3)
+        monkeypatch.setattr(tracker, "report_local_progress", lambda *a: None)
+        original = optimizer._begin_average
+
+        def lapsed(params: list[torch.Tensor]) -> object:  # the other peer's entry lapsed at the round's end
+            tracker.global_progress = SimpleNamespace(num_peers=1, samples_accumulated=0)
+            return original(params)
+
+        monkeypatch.setattr(optimizer, "_begin_average", lapsed)
+        optimizer.step(batch_size=8)
+        optimizer.zero_grad()
+
+    with caplog.at_level(logging.INFO, logger="p2ptrain.diloco"):
+        for _ in range(3):  # a swarm of one: its rounds are the swarm's, said once
+            round_ending(1)
+        figures, credit = stats.rounds.figures(), stats.credit.figures()
+        assert (figures.rounds_ok, figures.rounds_failed) == (0, 0) and credit.contributed == 3 * 8
+        round_ending(2)  # a peer in the swarm during the round, gone from the progress at its end
+        round_ending(1)  # ... and still not seen: this round missed it too
+        figures, credit = stats.rounds.figures(), stats.credit.figures()
+        assert figures.rounds_failed == 2 and credit.not_averaged == 2 * 8 and optimizer.rounds_missed_alone == 2
+        round_ending(1)  # two rounds without it: training alone again, said once more
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "p2ptrain.diloco"]
+    assert [level for level, _ in lines] == [logging.INFO, logging.WARNING, logging.WARNING, logging.INFO], lines
+    assert lines[0][1].startswith("DiLoCo round 0: no other peer in the swarm; training alone")
+    assert lines[1][1] == ("DiLoCo round 3 ended alone: no other peer in the swarm's progress at its end (one was "
+                           "there in round 3); applied the local pseudo-gradient (1 such round so far)")
+    assert lines[2][1].endswith("(2 such rounds so far)") and lines[3][1].startswith("DiLoCo round 5: no other peer")
+    assert optimizer.local_epoch == 6

@@ -15,7 +15,7 @@ import pytest
 
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.logsetup import configure_logging, noise_filter, set_log_level, stream_is_journal
-from p2ptrain.logsfilter import DEMOTED_FROM, SwarmNoiseFilter
+from p2ptrain.logsfilter import DEMOTED_FROM, SwarmNoiseFilter, error_name
 
 HUMAN_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (\w+) +([\w.]+): (.*)$")
 
@@ -163,7 +163,9 @@ def test_swarm_weather_is_hidden_at_info_counted_and_summarised_in_one_line() ->
         assert [line.level for line in ring.since(0)] == ["WARNING"]  # the API's log view: the same lines
         summary = noise_filter().flush()
         assert summary == ("hivemind: 2 partial reductions (median 50% received), 1 warning and 2 errors hidden "
-                           "in the last 1 min (--log-level debug shows them)")
+                           "in the last 1 min (--log-level debug shows them); errors: "
+                           '1x "Averaging step failed: could not find a group", 1x "Task was destroyed but it is '
+                           'pending!"')
         last = HUMAN_LINE.match(stream.getvalue().splitlines()[-1])
         assert last is not None and last.group(1, 2, 3) == ("INFO", "p2ptrain.swarmlog", summary)
         assert noise_filter().flush() is None  # nothing hidden since
@@ -232,7 +234,8 @@ def test_forked_helper_processes_inherit_the_quiet(tmp_path: Path, level: str) -
         assert "child still logs its own lines" in messages
         # The child's summary counts the child's records only (the parent's one is its own to report).
         assert ("hivemind: 2 partial reductions (median 50% received), 1 warning and 2 errors hidden in the last "
-                "1 min (--log-level debug shows them)") in messages
+                "1 min (--log-level debug shows them); errors: 1x \"Averaging step failed: could not find a group\", "
+                "1x \"Task was destroyed but it is pending!\"") in messages
         if level == "DEBUG":
             assert "(WARNING) Reducer: received 33.3% of input tensors" in messages
             assert any(line == "RuntimeError: Averaging step failed: could not find a group" for line in lines)
@@ -281,7 +284,7 @@ def test_noise_filter_tallies_one_window_at_a_time() -> None:
     assert noise.flush_if_due() is None  # the window is not over yet
     now[0] += 610.0
     assert noise.flush_if_due() == ("hivemind: 3 partial reductions (median 67% received) and 1 error hidden in "
-                                    "the last 10 min (--log-level debug shows them)")
+                                    'the last 10 min (--log-level debug shows them); errors: 1x "boom"')
     assert noise.flush() is None  # one summary per window, however much was hidden
     noise.filter(record("asyncio", logging.WARNING, "slow callback"))
     now[0] += 301.0
@@ -292,3 +295,55 @@ def test_noise_filter_tallies_one_window_at_a_time() -> None:
     assert noise.flush() is None
     noise.set_level(logging.DEBUG)
     assert noise.filter(record("asyncio", logging.ERROR, "shown at DEBUG"))
+
+
+def _record(name: str, level: int, message: object, **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord(name, level, __file__, 1, message, None, None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_the_summary_names_the_most_frequent_hidden_errors_whatever_varies_in_them() -> None:
+    noise = SwarmNoiseFilter(every=300.0, clock=lambda: 0.0)
+    peer = "12D3KooWGb7BPVkdJqRTLoyMp6Sxns5ktfHmfXRSDEpnH5XjwEqQ"
+    for n in range(3):  # one kind, whichever peer and whatever numbers it names
+        noise.filter(_record("hivemind.averaging.averager", logging.ERROR,
+                             f"Failed to download state from {peer[:-n or None]}x - TimeoutError({n + 1}.5)"))
+    noise.filter(_record("hivemind.averaging.averager", logging.ERROR,
+                         RuntimeError("Averaging step failed: could not find a group")))
+    noise.filter(_record("asyncio", logging.ERROR, "Task was destroyed but it is pending!\ntask: <Task ...>"))
+    noise.filter(_record("asyncio", logging.ERROR, "Task was destroyed but it is pending!\ntask: <Task other>"))
+    noise.filter(_record("hivemind.dht", logging.WARNING, "a warning is not an error"))
+    assert noise.flush() == ("hivemind: 1 warning and 6 errors hidden in the last 1 min (--log-level debug shows "
+                             'them); errors: 3x "Failed to download state from N - TimeoutError(N)", '
+                             '2x "Task was destroyed but it is pending!"')
+    long = "x" * 200
+    assert error_name(_record("asyncio", logging.ERROR, long)) == "x" * 57 + "..."
+
+
+def test_hivemind_conditions_an_operator_must_act_on_are_said_at_error_once_per_window() -> None:
+    hivemind_logging = pytest.importorskip("hivemind.utils.logging")
+    stream = io.StringIO()
+    try:
+        configure_logging("INFO", "human", stream=stream)
+        p2pd = hivemind_logging.get_logger("hivemind.p2p.p2p_daemon")
+        for _ in range(2):  # what hivemind makes of a go-log FATAL from p2pd
+            p2pd.critical("failed to listen on any addresses: no space left on device", extra={"caller": "p2pd"})
+        averager = hivemind_logging.get_logger("hivemind.averaging.averager")
+        averager.error("Averager shutdown has no effect: the process is already not alive")
+        p2pd.critical("a CRITICAL line that is not p2pd's own (no caller) is weather")
+        averager.error("Averaging step failed: could not find a group")  # weather: hidden, counted
+        lines = [m.group(1, 2, 3) for m in map(HUMAN_LINE.match, stream.getvalue().splitlines()) if m]
+        assert lines == [
+            ("ERROR", "p2ptrain.swarmlog", "p2pd, the libp2p daemon this node reaches the swarm through, failed "
+             "(failed to listen on any addresses: no space left on device): the node cannot reach the swarm until "
+             "it is restarted"),
+            ("ERROR", "p2ptrain.swarmlog", "an averaging helper process had died before the node stopped (killed, "
+             "or out of memory?): its rounds failed since; the journal or dmesg says why")]
+        assert "Traceback" not in stream.getvalue()
+        assert "5 errors hidden" in (noise_filter().flush() or "")  # still counted with the rest
+        p2pd.critical("p2pd fails again in the next window", extra={"caller": "p2pd"})
+        assert stream.getvalue().splitlines()[-1].endswith("(p2pd fails again in the next window): the node cannot "
+                                                           "reach the swarm until it is restarted")
+    finally:
+        hivemind_logging.use_hivemind_log_handler("in_hivemind")

@@ -69,3 +69,29 @@ def test_the_node_that_started_the_swarm_does_not_wait_for_anyone():
     optimizer = FakeOptimizer(swarm_epoch=0, local_epoch=7, known_after=None, clock=clock)
     assert _sync(optimizer, clock, alone=True, records=threading.Event()) == []
     assert clock.now == 0.0 and optimizer.reads == 0 and optimizer.local_epoch == 7
+
+
+class JoiningOptimizer(FakeOptimizer):
+    """DiLoCo's optimizer: one round behind, it can join the swarm's next round."""
+
+    def join_next_round(self, swarm_round: int) -> bool:
+        if swarm_round != self.local_epoch + 1:
+            return False
+        self.local_epoch = swarm_round
+        return True
+
+
+def test_a_restarted_diloco_node_one_round_behind_joins_the_next_round_without_a_download():
+    clock = ManualClock(0.0)
+    optimizer = JoiningOptimizer(swarm_epoch=8, local_epoch=7, known_after=0, clock=clock)
+    assert _sync(optimizer, clock, join_next_round=optimizer.join_next_round) == []
+    assert optimizer.downloads == 0 and optimizer.local_epoch == 8
+
+
+def test_further_behind_or_never_trained_it_downloads_even_in_diloco_mode():
+    clock = ManualClock(0.0)
+    far = JoiningOptimizer(swarm_epoch=9, local_epoch=7, known_after=0, clock=clock)
+    assert _sync(far, clock, join_next_round=far.join_next_round) == ["download"] and far.local_epoch == 9
+    # A fresh node's parameters are the initial ones: averaged in, they would pull the swarm back.
+    fresh = JoiningOptimizer(swarm_epoch=1, local_epoch=0, known_after=0, clock=clock)
+    assert _sync(fresh, clock, join_next_round=fresh.join_next_round) == ["download"] and fresh.downloads == 1
