@@ -115,8 +115,10 @@ class DiLoCoOptimizer:
     def __init__(self, params: Iterable[torch.nn.Parameter], dht: hivemind.DHT, run_id: str, cfg: TrainingSection,
                  *, client_mode: bool, stats: SwarmStats, bandwidth: float | None = None,
                  admission: Admission | None = None, defences: Defences | None = None,
-                 evaluate: Callable[[], float] | None = None) -> None:
+                 evaluate: Callable[[], float] | None = None, wait: Callable[[float], object] = time.sleep) -> None:
         self.cfg, self.stats, self.dht = cfg, stats, dht
+        #: Pauses between state-download attempts: the node's stop event's wait (True: stop asked).
+        self._wait = wait
         self._defences, self._evaluate = defences, evaluate
         self.params = [p for p in params if p.requires_grad]
         self.param_groups = [{"params": self.params}]
@@ -406,9 +408,9 @@ class DiLoCoOptimizer:
                 self.stats.download_finished(True, time.perf_counter() - started)
                 return True
             rejected += loaded is not None
-            if attempt < self.cfg.load_state_attempts:
-                # A node that has just joined may not see the donors' DHT entries yet.
-                time.sleep(2.0 * attempt)
+            # A node that has just joined may not see the donors' DHT entries yet.
+            if attempt < self.cfg.load_state_attempts and self._wait(2.0 * attempt):
+                break
         self.stats.download_finished(False, 0.0)
         self._last_failed_sync = time.monotonic()
         if isinstance(self._tracker, RobustRoundTracker):

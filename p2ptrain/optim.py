@@ -101,7 +101,7 @@ def build_optimizer(
 
         return DiLoCoOptimizer(model.parameters(), dht, averaging_run_id, cfg, client_mode=client_mode,
                                stats=stats, bandwidth=bandwidth, admission=admission, defences=defences,
-                               evaluate=evaluate)
+                               evaluate=evaluate, wait=wait)
     # hivemind's matchmaking can deadlock when a request may outlive the matchmaking window (two
     # peers each waiting for the other to answer), so requests get half of it.  hivemind.Optimizer
     # passes averager_opts to its state averager only: the gradient averager gets them through

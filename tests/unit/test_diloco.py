@@ -223,3 +223,52 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
     micro_batch()
     assert control.triggered and control.weight == 5 * 8  # ended now, weighted by this round's samples
     assert optimizer.local_epoch == 1 and optimizer.inner_step == 0
+
+
+class _NoDonor(_NoSwarm):
+    """An averager whose every download finds no usable state (each attempt rejects one donor)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.attempts = 0
+        self.last_download_rejections: list[tuple[str, str]] = []
+
+    def load_state_from_peers(self, timeout: float | None = None) -> None:
+        self.attempts += 1
+        self.last_download_rejections = [("QmLiar", "tensor 0 has NaN")]
+        return None
+
+
+def _no_donor_optimizer(monkeypatch, wait):
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.swarmstats import SwarmStats
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", _NoSwarm)
+    averagers: list[_NoDonor] = []
+    monkeypatch.setattr(diloco, "averager_class",
+                        lambda hardened, admission: lambda *a, **k: averagers.append(_NoDonor()) or averagers[-1])
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, load_state_attempts=3, warmup_epochs=0)
+    optimizer = diloco.DiLoCoOptimizer([torch.nn.Parameter(torch.zeros(3))], None, "run", cfg, client_mode=False,
+                                       stats=SwarmStats(), wait=wait)
+    return optimizer, averagers[0]
+
+
+def test_a_download_waits_between_attempts_on_the_node_s_stop_event_and_a_stop_ends_it(monkeypatch) -> None:
+    waits: list[float] = []
+    optimizer, averager = _no_donor_optimizer(monkeypatch, lambda seconds: waits.append(seconds) or False)
+    assert optimizer.load_state_from_peers() is False
+    assert averager.attempts == 3 and waits == [2.0, 4.0]  # no plain sleeps: the node's stop event's wait
+    stopping: list[float] = []
+    optimizer, averager = _no_donor_optimizer(monkeypatch, lambda seconds: stopping.append(seconds) or True)
+    assert optimizer.load_state_from_peers() is False
+    assert averager.attempts == 1 and stopping == [2.0]  # a stop asked during the pause: no more attempts
+
+
+def test_a_fresh_node_with_only_bad_donors_says_so_once_per_download(monkeypatch, caplog) -> None:
+    import logging
+
+    optimizer, _ = _no_donor_optimizer(monkeypatch, lambda seconds: False)
+    with caplog.at_level(logging.INFO, logger="p2ptrain"):
+        optimizer.load_state_from_peers()
+    said = [r for r in caplog.records if "every donor's state was rejected" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
