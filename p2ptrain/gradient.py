@@ -253,6 +253,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
                 return  # failed recently: keep training locally rather than stall every step
             self.stats.download_started()
             started = time.perf_counter()
+            rejected = 0
             for attempt in range(1, self._load_state_attempts + 1):
                 before = self._state_marker()
                 try:
@@ -265,7 +266,10 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
                         self.stats.download_finished(True, time.perf_counter() - started)
                         logger.info("downloaded the swarm's state: now at epoch %d", self.local_epoch)
                         return
-                    logger.info("no donor answered (attempt %d/%d)", attempt, self._load_state_attempts)
+                    refused = len(getattr(self.state_averager, "last_download_rejections", ()))
+                    rejected += refused
+                    if not refused:  # the hardened averager says itself what it refused
+                        logger.info("no donor answered (attempt %d/%d)", attempt, self._load_state_attempts)
                 # A node that has just joined may not see the donors' DHT entries yet.
                 if attempt < self._load_state_attempts and self._wait(2.0 * attempt):
                     break
@@ -273,6 +277,9 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
             self._last_failed_sync = time.monotonic()
             if isinstance(self.tracker, RobustProgressTracker):
                 self.tracker.distrust_unsupported(self._retry_sync_after)
-            logger.warning("could not download state from any peer; continuing with local state")
+            if rejected and self.local_epoch == 0:  # once per download, however many attempts found them
+                logger.warning("every donor's state was rejected: training from this node's own initialisation")
+            else:
+                logger.warning("could not download state from any peer; continuing with local state")
 
         self.state_averager.load_state_from_peers = bounded  # type: ignore[method-assign]
