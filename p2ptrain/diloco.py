@@ -51,7 +51,8 @@ from p2ptrain.livetraining import retune
 from p2ptrain.microbatches import MicroBatches
 from p2ptrain.modelcheck import make_loss_check
 from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
-from p2ptrain.robustreduce import ReduceRule
+from p2ptrain.robustreduce import ReduceRule, RoundReports
+from p2ptrain.robustreduce import RoundReport as ReducerReport
 from p2ptrain.roundclock import RobustRoundTracker, SwarmRoundTracker, schedule_position, set_schedule_position
 from p2ptrain.roundstats import RoundReport
 from p2ptrain.safestate import diloco_state_validator
@@ -145,7 +146,9 @@ class DiLoCoOptimizer:
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
         per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
-        checks: dict[str, Any] = {}
+        #: Where the averager reports each round (how much it really averaged), checks on or off.
+        self._rounds = defences.rounds if defences is not None else RoundReports()
+        checks: dict[str, Any] = dict(round_reports=self._rounds)
         if defences is not None:
             self._tracker: SwarmRoundTracker | RobustRoundTracker = RobustRoundTracker(
                 dht, f"{run_id}_diloco", client_mode=client_mode, start=True, per_peer_samples=per_peer,
@@ -153,8 +156,7 @@ class DiLoCoOptimizer:
             tracker = self._tracker
             defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
             # A round's weight is its samples: a fast peer does a few times the average, never 16x.
-            checks = dict(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer),
-                          round_reports=defences.rounds)
+            checks.update(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer))
         else:
             self._tracker = SwarmRoundTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
                                               per_peer_samples=per_peer)
@@ -371,14 +373,20 @@ class DiLoCoOptimizer:
         self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
             group_size, received = len(group or ()), None
-            if self._defences is not None:
-                measured = self._defences.take_round(str(self.dht.peer_id))
-                if group is not None and measured is not None:
-                    group_size, received = measured.group_size, measured.averaged_fraction
+            measured = self._measured_round()
+            if group is not None and measured is not None:
+                group_size, received = measured.group_size, measured.averaged_fraction
             report = RoundReport(ok=group is not None, duration=time.perf_counter() - started,
                                  group_size=group_size, peers_online=self._tracker.global_progress.num_peers,
                                  received_fraction=received)
             self.stats.record_round(report, self._payload_bytes)
+
+    def _measured_round(self) -> ReducerReport | None:
+        """What the averager measured of the round that just ended (with the checks, also fed to the
+        evidence: the peers it met)."""
+        if self._defences is not None:
+            return self._defences.take_round(str(self.dht.peer_id))
+        return self._rounds.latest()
 
     def flush(self) -> None:
         """Wait for the round in flight (bounded by the averaging timeout) and apply it."""

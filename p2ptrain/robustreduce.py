@@ -357,6 +357,11 @@ class RoundReports:
             self._lock.release()
         return reports
 
+    def latest(self) -> RoundReport | None:
+        """The newest report waiting now (the others are dropped), or None."""
+        reports = self.drain()
+        return reports[-1] if reports else None
+
     @property
     def dropped(self) -> int:
         return int(self._dropped.value)

@@ -6,6 +6,7 @@ import contextlib
 import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from p2ptrain.diloco import OuterStep
@@ -272,3 +273,36 @@ def test_a_fresh_node_with_only_bad_donors_says_so_once_per_download(monkeypatch
         optimizer.load_state_from_peers()
     said = [r for r in caplog.records if "every donor's state was rejected" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
+
+
+def test_without_peer_checks_a_round_s_received_share_is_still_measured(monkeypatch) -> None:
+    """A node with ``swarm.peer_checks = false`` runs the counting averager: what its reducer received
+    decides whether the round was full, as with the checks on."""
+    import time
+
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.robustreduce import RoundReport as ReducerReport
+    from p2ptrain.swarmstats import SwarmStats
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
+    made: list[dict[str, object]] = []
+
+    def make_averager(*args: object, **kwargs: object) -> _Averager:
+        made.append(kwargs)
+        return _Averager(*args, **kwargs)
+
+    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
+    stats = SwarmStats()
+    optimizer = diloco.DiLoCoOptimizer([param], SimpleNamespace(peer_id="QmMe"), "run", cfg, client_mode=False,
+                                       stats=stats)
+    reports = made[0]["round_reports"]  # the queue the averager's process reports to
+    reports.put(ReducerReport(averager="diloco", group_size=2, peers=("QmMe", "QmPeer"), senders=2,
+                              contributions_expected=6, contributions_received=2, results_expected=3,
+                              results_received=3, rejected=(), clipped=0, ok=True, finished_at=0.0))
+    optimizer._finish_round({"QmMe": None, "QmPeer": None}, [torch.zeros(3)], None, time.perf_counter())
+    figures = stats.rounds.figures()
+    assert figures.rounds_partial == 1 and figures.rounds_ok == 0
+    assert figures.last_received_fraction == pytest.approx(1 / 3)

@@ -14,6 +14,7 @@ from hivemind.p2p import PeerID
 
 from p2ptrain.peergate import PeerGate
 from p2ptrain.robustprogress import RobustProgressTracker
+from p2ptrain.roundcount import CountingGradientAverager
 from p2ptrain.safeaverager import HardenedAverager, HardenedGradientAverager
 from p2ptrain.safestate import SafeTrainingStateAverager
 
@@ -22,6 +23,7 @@ from p2ptrain.safestate import SafeTrainingStateAverager
     (HardenedAverager, hivemind.DecentralizedAverager),
     (HardenedGradientAverager, GradientAverager),
     (SafeTrainingStateAverager, TrainingStateAverager),
+    (CountingGradientAverager, GradientAverager),
 ])
 def test_hardened_averagers_speak_hivemind_wire_names_and_stream_kinds(ours, theirs):
     """hivemind names RPCs after the class and reads streaming from typing annotations: a subclass must
