@@ -412,7 +412,8 @@ class DiLoCoOptimizer:
                 logger.warning("state download attempt %d failed: %r", attempt, exc)
                 continue
             rejected += len(getattr(self.averager, "last_download_rejections", ()))
-            if loaded is not None and self._adopt(*loaded):
+            source = getattr(self.averager, "last_download_source", None)  # the hardened averager names it
+            if loaded is not None and self._adopt(*loaded, donor=source[0] if source else "a peer"):
                 self.stats.download_finished(True, time.perf_counter() - started)
                 return True
             rejected += loaded is not None
@@ -440,7 +441,7 @@ class DiLoCoOptimizer:
         return check(metadata, tensors, donor)
 
     @torch.no_grad()
-    def _adopt(self, metadata: Any, tensors: Any) -> bool:
+    def _adopt(self, metadata: Any, tensors: Any, donor: str = "a peer") -> bool:
         """Switch to a downloaded state once it passes the structural checks (count, shapes, dtypes,
         finite values, epoch and inner step in range); False, and nothing changed, if it does not."""
         try:
@@ -461,7 +462,7 @@ class DiLoCoOptimizer:
         self.samples_this_round = 0
         self._micro.reset()
         self._set_epoch(int(metadata["epoch"]))
-        logger.info("loaded round %d (inner step %d) from a peer", self.local_epoch, self.inner_step)
+        logger.info("loaded round %d (inner step %d) from %s", self.local_epoch, self.inner_step, donor)
         return True
 
     def checkpoint_state(self) -> dict[str, Any]:
