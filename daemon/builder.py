@@ -12,7 +12,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,11 +68,13 @@ class JoinedSwarm:
     trusted: tuple[str, ...] = ()
     """Peer IDs whose records vouch for the run's model: the initial peers this node joined through."""
 
-    def refresh_fingerprint(self, run_id: str, fingerprint: str) -> None:
+    def refresh_fingerprint(self, run_id: str, fingerprint: str, met: Collection[str] = ()) -> None:
         """Republish our fingerprint; raises :class:`FingerprintMismatch` when the run's peers now show
-        another model (the node decides what to do about it)."""
+        another model (the node decides what to do about it).  Witnesses are the peers this node joined
+        through and ``met``, the peers it has averaged with lately."""
         try:
-            self.first_seen = claim_fingerprint(self.dht, run_id, fingerprint, self.first_seen, self.trusted)
+            self.first_seen = claim_fingerprint(self.dht, run_id, fingerprint, self.first_seen,
+                                                {*self.trusted, *met})
         except FingerprintMismatch:
             raise
         except Exception as exc:  # the DHT being slow or odd is weather

@@ -219,7 +219,8 @@ class Node:
         def refresh_fingerprint() -> None:
             if self.keeper is None:  # owned runs keep the fingerprint in the signed manifest
                 try:
-                    swarm.refresh_fingerprint(cfg.swarm.run_id, parts.fingerprint)
+                    swarm.refresh_fingerprint(cfg.swarm.run_id, parts.fingerprint,
+                                              self.defences.evidence.met_peers() if self.defences is not None else ())
                 except FingerprintMismatch as error:
                     if self.defences is None or not self.defences.overrules_fingerprint_records(str(error)):
                         self.request_exit(str(error), EX_CONFIG)

@@ -6,20 +6,23 @@ Three small subclasses of hivemind 1.1.12's all-reduce internals, each overridin
   ``accumulate_part``, ``on_sender_failed``, ``check_current_part_finished``) keeps each sender's
   copy of the current part instead of a running sum; once all have arrived it screens them
   (:func:`p2ptrain.robustreduce.screen_parts`), names the senders it rejects, and aggregates the
-  rest robustly.  A rejected sender is left out of every later part of the round.
+  rest robustly.  A rejected sender is left out of every later part of the round.  Nothing a peer
+  sends can make this check raise: a part that cannot be screened refuses its sender, and a part that
+  cannot be reduced hands everyone our own values, so the honest senders are never left waiting.
 * :class:`CheckedTensorPartContainer` (``TensorPartContainer.register_processed_part``) refuses an
   average returned by another reducer that is not finite or moves our part implausibly far, keeps our
   own values for that reducer's share instead, and names it.
 * :class:`RobustAllReduceRunner` (``AllReduceRunner.__init__``, restated so that only our container and
   reducer are built, ``_communicate_with_peer``, ``_accumulate_parts_streaming``) installs both, leaves
   gated peers out from the start (their parts
-  are never awaited, their results never used), and checks each incoming part's declared shape and
-  size before it is deserialised.
+  are never awaited, their results never used), and checks each incoming part's declared shape, dtype,
+  compression and size before it is deserialised.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -28,17 +31,32 @@ import torch
 from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
 from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartContainer, TensorPartReducer
 from hivemind.p2p import P2P, PeerID, ServicerBase
-from hivemind.proto import averaging_pb2
+from hivemind.proto import averaging_pb2, runtime_pb2
 
+from p2ptrain.compression import WIRE_COMPRESSIONS
 from p2ptrain.peergate import PeerGate
 from p2ptrain.pinned import require_hivemind
-from p2ptrain.robustreduce import ReduceRule, Rejection, aggregate, check_result, screen_parts
+from p2ptrain.robustreduce import (
+    PART_DTYPES,
+    ReduceRule,
+    Rejection,
+    aggregate,
+    check_result,
+    dtype_name,
+    part_floors,
+    screen_parts,
+)
 
 require_hivemind(__name__)
+
+logger = logging.getLogger(__name__)
 
 #: Bytes a serialised part may take per element (float64 is the widest honest encoding) plus framing.
 _MAX_BYTES_PER_ELEMENT = 8
 _PART_FRAMING_BYTES = 4096
+#: The dtypes a part may declare, each with its bytes per element uncompressed (hivemind sends bfloat16
+#: as 2 or, in its legacy mode, 4 bytes): see robustreduce.PART_DTYPES.
+_WIRE_DTYPES = {"float16": (2,), "bfloat16": (2, 4), "float32": (4,), "float64": (8,)}
 
 OnReject = Callable[[int, Rejection], None]
 
@@ -47,8 +65,10 @@ class RobustTensorPartReducer(TensorPartReducer):
     """Collects every sender's copy of a part, screens them, aggregates the accepted ones robustly."""
 
     def __init__(self, part_shapes: Sequence[torch.Size], num_senders: int, *, rule: ReduceRule,
-                 local_sender: int | None, on_reject: OnReject) -> None:
+                 local_sender: int | None, on_reject: OnReject, own_floors: Sequence[float] = ()) -> None:
         self.rule, self.local_sender, self._on_reject = rule, local_sender, on_reject
+        #: For each part, the least norm our own copy counts as when it is the reference (part_floors).
+        self.own_floors = tuple(own_floors)
         self._contributions: dict[int, tuple[torch.Tensor, float]] = {}
         self.contributions_accepted = 0
         self.clipped = 0
@@ -82,9 +102,13 @@ class RobustTensorPartReducer(TensorPartReducer):
         if self.sender_failed_after[sender_index] != math.inf:
             raise BannedException(f"sender {sender_index} was excluded from this round")
         future = self.current_part_future
-        if tuple(tensor_part.shape) != tuple(self.part_shapes[part_index]):
-            self._exclude(sender_index, part_index, Rejection(
-                "malformed_part", f"part {part_index} has shape {tuple(tensor_part.shape)}"))
+        problem = None
+        if not isinstance(tensor_part, torch.Tensor) or tensor_part.dtype not in PART_DTYPES:
+            problem = f"part {part_index} has dtype {dtype_name(tensor_part)}"
+        elif tuple(tensor_part.shape) != tuple(self.part_shapes[part_index]):
+            problem = f"part {part_index} has shape {tuple(tensor_part.shape)}"
+        if problem is not None:
+            self._exclude(sender_index, part_index, Rejection("malformed_part", problem))
             raise BannedException(f"sender {sender_index} sent a malformed part")
         self._contributions[sender_index] = (tensor_part, weight)
         self.current_part_accumulated_from += 1
@@ -109,32 +133,57 @@ class RobustTensorPartReducer(TensorPartReducer):
             return
         if self.num_current_senders == 0 and not self._contributions:
             return  # nobody left to send this part; the round ends by its timeout or finalize()
-        accepted, rejected = screen_parts(self._contributions, self.local_sender, self.rule)
+        try:
+            result = self._reduce_current_part()
+        except Exception as exc:  # never leave the senders' futures unresolved: the round would stall
+            logger.warning("could not reduce part %d of an all-reduce (%s: %s); our own values stand in for it",
+                           self.current_part_index, type(exc).__name__, str(exc)[:120])
+            result = self._own_or_zeros()
+        self.current_part_future.set_result(result)
+        self.reset_accumulators()
+
+    def _reduce_current_part(self) -> torch.Tensor:
+        index = self.current_part_index
+        floor = self.own_floors[index] if index < len(self.own_floors) else 0.0
+        accepted, rejected = screen_parts(self._contributions, self.local_sender, self.rule, floor)
         for sender, why in rejected.items():
             self.sender_failed_after[sender] = min(self.sender_failed_after[sender], self.current_part_index + 1)
             self._on_reject(sender, why)
-        if accepted:
-            result, clipped = aggregate([t for t, _ in accepted.values()], [w for _, w in accepted.values()],
-                                        self.rule)
-        else:  # nothing usable: hand everyone back our own part (or zeros), never a poisoned mix
-            own = self._contributions.get(self.local_sender) if self.local_sender is not None else None
-            usable = own is not None and bool(torch.isfinite(own[0]).all())
-            result, clipped = (own[0].clone() if usable else torch.zeros(self.part_shapes[self.current_part_index])), 0
+        if not accepted:  # nothing usable: hand everyone back our own part (or zeros), never a poisoned mix
+            return self._own_or_zeros()
+        result, clipped = aggregate([t for t, _ in accepted.values()], [w for _, w in accepted.values()], self.rule)
         self.contributions_accepted += len(accepted)
         self.clipped += clipped
-        self.current_part_future.set_result(result)
-        self.reset_accumulators()
+        return result
+
+    def _own_or_zeros(self) -> torch.Tensor:
+        own = self._contributions.get(self.local_sender) if self.local_sender is not None else None
+        try:
+            if own is not None and own[0].dtype in PART_DTYPES and bool(torch.isfinite(own[0]).all()):
+                return own[0].clone()
+        except Exception:  # our own part: if it cannot be read, zeros keep everyone's values
+            pass
+        return torch.zeros(self.part_shapes[self.current_part_index])
 
 
 class CheckedTensorPartContainer(TensorPartContainer):
     """Refuses implausible averages returned by other reducers; our own values stand in for them."""
 
     def __init__(self, *args: Any, rule: ReduceRule, local_index: int, on_bad_result: Callable[[int, str], None],
-                 **kwargs: Any) -> None:
+                 floors: bool = True, **kwargs: Any) -> None:
         self.rule, self.local_index, self._on_bad_result = rule, local_index, on_bad_result
         self.distrusted: set[int] = set()
         self._filling_in = False
         super().__init__(*args, **kwargs)
+        #: For each peer's share, each part's floor as a reference (robustreduce.part_floors); none when
+        #: ``floors`` is False (a peer tagging along with weight 0: its tensors say nothing).
+        shares = [[part.numel() for part, _ in share] for share in self._input_parts_by_peer]
+        flat = part_floors(self.local_tensors, self.num_parts_by_tensor, [n for share in shares for n in share],
+                           rule.vector_floor) if floors else []
+        self.floors_by_peer: list[list[float]] = []
+        for share in shares:
+            self.floors_by_peer.append(flat[:len(share)] if flat else [0.0] * len(share))
+            flat = flat[len(share):]
 
     def register_failed_reducer(self, peer_index: int) -> None:
         self._filling_in = True  # the base class fills in (and counts) our own values itself
@@ -148,7 +197,7 @@ class CheckedTensorPartContainer(TensorPartContainer):
                 and part_index < len(self._input_parts_by_peer[peer_index])):
             local = self._input_parts_by_peer[peer_index][part_index][0]
             if peer_index not in self.distrusted:
-                reason = check_result(part, local, self.rule)
+                reason = check_result(part, local, self.rule, self.floors_by_peer[peer_index][part_index])
                 if reason:
                     self.distrusted.add(peer_index)
                     self._on_bad_result(peer_index, reason)
@@ -198,15 +247,19 @@ class RobustAllReduceRunner(AllReduceRunner):
         #: (peer ID, offence kind, reason) of every sender or reducer refused in this round.
         self.rejections: list[tuple[str, str, str]] = []
         local_index = self.ordered_peer_ids.index(self.peer_id)
+        # Our own parts are the reference of a pair (it has no other), never below their floors; a peer
+        # tagging along with weight 0 sends whatever its buffers hold, so they are no reference then.
+        sending = self.weight > 0 and self.peer_id in self.sender_peer_ids
         self.tensor_part_container = CheckedTensorPartContainer(
-            tensors, peer_fractions, return_deltas=True, rule=rule, local_index=local_index,
+            tensors, peer_fractions, return_deltas=True, rule=rule, local_index=local_index, floors=sending,
             on_bad_result=lambda index, reason: self._offend(self.ordered_peer_ids[index], "bad_result", reason),
             **kwargs)
         self.parts_for_local_averaging = self.tensor_part_container.get_raw_input_parts(local_index)
         self.tensor_part_reducer = RobustTensorPartReducer(
             tuple(part.shape for part in self.parts_for_local_averaging), len(self.sender_peer_ids), rule=rule,
             local_sender=self.sender_peer_ids.index(self.peer_id) if self.peer_id in self.sender_peer_ids else None,
-            on_reject=lambda index, why: self._offend(self.sender_peer_ids[index], why.kind, why.reason))
+            on_reject=lambda index, why: self._offend(self.sender_peer_ids[index], why.kind, why.reason),
+            own_floors=self.tensor_part_container.floors_by_peer[local_index])
         for index, peer in enumerate(self.sender_peer_ids):
             if peer != self.peer_id and self._gated(peer):
                 self.banned_senders.add(peer)
@@ -236,20 +289,35 @@ class RobustAllReduceRunner(AllReduceRunner):
 
     async def _screened(self, stream: AsyncIterator[averaging_pb2.AveragingData],
                         sender_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
-        """Each message's declared shape and byte size, checked before hivemind deserialises it."""
+        """Each message's declared shape, dtype, compression and byte size, checked before hivemind
+        deserialises it (it restores a part in whatever dtype and encoding its sender names)."""
         shapes = self.tensor_part_reducer.part_shapes
         index = 0
         async for message in stream:
-            problem: tuple[str, str] | None = None
-            if index >= len(shapes):
-                problem = ("malformed_part", f"sent more than the {len(shapes)} parts expected")
-            elif tuple(message.tensor_part.size) != tuple(shapes[index]):
-                problem = ("malformed_part", f"part {index} declares shape {tuple(message.tensor_part.size)}")
-            elif len(message.tensor_part.buffer) > math.prod(shapes[index]) * _MAX_BYTES_PER_ELEMENT + \
-                    _PART_FRAMING_BYTES:
-                problem = ("oversized_part", f"part {index} is {len(message.tensor_part.buffer)} bytes")
+            problem = _declared_problem(message.tensor_part, index, shapes)
             if problem is not None:
                 self._offend(self.sender_peer_ids[sender_index], *problem)
                 raise AllreduceException(problem[1])
             index += 1
             yield message
+
+
+def _declared_problem(part: Any, index: int, shapes: Sequence[torch.Size]) -> tuple[str, str] | None:
+    """(offence kind, reason) for a part message that no honest peer sends, else None."""
+    if index >= len(shapes):
+        return "malformed_part", f"sent more than the {len(shapes)} parts expected"
+    if tuple(part.size) != tuple(shapes[index]):
+        return "malformed_part", f"part {index} declares shape {tuple(part.size)}"
+    if part.dtype not in _WIRE_DTYPES:
+        return "malformed_part", f"part {index} declares dtype {part.dtype[:20]!r}"
+    compression = runtime_pb2.CompressionType.Name(part.compression) \
+        if part.compression in runtime_pb2.CompressionType.values() else str(part.compression)
+    if compression not in WIRE_COMPRESSIONS:
+        return "malformed_part", f"part {index} declares compression {compression}"
+    numel, size = math.prod(shapes[index]), len(part.buffer)
+    if size > numel * _MAX_BYTES_PER_ELEMENT + _PART_FRAMING_BYTES:
+        return "oversized_part", f"part {index} is {size} bytes"
+    widths = {"NONE": _WIRE_DTYPES[part.dtype], "FLOAT16": (2,)}.get(compression, ())
+    if widths and size not in {numel * width for width in widths}:
+        return "malformed_part", f"part {index} is {size} bytes, not {numel} x {'/'.join(map(str, widths))}"
+    return None

@@ -22,6 +22,10 @@ SMALL_TENSOR_ELEMENTS = 2**16
 """Below this many elements a tensor is sent as fp16 even in "8bit" mode: biases and norms are tiny
 on the wire, and quantising them hurts most."""
 
+WIRE_COMPRESSIONS = frozenset({"NONE", "FLOAT16", "UNIFORM_8BIT"})
+"""The hivemind compression types :func:`make_compression` can produce: the only ones an honest peer's
+averaging parts arrive in (anything else is refused before it is decoded)."""
+
 BYTES_PER_ELEMENT = {"none": 4.0, "fp16": 2.0, "8bit": 1.0}
 """Approximate wire bytes per fp32 element for each choice (8-bit adds a small lookup table)."""
 

@@ -87,10 +87,10 @@ class Defences:
         return self.evidence
 
     def overrules_fingerprint_records(self, problem: str) -> bool:
-        """Several peers' identity-bound records say the run trains another model (``problem``).  A
-        node that has averaged with peers of its own model lately is evidently in the right run (a
-        stranger may have written those records): it says so and goes on (True); one that has met
-        nobody must stop (False)."""
+        """The record of a peer this node joined through says the run trains another model (``problem``).
+        A node that has averaged with peers of its own model lately is evidently in the right run (that
+        peer may have moved on to another model): it says so and goes on (True); one that has met nobody
+        must stop (False)."""
         met = self.evidence.met_peers()
         if met:
             logger.warning("%s; but %d peer(s) averaged with this node lately: going on", problem, len(met))

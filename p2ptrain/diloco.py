@@ -51,7 +51,8 @@ from p2ptrain.livetraining import retune
 from p2ptrain.microbatches import MicroBatches
 from p2ptrain.modelcheck import make_loss_check
 from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
-from p2ptrain.robustreduce import ReduceRule
+from p2ptrain.robustreduce import ReduceRule, RoundReports
+from p2ptrain.robustreduce import RoundReport as ReducerReport
 from p2ptrain.roundclock import RobustRoundTracker, SwarmRoundTracker, schedule_position, set_schedule_position
 from p2ptrain.roundstats import RoundReport
 from p2ptrain.safestate import diloco_state_validator
@@ -118,8 +119,10 @@ class DiLoCoOptimizer:
     def __init__(self, params: Iterable[torch.nn.Parameter], dht: hivemind.DHT, run_id: str, cfg: TrainingSection,
                  *, client_mode: bool, stats: SwarmStats, bandwidth: float | None = None,
                  admission: Admission | None = None, defences: Defences | None = None,
-                 evaluate: Callable[[], float] | None = None) -> None:
+                 evaluate: Callable[[], float] | None = None, wait: Callable[[float], object] = time.sleep) -> None:
         self.cfg, self.stats, self.dht = cfg, stats, dht
+        #: Pauses between state-download attempts: the node's stop event's wait (True: stop asked).
+        self._wait = wait
         self._defences, self._evaluate = defences, evaluate
         self.params = [p for p in params if p.requires_grad]
         self.param_groups = [{"params": self.params}]
@@ -153,7 +156,9 @@ class DiLoCoOptimizer:
         per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
         logger.info("DiLoCo: a round ends when the swarm has trained %d sequences per peer on average (%d inner "
                     "steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
-        checks: dict[str, Any] = {}
+        #: Where the averager reports each round (how much it really averaged), checks on or off.
+        self._rounds = defences.rounds if defences is not None else RoundReports()
+        checks: dict[str, Any] = dict(round_reports=self._rounds)
         if defences is not None:
             self._tracker: SwarmRoundTracker | RobustRoundTracker = RobustRoundTracker(
                 dht, f"{run_id}_diloco", client_mode=client_mode, start=True, per_peer_samples=per_peer,
@@ -161,8 +166,7 @@ class DiLoCoOptimizer:
             tracker = self._tracker
             defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
             # A round's weight is its samples: a fast peer does a few times the average, never 16x.
-            checks = dict(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer),
-                          round_reports=defences.rounds)
+            checks.update(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer))
         else:
             self._tracker = SwarmRoundTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
                                               per_peer_samples=per_peer)
@@ -414,14 +418,20 @@ class DiLoCoOptimizer:
         self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
             group_size, received = len(group or ()), None
-            if self._defences is not None:
-                measured = self._defences.take_round(str(self.dht.peer_id))
-                if group is not None and measured is not None:
-                    group_size, received = measured.group_size, measured.averaged_fraction
+            measured = self._measured_round()
+            if group is not None and measured is not None:
+                group_size, received = measured.group_size, measured.averaged_fraction
             report = RoundReport(ok=group is not None, duration=time.perf_counter() - started,
                                  group_size=group_size, peers_online=self._tracker.global_progress.num_peers,
                                  received_fraction=received)
             self.stats.record_round(report, self._payload_bytes)
+
+    def _measured_round(self) -> ReducerReport | None:
+        """What the averager measured of the round that just ended (with the checks, also fed to the
+        evidence: the peers it met)."""
+        if self._defences is not None:
+            return self._defences.take_round(str(self.dht.peer_id))
+        return self._rounds.latest()
 
     def flush(self) -> None:
         """Wait for the round in flight (bounded by the averaging timeout) and apply it."""
@@ -447,13 +457,14 @@ class DiLoCoOptimizer:
                 logger.warning("state download attempt %d failed: %r", attempt, exc)
                 continue
             rejected += len(getattr(self.averager, "last_download_rejections", ()))
-            if loaded is not None and self._adopt(*loaded):
+            source = getattr(self.averager, "last_download_source", None)  # the hardened averager names it
+            if loaded is not None and self._adopt(*loaded, donor=source[0] if source else "a peer"):
                 self.stats.download_finished(True, time.perf_counter() - started)
                 return True
             rejected += loaded is not None
-            if attempt < self.cfg.load_state_attempts:
-                # A node that has just joined may not see the donors' DHT entries yet.
-                time.sleep(2.0 * attempt)
+            # A node that has just joined may not see the donors' DHT entries yet.
+            if attempt < self.cfg.load_state_attempts and self._wait(2.0 * attempt):
+                break
         self.stats.download_finished(False, 0.0)
         self._last_failed_sync = time.monotonic()
         if isinstance(self._tracker, RobustRoundTracker):
@@ -475,7 +486,7 @@ class DiLoCoOptimizer:
         return check(metadata, tensors, donor)
 
     @torch.no_grad()
-    def _adopt(self, metadata: Any, tensors: Any) -> bool:
+    def _adopt(self, metadata: Any, tensors: Any, donor: str = "a peer") -> bool:
         """Switch to a downloaded state once it passes the structural checks (count, shapes, dtypes,
         finite values, epoch and inner step in range); False, and nothing changed, if it does not."""
         try:
@@ -496,7 +507,7 @@ class DiLoCoOptimizer:
         self.samples_this_round = 0
         self._micro.reset()
         self._set_epoch(int(metadata["epoch"]))
-        logger.info("loaded round %d (inner step %d) from a peer", self.local_epoch, self.inner_step)
+        logger.info("loaded round %d (inner step %d) from %s", self.local_epoch, self.inner_step, donor)
         return True
 
     def checkpoint_state(self) -> dict[str, Any]:

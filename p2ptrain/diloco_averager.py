@@ -1,10 +1,12 @@
 """DiLoCo's averager: the peers' parameters averaged each round, and the outer state served to newcomers.
 
 :class:`_DiLoCoAverager` is a plain hivemind ``DecentralizedAverager`` that serves (outer params,
-outer momentum, round position); :class:`HardenedDiLoCoAverager` is the same behind the peer checks
-(:class:`~p2ptrain.safeaverager.HardenedAveragerMixin`: robust all-reduce, gated peers kept out,
-validated downloads).  Both speak under the wire name ``_DiLoCoAverager`` (hivemind names every RPC
-after the servicer's class), so nodes with and without the checks still find each other.
+outer momentum, round position); a node without the peer checks runs it as :class:`CountingDiLoCoAverager`
+(its rounds say how much they averaged: :mod:`p2ptrain.roundcount`), and :class:`HardenedDiLoCoAverager`
+is the same behind the peer checks (:class:`~p2ptrain.safeaverager.HardenedAveragerMixin`: robust
+all-reduce, gated peers kept out, validated downloads).  All speak under the wire name
+``_DiLoCoAverager`` (hivemind names every RPC after the servicer's class), so nodes with and without
+the checks still find each other.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hivemind
 import torch
 
 from p2ptrain.admission_averager import Admission, admitting
+from p2ptrain.roundcount import CountingAveragerMixin
 from p2ptrain.safeaverager import HardenedAveragerMixin
 
 if TYPE_CHECKING:
@@ -44,6 +47,12 @@ class _DiLoCoAverager(hivemind.DecentralizedAverager):
         return dict(epoch=owner.local_epoch, inner_step=step), tensors, None
 
 
+class CountingDiLoCoAverager(CountingAveragerMixin, _DiLoCoAverager):
+    """DiLoCo's averager without the peer checks, its rounds reported, under the same wire name."""
+
+    rpc_name = WIRE_NAME
+
+
 class HardenedDiLoCoAverager(HardenedAveragerMixin, _DiLoCoAverager):
     """DiLoCo's averager behind the peer checks, under the same wire name."""
 
@@ -52,5 +61,5 @@ class HardenedDiLoCoAverager(HardenedAveragerMixin, _DiLoCoAverager):
 
 def averager_class(hardened: bool, admission: Admission | None) -> type[_DiLoCoAverager]:
     """The averager class a DiLoCo node runs: hardened or plain, behind an owned run's gate if any."""
-    cls: type[_DiLoCoAverager] = HardenedDiLoCoAverager if hardened else _DiLoCoAverager
+    cls: type[_DiLoCoAverager] = HardenedDiLoCoAverager if hardened else CountingDiLoCoAverager
     return cls if admission is None else admitting(cls, admission)

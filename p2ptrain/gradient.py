@@ -37,7 +37,7 @@ from p2ptrain.livetraining import retune
 from p2ptrain.modelcheck import make_loss_check
 from p2ptrain.optim import warmup_cosine, withdraw_progress
 from p2ptrain.robustprogress import RobustProgressTracker
-from p2ptrain.robustreduce import ReduceRule
+from p2ptrain.robustreduce import ReduceRule, RoundReports
 from p2ptrain.roundstats import RoundReport
 from p2ptrain.statecheck import Verdict
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
@@ -55,9 +55,11 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
     def __init__(self, *args: Any, stats: SwarmStats, load_state_attempts: int, retry_sync_after: float,
                  wire_format: str = "none", admission: Admission | None = None, defences: Defences | None = None,
                  evaluate: Callable[[], float] | None = None, wait: Callable[[float], object] = time.sleep,
-                 **kwargs: Any) -> None:
+                 round_reports: RoundReports | None = None, **kwargs: Any) -> None:
         self._admission = admission
         self._defences, self._evaluate = defences, evaluate
+        #: Where the gradient averager reports each round without the peer checks (with them: the defences').
+        self._rounds = round_reports
         #: Sleeps between download attempts; the node's stop event (True: stop asked, try no more).
         self._wait = wait
         self.stats = stats
@@ -229,10 +231,12 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         ok = maybe_step_control.done() and not maybe_step_control.cancelled() \
             and maybe_step_control.exception() is None
         group_size, received = len(maybe_step_control.result()) if ok else 0, None
-        if self._defences is not None:
+        if self._defences is not None:  # also feeds the evidence: the peers this node met
             measured = self._defences.take_round(str(self.dht.peer_id))
-            if ok and measured is not None:
-                group_size, received = measured.group_size, measured.averaged_fraction
+        else:
+            measured = self._rounds.latest() if self._rounds is not None else None
+        if ok and measured is not None:
+            group_size, received = measured.group_size, measured.averaged_fraction
         report = RoundReport(ok=ok, duration=time.perf_counter() - started, group_size=group_size,
                              peers_online=self.tracker.global_progress.num_peers, received_fraction=received)
         self.stats.record_round(report, self._payload_bytes)
@@ -253,6 +257,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
                 return  # failed recently: keep training locally rather than stall every step
             self.stats.download_started()
             started = time.perf_counter()
+            rejected = 0
             for attempt in range(1, self._load_state_attempts + 1):
                 before = self._state_marker()
                 try:
@@ -265,7 +270,10 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
                         self.stats.download_finished(True, time.perf_counter() - started)
                         logger.info("downloaded the swarm's state: now at epoch %d", self.local_epoch)
                         return
-                    logger.info("no donor answered (attempt %d/%d)", attempt, self._load_state_attempts)
+                    refused = len(getattr(self.state_averager, "last_download_rejections", ()))
+                    rejected += refused
+                    if not refused:  # the hardened averager says itself what it refused
+                        logger.info("no donor answered (attempt %d/%d)", attempt, self._load_state_attempts)
                 # A node that has just joined may not see the donors' DHT entries yet.
                 if attempt < self._load_state_attempts and self._wait(2.0 * attempt):
                     break
@@ -273,6 +281,9 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
             self._last_failed_sync = time.monotonic()
             if isinstance(self.tracker, RobustProgressTracker):
                 self.tracker.distrust_unsupported(self._retry_sync_after)
-            logger.warning("could not download state from any peer; continuing with local state")
+            if rejected and self.local_epoch == 0:  # once per download, however many attempts found them
+                logger.warning("every donor's state was rejected: training from this node's own initialisation")
+            else:
+                logger.warning("could not download state from any peer; continuing with local state")
 
         self.state_averager.load_state_from_peers = bounded  # type: ignore[method-assign]

@@ -148,8 +148,10 @@ class P2PTrainCollector(Collector):
         yield _counter("parameter_rollbacks", "Rollbacks to the last good parameters after averaging made them "
                        "non-finite.", s.rollbacks_total)
 
-        yield _outcomes("averaging_rounds", "Averaging rounds by outcome: ok (averaged most of the swarm), "
-                        "partial (completed with a small group or missing contributions), failed.",
+        yield _outcomes("averaging_rounds", "Averaging rounds by outcome: ok (completed, its group held every "
+                        "online peer, 95% of them with 20 or more online, and at least 95% of the expected "
+                        "contributions arrived), partial (completed but missed one of those), failed (did not "
+                        "complete).",
                         ok=s.averaging_rounds_ok_total, partial=s.averaging_rounds_partial_total,
                         failed=s.averaging_rounds_failed_total)
         yield round_duration_histogram(s)

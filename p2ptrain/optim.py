@@ -15,7 +15,6 @@ from typing import Any
 
 import hivemind
 import torch
-from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 
@@ -101,7 +100,7 @@ def build_optimizer(
 
         return DiLoCoOptimizer(model.parameters(), dht, averaging_run_id, cfg, client_mode=client_mode,
                                stats=stats, bandwidth=bandwidth, admission=admission, defences=defences,
-                               evaluate=evaluate)
+                               evaluate=evaluate, wait=wait)
     # hivemind's matchmaking can deadlock when a request may outlive the matchmaking window (two
     # peers each waiting for the other to answer), so requests get half of it.  hivemind.Optimizer
     # passes averager_opts to its state averager only: the gradient averager gets them through
@@ -110,15 +109,23 @@ def build_optimizer(
     if bandwidth is not None:
         averager_opts["bandwidth"] = bandwidth
     from p2ptrain.gradient import GradientOptimizer  # it imports this module's helpers
+    from p2ptrain.robustreduce import RoundReports
 
-    grad_averager: Any = GradientAverager
+    # Every round reports how much it really averaged, checks on or off (the queue is shared with the
+    # averager's process: made before it forks).
+    rounds = defences.rounds if defences is not None else RoundReports()
+    grad_averager: Any
     if defences is not None:
         from p2ptrain.robustreduce import ReduceRule
         from p2ptrain.safeaverager import HardenedGradientAverager
 
         grad_averager = functools.partial(HardenedGradientAverager, gate=defences.gate,
                                           reduce_rule=ReduceRule.for_gradients(max_weight=cfg.target_batch_size),
-                                          round_reports=defences.rounds)
+                                          round_reports=rounds)
+    else:
+        from p2ptrain.roundcount import CountingGradientAverager
+
+        grad_averager = functools.partial(CountingGradientAverager, round_reports=rounds)
 
     return GradientOptimizer(
         dht=dht,
@@ -154,6 +161,7 @@ def build_optimizer(
         defences=defences,
         evaluate=evaluate,
         wait=wait,
+        round_reports=rounds,
     )
 
 

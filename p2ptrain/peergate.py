@@ -208,17 +208,22 @@ class PeerGate:
         return [self._slots[i] for i in range(self._used.value)]
 
     def _slot_for(self, digest: bytes, now: float) -> _Slot:
-        """The peer's slot, else an expired one, else a new one, else the one whose ban ends first."""
+        """The peer's slot; else one nobody needs any more (no live ban, no strikes still counting), else a
+        new one; when the list is full, the strike-holder heard from least recently, else the ban that
+        ends first.  A slot whose peer is still collecting strikes is never handed to another peer
+        while others are free: two offenders in turn would otherwise wipe each other's strikes for ever."""
         used = self._in_use()
         for slot in used:
             if bytes(slot.digest) == digest:
                 return slot
-        free = next((slot for slot in used if slot.until <= now), None)
+        free = next((slot for slot in used if slot.until <= now and now - slot.last_at > STRIKE_WINDOW_SECONDS),
+                    None)
         if free is None and self._used.value < len(self._slots):
             free = self._slots[self._used.value]
             self._used.value += 1
-        if free is None:  # full of live bans: a flood of offenders evicts the soonest to expire
-            free = min(used, key=lambda s: s.until)
+        if free is None:  # full of strike-holders and live bans: a flood of offenders evicts the least useful
+            holders = [slot for slot in used if slot.until <= now]
+            free = min(holders, key=lambda s: s.last_at) if holders else min(used, key=lambda s: s.until)
         ctypes.memset(ctypes.addressof(free), 0, ctypes.sizeof(_Slot))
         ctypes.memmove(ctypes.addressof(free) + _Slot.digest.offset, digest, 16)
         return free

@@ -14,10 +14,17 @@ step lands exactly on the weighted mean, and an honest round costs one median an
 a hundred times further away moves the result by at most its clipped pull, ``weight / total * radius``.
 
 Before aggregating, parts that are plainly wrong are rejected per sender (and their senders named):
-non-finite values, an impossible weight, a norm far above the reference (our own part when we sent
-one: we trust ourselves, and a peer cannot lower our reference by sending zeros), and in parameter
-rounds a part far from our own parameters.  Two senders cannot outvote each other, so a group of two
-gets these checks and the weighted mean.
+a dtype that is not a float type, non-finite values, an impossible weight, and a norm far above a
+reference no single other sender can set.  In a group of three or more that is the upper median of
+the part norms (or our own part's, when larger: we trust ourselves, and a peer cannot lower our
+reference by sending zeros).  With fewer, the upper median of two is the larger norm, which the other
+sender picks; so a pair bounds the other sender by our own part alone, with a ratio of its own per rule
+(:attr:`ReduceRule.pair_norm_ratio`).  A part is a chunk of one tensor, and honest chunks can be
+nearly all zeros on one peer and not on another (embedding rows one peer never used, a bias still at
+its zero initialisation), so "our own part" is never taken below its tensor's RMS (in parameter rounds:
+our whole vector's) times the chunk's size (:func:`part_floors`).  Two senders cannot outvote each
+other: a pair gets these checks and the weighted mean, not CenteredClip, and what it cannot be
+protected from is in docs/security.md.
 """
 
 from __future__ import annotations
@@ -25,10 +32,15 @@ from __future__ import annotations
 import ctypes
 import math
 import multiprocessing as mp
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+
+#: Parameter and DiLoCo rounds: a pair's other sender may send parts up to this many times ours.
+PARAMETER_PAIR_RATIO = 8.0
+#: The dtypes honest peers send parts in (hivemind restores each part in the dtype its sender names).
+PART_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
 @dataclass(frozen=True)
@@ -43,8 +55,16 @@ class ReduceRule:
     #: A part whose norm exceeds this times the reference norm is rejected.  Honest gradients differ
     #: by up to ~10x (a peer fresh from its initialisation next to a trained one): 25 leaves room.
     max_norm_ratio: float = 25.0
-    #: A reducer's returned change to our part above this times our part's norm is refused.
+    #: With fewer than three parts, the other sender's part is rejected above this times our own part's
+    #: norm (at least its floor: see :func:`part_floors`).
+    pair_norm_ratio: float = 25.0
+    #: A reducer's returned change to our part above this times our part's norm (at least its floor)
+    #: is refused.
     max_result_ratio: float = 25.0
+    #: Our own part is never taken as smaller than this share of our whole vector's RMS per element.
+    #: Parameter chunks of honest replicas are alike, their zero-initialised biases aside: 1.  Gradients
+    #: differ by orders of magnitude between tensors: 0 (each part is floored by its own tensor only).
+    vector_floor: float = 0.0
     #: Slack per element (times sqrt(numel)) added to every norm bound, for near-zero parts.
     abs_tolerance: float = 1e-6
     clip_radius_factor: float = 2.0
@@ -55,14 +75,20 @@ class ReduceRule:
     def for_gradients(cls, max_weight: float, max_weight_ratio: float = 8.0) -> ReduceRule:
         """Gradient rounds: weight = samples accumulated, at most ``max_weight`` (the target batch)
         and ``max_weight_ratio`` times the reference weight."""
-        return cls(max_weight=max_weight, max_weight_ratio=max_weight_ratio)
+        # A pair's bound is loose: a peer whose download failed computes gradients on its own fresh
+        # model, up to ~30x larger than a trained peer's (measured: tests/unit/test_robustreduce.py),
+        # and the optimizer clips the averaged gradient anyway.
+        return cls(max_weight=max_weight, max_weight_ratio=max_weight_ratio, pair_norm_ratio=64.0)
 
     @classmethod
     def for_parameters(cls) -> ReduceRule:
         """Parameter rounds (drift repair): every peer weighs 1, parameters differ only by drift."""
         # No bound on the distance from ours: a node fresh from a state download (a donor a
-        # few epochs behind) differs by that much, which is what these rounds repair.
-        return cls(max_weight=1.0, abs_tolerance=1e-3)
+        # few epochs behind) differs by that much, which is what these rounds repair.  Parameter chunks
+        # are not sparse, so a pair's bound is tight: a replica trained for hundreds of steps next to
+        # one still at its initialisation measured up to ~4x (with the floor of part_floors), hence 8.
+        return cls(max_weight=1.0, abs_tolerance=1e-3, pair_norm_ratio=PARAMETER_PAIR_RATIO,
+                   max_result_ratio=PARAMETER_PAIR_RATIO + 1, vector_floor=1.0)
 
     @classmethod
     def for_diloco(cls, max_weight: float, max_weight_ratio: float = 8.0) -> ReduceRule:
@@ -72,7 +98,9 @@ class ReduceRule:
         # different numbers of inner steps, so honest replicas differ by a round's worth of training,
         # which is what the round averages away.  Norms (25x the group's), finiteness and weights
         # are still checked, and groups of three or more are combined with CenteredClip.
-        return cls(max_weight=max_weight, max_weight_ratio=max_weight_ratio, abs_tolerance=1e-3)
+        # A pair: the same tight bound as parameter rounds (a round starts from shared outer parameters).
+        return cls(max_weight=max_weight, max_weight_ratio=max_weight_ratio, abs_tolerance=1e-3,
+                   pair_norm_ratio=PARAMETER_PAIR_RATIO, max_result_ratio=PARAMETER_PAIR_RATIO + 1, vector_floor=1.0)
 
 
 @dataclass(frozen=True)
@@ -85,37 +113,92 @@ def _bound(rule_ratio: float, norm: float, numel: int, rule: ReduceRule) -> floa
     return rule_ratio * norm + rule.abs_tolerance * math.sqrt(max(numel, 1))
 
 
-def screen_parts(parts: Mapping[int, tuple[torch.Tensor, float]], local: int | None,
-                 rule: ReduceRule) -> tuple[dict[int, tuple[torch.Tensor, float]], dict[int, Rejection]]:
+def _part_norm(tensor: torch.Tensor) -> float:
+    # Half precision overflows at 65504: an honest part's norm can be larger than that.
+    return float((tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor).norm())
+
+
+def part_floors(tensors: Sequence[torch.Tensor], num_parts_by_tensor: Sequence[int], part_numels: Sequence[int],
+                vector_floor: float) -> list[float]:
+    """For each part (in hivemind's order: every tensor's chunks, tensor after tensor), the least norm our
+    own copy of it counts as when it is the reference: its tensor's RMS times the part's size, or
+    ``vector_floor`` times our whole vector's RMS if that is more (zeros for anything unreadable).
+
+    A chunk can be nearly all zeros on one peer and not on another (embedding rows one peer never
+    used, a bias still at its zero initialisation): our own chunk alone would make honest peers liars."""
+    try:
+        norms = [_part_norm(t.detach()) for t in tensors]
+        total = sum(t.numel() for t in tensors)
+        vector_rms = math.sqrt(sum(n * n for n in norms) / total) if total else 0.0
+        floors: list[float] = []
+        numels = iter(part_numels)
+        for tensor, norm, count in zip(tensors, norms, num_parts_by_tensor, strict=True):
+            rms = max(norm / math.sqrt(max(tensor.numel(), 1)), vector_floor * vector_rms)
+            floors += [rms * math.sqrt(next(numels)) for _ in range(count)]
+    except Exception:  # our own tensors; if they cannot be read there is no floor
+        return [0.0] * len(part_numels)
+    return [floor if math.isfinite(floor) else 0.0 for floor in floors]
+
+
+def dtype_name(value: object) -> str:
+    """A part's dtype as a peer would name it ("int64"), or the type of something that is no tensor."""
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype).replace("torch.", "")
+    return type(value).__name__
+
+
+def _screen_one(tensor: object, weight: object) -> Rejection | float:
+    """One contribution's own checks: a Rejection, or the part's norm."""
+    if not (isinstance(weight, int | float) and not isinstance(weight, bool) and math.isfinite(weight)
+            and weight >= 0):
+        return Rejection("malformed_part", f"weight {weight!r}")
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype not in PART_DTYPES:
+        return Rejection("malformed_part", f"part of dtype {dtype_name(tensor)}")
+    try:
+        if not bool(torch.isfinite(tensor).all()):
+            return Rejection("nonfinite_part", "part has NaN or inf values")
+        norm = _part_norm(tensor)
+    except Exception as exc:  # whatever a peer sends, the check must not raise into hivemind's reducer
+        return Rejection("malformed_part", f"unreadable part ({type(exc).__name__})")
+    return norm if math.isfinite(norm) else Rejection("nonfinite_part", "part's norm overflows")
+
+
+def screen_parts(parts: Mapping[int, tuple[torch.Tensor, float]], local: int | None, rule: ReduceRule,
+                 own_floor: float = 0.0) -> tuple[dict[int, tuple[torch.Tensor, float]], dict[int, Rejection]]:
     """Split one part's contributions (sender index -> (tensor, weight)) into accepted and rejected.
 
-    Our own contribution (``local``) is never an offence; it is only left out if it is not finite.
-    Accepted weights come back capped.
+    Our own contribution (``local``) is never an offence; it is only left out if it is unusable.
+    ``own_floor`` is the least norm our own part counts as when it is the reference (:func:`part_floors`).
+    Accepted weights come back capped.  Never raises.
     """
     accepted: dict[int, tuple[torch.Tensor, float]] = {}
     rejected: dict[int, Rejection] = {}
     norms: dict[int, float] = {}
     for sender, (tensor, weight) in parts.items():
-        if not (isinstance(weight, int | float) and math.isfinite(weight) and weight >= 0):
-            rejected[sender] = Rejection("malformed_part", f"weight {weight!r}")
-        elif not bool(torch.isfinite(tensor).all()):
-            rejected[sender] = Rejection("nonfinite_part", "part has NaN or inf values")
+        verdict = _screen_one(tensor, weight)
+        if isinstance(verdict, Rejection):
+            rejected[sender] = verdict
         else:
-            norms[sender] = float(tensor.norm())
+            norms[sender] = verdict
             accepted[sender] = (tensor, min(float(weight), rule.max_weight))
     own = accepted.get(local) if local is not None else None
-    # The reference is the upper median of the norms, or our own part's when that is larger: a node
-    # whose own part is small (fresh from a state download, a short accumulation) must not take an
-    # honest majority for liars; in a group of two nobody is out-voted.
-    ordered = sorted(norms.values())
-    reference = ordered[len(ordered) // 2] if ordered else 0.0
-    if own is not None and own[1] > 0:
-        reference = max(reference, norms[local])  # type: ignore[index]
+    # Our own part is a reference only when we sent it with a weight (a peer tagging along with weight 0
+    # sends whatever its buffers hold).
+    trusted_own = own is not None and own[1] > 0
+    own_reference = max(norms[local], own_floor) if trusted_own else 0.0  # type: ignore[index]
+    if len(norms) >= 3:
+        # The upper median, or our own part's when that is larger: a node whose own part is small (fresh
+        # from a state download, a short accumulation) must not take an honest majority for liars.
+        ordered = sorted(norms.values())
+        reference, ratio = max(ordered[len(ordered) // 2], own_reference), rule.max_norm_ratio
+    else:
+        # Two parts: the upper median would be the other sender's own; only ours is a reference.
+        reference, ratio = own_reference, rule.pair_norm_ratio
     for sender in list(accepted):
         if sender == local:
             continue
         tensor = accepted[sender][0]
-        limit = _bound(rule.max_norm_ratio, reference, tensor.numel(), rule)
+        limit = _bound(ratio, reference, tensor.numel(), rule)
         if reference > 0 and norms[sender] > limit:
             rejected[sender] = Rejection("oversized_part", f"norm {norms[sender]:.3g} > {limit:.3g}")
             del accepted[sender]
@@ -168,17 +251,27 @@ def aggregate(parts: list[torch.Tensor], weights: list[float], rule: ReduceRule)
     return result.reshape(shape), clipped
 
 
-def check_result(delta: torch.Tensor, local_part: torch.Tensor, rule: ReduceRule) -> str:
-    """Why a reducer's returned change to our part is refused ("" if it is fine).
+def check_result(delta: torch.Tensor, local_part: torch.Tensor, rule: ReduceRule, own_floor: float = 0.0) -> str:
+    """Why a reducer's returned change to our part is refused ("" if it is fine).  Never raises.
 
-    Against a part of ours that is all zeros (nothing to compare with) only finiteness is checked."""
-    if not bool(torch.isfinite(delta).all()):
-        return "returned NaN or inf"
+    The bound is ``max_result_ratio`` times our part's norm, at least ``own_floor`` (:func:`part_floors`);
+    against a part of ours that is all zeros and no floor (nothing to compare with) only finiteness is
+    checked."""
+    if not isinstance(delta, torch.Tensor) or delta.dtype not in PART_DTYPES:
+        return f"returned dtype {dtype_name(delta)}"
     if delta.shape != local_part.shape:
         return f"returned shape {tuple(delta.shape)}, expected {tuple(local_part.shape)}"
-    own = float(local_part.norm())
+    try:
+        if not bool(torch.isfinite(delta).all()):
+            return "returned NaN or inf"
+        own = max(_part_norm(local_part), own_floor)
+        size = _part_norm(delta)
+    except Exception as exc:  # whatever a peer sends, the check must not raise into hivemind's container
+        return f"returned an unreadable part ({type(exc).__name__})"
+    if not math.isfinite(size):
+        return "returned NaN or inf"
     if own > 0:
-        size, limit = float(delta.norm()), _bound(rule.max_result_ratio, own, delta.numel(), rule)
+        limit = _bound(rule.max_result_ratio, own, delta.numel(), rule)
         if size > limit:
             return f"moved our part by {size:.3g} > {limit:.3g}"
     return ""
@@ -263,6 +356,11 @@ class RoundReports:
         finally:
             self._lock.release()
         return reports
+
+    def latest(self) -> RoundReport | None:
+        """The newest report waiting now (the others are dropped), or None."""
+        reports = self.drain()
+        return reports[-1] if reports else None
 
     @property
     def dropped(self) -> int:

@@ -7,7 +7,8 @@ of three outcomes (:func:`classify`):
 
 - **ok** ("full"): it completed, its group held every peer of the run that was online (at least two;
   in swarms of 20 or more, 95% of them: someone is always joining or leaving), and at least 95% of
-  the contributions expected in it arrived, as the node's reducer measured them.  That is what a
+  the contributions expected in it arrived, as the node's reducer measured them (with the peer checks
+  on or off: :mod:`p2ptrain.roundcount`).  That is what a
   user means by "my update was averaged with the swarm".  Peers this node excludes as offenders
   are not counted as online: nobody averages with them on purpose.
 - **partial**: it completed but missed one of those marks (a group of two in a swarm of three, a
@@ -58,7 +59,7 @@ class RoundReport:
     #: Peers of the run online when the round ended, this node included; 0 if unknown.
     peers_online: int
     #: Share (0..1) of the contributions expected from the group that actually arrived; None when
-    #: not measured (the peer checks are off: plain hivemind does not say).
+    #: not measured (the averager's report of the round never arrived): the group alone decides then.
     received_fraction: float | None
 
     def bounded(self) -> RoundReport:

@@ -7,8 +7,9 @@ subclass.  It overrides (in the averager's forked process unless noted):
   admitted to the run) is refused: never a follower in our groups, never reduced; a peer not admitted
   is never served state either (a banned one is: see ``rpc_download_state``).
 * ``_step``: once per process, hivemind's matchmaking is told never to ask a gated peer to lead us.
-* ``_run_allreduce_inplace_``: every round runs through
-  :class:`p2ptrain.allreduce_guard.RobustAllReduceRunner` and reports to :class:`RoundReports`.
+* ``_make_runner`` (of :class:`p2ptrain.roundcount.CountingAveragerMixin`, which restates hivemind's
+  ``_run_allreduce_inplace_`` and reports every round to :class:`RoundReports`): every round runs
+  through :class:`p2ptrain.allreduce_guard.RobustAllReduceRunner`.
 * ``load_state_from_peers`` (node process): donors are tried one at a time through
   ``_download_state_from_donor`` (a new pipe target replacing ``_load_state_from_peers``), which skips
   gated peers and implausible donor priorities and aborts a stream as soon as it exceeds the byte bound,
@@ -30,21 +31,19 @@ from typing import Any, AsyncIterator  # noqa: UP035  (hivemind's rpc_* annotati
 
 import torch
 from hivemind.averaging import DecentralizedAverager
-from hivemind.averaging.allreduce import AveragingMode
-from hivemind.averaging.group_info import GroupInfo
 from hivemind.compression import deserialize_torch_tensor
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.p2p import P2PContext, P2PDaemonError, PeerID
 from hivemind.proto import averaging_pb2
-from hivemind.utils import MPFuture, get_dht_time
-from hivemind.utils.asyncio import as_aiter, azip
+from hivemind.utils import MPFuture
 from hivemind.utils.streaming import combine_from_streaming
 from hivemind.utils.timed_storage import ValueWithExpiration
 
 from p2ptrain.allreduce_guard import RobustAllReduceRunner
 from p2ptrain.peergate import PeerGate
 from p2ptrain.pinned import require_hivemind
-from p2ptrain.robustreduce import ReduceRule, RoundReport, RoundReports
+from p2ptrain.robustreduce import ReduceRule, RoundReports
+from p2ptrain.roundcount import CountingAveragerMixin
 from p2ptrain.statecheck import MAX_EPOCH, StateValidator, Verdict, advertised_epoch
 
 require_hivemind(__name__)
@@ -64,12 +63,9 @@ class StateDownload:
     tensors: list[torch.Tensor]
 
 
-class HardenedAveragerMixin:
-    """Put first in the bases of a hivemind ``DecentralizedAverager`` subclass (see the module doc).
-
-    hivemind names every RPC after the servicer's class (``<prefix>::<ClassName>.rpc_...``), so a
-    subclass under a new name could not talk to nodes running the class it replaces.  ``rpc_name``
-    keeps the wire name of the hivemind class (None: the class's own name, e.g. a new averager type).
+class HardenedAveragerMixin(CountingAveragerMixin):
+    """Put first in the bases of a hivemind ``DecentralizedAverager`` subclass (see the module doc);
+    ``rpc_name`` keeps the hivemind class's wire name (see :class:`CountingAveragerMixin`).
 
     ``gate``, ``reduce_rule`` and ``round_reports`` must be created before the averager (they are
     shared with its forked process).  ``state_validator`` is required to download state;
@@ -81,20 +77,6 @@ class HardenedAveragerMixin:
     """
 
     _gate: PeerGate | None
-    rpc_name: str | None = None
-
-    @classmethod
-    def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
-        handle = f"{cls.rpc_name or cls.__name__}.{method_name}"
-        return handle if namespace is None else f"{namespace}::{handle}"
-
-    @classmethod
-    def _collect_rpc_handlers(cls) -> None:
-        # hivemind caches handlers and stubs in a class attribute that subclasses inherit: a stub made
-        # for a parent class would call the parent's RPC names.  Each hardened class makes its own.
-        if "_rpc_handlers" not in cls.__dict__:
-            cls._rpc_handlers = None
-        super()._collect_rpc_handlers()  # type: ignore[misc]
 
     def __init__(self, *args: Any, gate: PeerGate | None = None, reduce_rule: ReduceRule | None = None,
                  round_reports: RoundReports | None = None, state_validator: StateValidator | None = None,
@@ -102,7 +84,7 @@ class HardenedAveragerMixin:
                  judgement_ban_seconds: float | None = None,
                  max_donor_priority: Callable[[], float | None] | None = None,
                  known_peers: Callable[[], Sequence[str]] | None = None, **kwargs: Any) -> None:
-        self._gate, self._reduce_rule, self._round_reports = gate, reduce_rule or ReduceRule(), round_reports
+        self._gate, self._reduce_rule = gate, reduce_rule or ReduceRule()
         self.state_validator = state_validator
         self._max_donors, self._state_ban_seconds = max_donors, state_ban_seconds
         self._judgement_ban_seconds = judgement_ban_seconds
@@ -112,7 +94,7 @@ class HardenedAveragerMixin:
         self._lied = 0
         #: Where the state that passed the last download's checks came from: (donor peer ID, its metadata).
         self.last_download_source: tuple[str, Any] | None = None
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, round_reports=round_reports, **kwargs)
 
     def _is_gated(self, peer: Any) -> bool:
         return self._gate is not None and self._gate.is_gated(peer)
@@ -164,41 +146,8 @@ class HardenedAveragerMixin:
 
     # ------------------------------------------------------------------ the all-reduce
 
-    async def _run_allreduce_inplace_(self, tensors: Sequence[torch.Tensor], group_info: GroupInfo,
-                                      group_id: bytes | None = None, **kwargs: Any) -> None:
-        group_id = group_info.group_id if group_id is None else group_id
-        runner = RobustAllReduceRunner(
-            p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors,  # type: ignore[attr-defined]
-            group_id=group_id, ordered_peer_ids=group_info.peer_ids, rule=self._reduce_rule, gate=self._gate,
-            **kwargs)
-        assert group_id in self._running_groups, f"group {group_id!r} was not registered"  # type: ignore[attr-defined]
-        self._running_groups[group_id].set_result(runner)  # type: ignore[attr-defined]
-        ok = False
-        try:
-            if runner.modes[group_info.peer_ids.index(self.peer_id)] != AveragingMode.AUX:  # type: ignore[attr-defined]
-                async for tensor, update in azip(as_aiter(*tensors), runner):
-                    tensor.add_(update, alpha=self._averaging_alpha)  # type: ignore[attr-defined]
-                    self.last_updated = get_dht_time()
-                    self._state_updated.set()  # type: ignore[attr-defined]
-            else:
-                async for _ in runner:
-                    raise ValueError("aux peers should not receive averaged tensors")
-            ok = True
-        finally:
-            self._report_round(runner, group_info, ok)
-
-    def _report_round(self, runner: RobustAllReduceRunner, group_info: GroupInfo, ok: bool) -> None:
-        if self._round_reports is None:
-            return
-        reducer, container = runner.tensor_part_reducer, runner.tensor_part_container
-        self._round_reports.put(RoundReport(
-            averager=self.prefix, group_size=len(group_info.peer_ids),  # type: ignore[attr-defined]
-            peers=tuple(str(peer) for peer in group_info.peer_ids),
-            senders=len(runner.sender_peer_ids),
-            contributions_expected=reducer.num_parts * len(runner.sender_peer_ids),
-            contributions_received=reducer.contributions_accepted,
-            results_expected=container.total_size, results_received=container.total_size - container.failed_size,
-            rejected=tuple(runner.rejections), clipped=reducer.clipped, ok=ok, finished_at=time.time()))
+    def _make_runner(self, **kwargs: Any) -> RobustAllReduceRunner:
+        return RobustAllReduceRunner(rule=self._reduce_rule, gate=self._gate, **kwargs)
 
     # ------------------------------------------------------------------ state downloads (node process)
 

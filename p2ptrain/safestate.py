@@ -125,14 +125,12 @@ class SafeTrainingStateAverager(HardenedAveragerMixin, TrainingStateAverager):
     def load_state_from_peers(self, wait: bool = True, timeout: float | None = None, **_: Any) -> bool:
         """Download, validate and apply the best donor's state; True if one was adopted.  Never raises."""
         download = self.download_state(timeout)
-        if download is None:
-            if self.local_epoch == 0 and self.last_download_rejections:
-                logger.warning("every donor's state was rejected: training from this node's own initialisation")
+        if download is None:  # the optimizer says once per download what that means (all rejected, none found)
             return False
         try:
             self._apply(download.metadata, download.tensors)
         except Exception as exc:  # validated input should always apply; if not, keep training locally
-            logger.error("could not apply the state of %s (%r); keeping ours", download.donor, exc)
+            logger.warning("could not apply the state of %s (%r); keeping ours", download.donor, exc)
             return False
         logger.info("adopted the state of %s: now at epoch %d", download.donor, self.local_epoch)
         return True

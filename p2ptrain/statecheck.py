@@ -144,8 +144,15 @@ def merge_optimizer_metadata(local: Sequence[dict[str, Any]], donor: Sequence[di
                                                                                                  strict=True)]
 
 
+#: A DiLoCo donor's inner step may run past ``inner_steps`` (a fast peer, or one whose round clock also
+#: counts slower peers, makes more inner steps than the average before the round ends; only
+#: ``min(inner_step, inner_steps - 1)`` places the schedule), but not beyond this many times it.
+MAX_INNER_STEP_FACTOR = 1024
+
+
 def check_diloco_metadata(metadata: Any, inner_steps: int) -> Verdict:
-    """DiLoCo metadata: ``epoch`` (outer round) and ``inner_step`` in ``0..inner_steps-1``."""
+    """DiLoCo metadata: ``epoch`` (outer round) in range and ``inner_step`` a step count of this round,
+    ``0..inner_steps * MAX_INNER_STEP_FACTOR`` (see :data:`MAX_INNER_STEP_FACTOR`)."""
     if not isinstance(metadata, dict):
         return Verdict.bad("bad_state", f"metadata is a {type(metadata).__name__}, not a map")
     for key in ("epoch", "inner_step"):
@@ -155,8 +162,9 @@ def check_diloco_metadata(metadata: Any, inner_steps: int) -> Verdict:
     if not verdict.ok:
         return verdict
     step = metadata["inner_step"]
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < inner_steps:
-        return Verdict.bad("bad_state", f"inner_step {step!r} is outside 0..{inner_steps - 1}")
+    most = inner_steps * MAX_INNER_STEP_FACTOR
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= most:
+        return Verdict.bad("bad_state", f"inner_step {step!r} is outside 0..{most}")
     return Verdict.good()
 
 

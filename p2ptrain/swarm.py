@@ -4,8 +4,8 @@ A node keeps its libp2p identity in its state directory, so its peer ID survives
 holds an exclusive lock next to it so that two live processes can never share one identity (peer
 records sign with it: :mod:`p2ptrain.identity`).  Joining an existing swarm retries with exponential
 backoff until ``swarm.bootstrap_timeout``; after that it fails with one line that names the peers it
-tried.  The run's model fingerprint entry is a hint anyone can write; only several peers' identity-
-bound records naming another model (or the record of the peer it joined through) make a node refuse
+tried.  The run's model fingerprint entry is a hint anyone can write; only the identity-bound record of
+a peer the node trusts (one it joined through, or averaged with) naming another model makes it refuse
 to join.
 """
 
@@ -38,8 +38,6 @@ BOOTSTRAP_FAILED = "bootstrap failed"
 #: Foreign fingerprints looked into (oldest first) and progress entries read per key: a flood of
 #: entries costs a bounded number of lookups.
 _MAX_FOREIGN_FINGERPRINTS = 4
-#: Distinct peers whose identity-bound records must name another model before a node refuses to join.
-MIN_FINGERPRINT_WITNESSES = 2
 #: (run, fingerprint) entries already warned about: each conflicting entry is one warning per process.
 _ignored: set[tuple[str, str]] = set()
 
@@ -201,10 +199,10 @@ def read_run_fingerprints(dht: hivemind.DHT, run_id: str) -> list[FingerprintEnt
 
 
 def fingerprint_evidence(dht: Any, run_id: str, fingerprints: Sequence[str],
-                         trusted: Collection[str] = ()) -> tuple[dict[str, int], set[str]]:
+                         trusted: Collection[str] = ()) -> tuple[dict[str, int], dict[str, int]]:
     """How many distinct live peers (not us) are seen training each fingerprint, by their identity-bound
-    peer records, and which fingerprints a ``trusted`` peer's record names.  hivemind's progress
-    entries do not count: their peer ID is self-declared, so anyone can write one under any model's keys."""
+    peer records, and how many of those are ``trusted``.  hivemind's progress entries do not count: their
+    peer ID is self-declared, so anyone can write one under any model's keys."""
     from p2ptrain.records import bound_fingerprints, peers_key  # records pull in hivemind's validators
 
     own = str(getattr(dht, "peer_id", ""))
@@ -216,8 +214,9 @@ def fingerprint_evidence(dht: Any, run_id: str, fingerprints: Sequence[str],
     for peer, fingerprint in records.items():
         if fingerprint in seen and peer != own:
             seen[fingerprint].add(peer)
-    vouched = {fingerprint for fingerprint, peers in seen.items() if peers & set(trusted)}
-    return {fingerprint: len(peers) for fingerprint, peers in seen.items()}, vouched
+    trusted = set(trusted)
+    return ({fingerprint: len(peers) for fingerprint, peers in seen.items()},
+            {fingerprint: len(peers & trusted) for fingerprint, peers in seen.items()})
 
 
 def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_seen: float,
@@ -226,32 +225,35 @@ def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_se
 
     The fingerprint entries are unsigned: anyone can write one, so an entry alone never stops a node.
     When the oldest entry differs from ours, the node looks at who actually trains what: the
-    identity-bound records of live peers.  It raises :class:`FingerprintMismatch` only when no record
-    names ours and either at least :data:`MIN_FINGERPRINT_WITNESSES` peers' records name one other
-    model, or the record of a ``trusted`` peer does (the peers this node was told to join through:
-    their records cannot be forged).  No single stranger with one identity can arrange either.
-    Otherwise it warns once per entry and looks again at the next refresh.  ``publish=False`` only
-    checks (a peer that never trains, such as ``p2ptrain fetch``, claims nothing).
+    identity-bound records of live peers.  Identities are free (one process can bind thousands), so only
+    the records of ``trusted`` peers are witnesses: the peers the operator had this node join through,
+    and the peers it has averaged with.  It raises :class:`FingerprintMismatch` only when no record names
+    ours and a witness's record names another model: this node's own config then demonstrably differs
+    from what the run's peers train.  Otherwise (strangers' records, however many, or none) it warns once
+    per entry, ignores it and looks again at the next refresh.  ``publish=False`` only checks (a peer
+    that never trains, such as ``p2ptrain fetch``, claims nothing).
     """
     entries = read_run_fingerprints(dht, run_id)
     if entries and entries[0].fingerprint != fingerprint:
         others = [e.fingerprint for e in entries if e.fingerprint != fingerprint][:_MAX_FOREIGN_FINGERPRINTS]
-        evidence, vouched = fingerprint_evidence(dht, run_id, [fingerprint, *others], trusted)
-        # Models other peers' records name: one a trusted peer names first, then by witnesses.
-        trained = sorted(((other in vouched, evidence[other], other) for other in others if evidence[other] > 0),
-                         reverse=True)
-        if evidence[fingerprint] == 0 and trained and (trained[0][0] or trained[0][1] >= MIN_FINGERPRINT_WITNESSES):
-            _, count, theirs = trained[0]
+        evidence, witnesses = fingerprint_evidence(dht, run_id, [fingerprint, *others], trusted)
+        # The other model most witnesses train, then the one most records name.
+        ranked = sorted(((witnesses[other], evidence[other], other) for other in others if evidence[other] > 0),
+                        reverse=True)
+        if evidence[fingerprint] == 0 and ranked and ranked[0][0] > 0:
+            count, _, theirs = ranked[0]
             raise FingerprintMismatch(
-                f"model fingerprint {fingerprint} differs from run {run_id!r}'s model {theirs} "
-                f"({count} peer(s) train it); use the same [task] settings as the swarm, or another swarm.run_id"
+                f"model fingerprint {fingerprint} differs from run {run_id!r}'s model {theirs} ({count} peer(s) "
+                "this node joined through or averaged with train it); use the same [task] settings as the swarm, "
+                "or another swarm.run_id"
             )
         if (run_id, entries[0].fingerprint) not in _ignored:
             _ignored.add((run_id, entries[0].fingerprint))  # one warning per entry and process
             if evidence[fingerprint]:
                 why = f"{evidence[fingerprint]} peer(s) train ours ({fingerprint})"
-            elif trained:
-                why = f"only {trained[0][1]} peer's record names it, too few to believe"
+            elif ranked:
+                why = (f"{ranked[0][1]} peer(s) name it in their records, none of them a peer this node joined "
+                       "through or averaged with")
             else:
                 why = "no live peer is seen training it"
             logger.warning("ignoring model fingerprint %s published under run %r: %s", entries[0].fingerprint,

@@ -11,8 +11,11 @@ same fingerprinted averaging keys) but never touches that node's state directory
                   all 0.0123 as its state (``--state nan``: NaN parameters, ``--state short``: one tensor
                   missing; ``--inner-step`` for DiLoCo's round position).  Its donor priority is the epoch,
                   or with ``--first-in-line`` one above the best honest peer's (read from their records),
-                  and it publishes an identity-bound record of its own: honest nodes then try it first;
-* ``freeze``      the same with epoch 2**40;
+                  and it publishes an identity-bound record of its own: honest nodes then try it first.
+                  ``--ahead N`` claims, advertises and serves the best honest peer's epoch + N instead of
+                  ``--epoch``: a plausible epoch, so that the state's other checks are what refuse it;
+* ``freeze``      the same with epoch 2**40 (``--bound-record``: with an identity-bound record of its own,
+                  so that its progress entries are its own lie, not an entry in anyone's name);
 * ``fingerprint`` writes a forged, older model fingerprint entry for the run, again and again;
 * ``scaled``      averages real gradients scaled by 100 with a weight of 10**6, every round it can join;
 * ``nonfinite``   averages NaN gradients every round it can join;
@@ -22,7 +25,9 @@ same fingerprinted averaging keys) but never touches that node's state directory
 
 Several attacks may run in one process (``donor`` and ``freeze`` exclude each other, as do ``scaled``
 and ``nonfinite``).  It prints one line ``hostile <attacks> ready as <peer id>`` once they are in place,
-then keeps attacking until SIGTERM/SIGINT or ``--duration`` seconds.  In DiLoCo runs
+then keeps attacking until SIGTERM/SIGINT or ``--duration`` seconds.  With ``--go-file PATH`` the
+``scaled``/``nonfinite``/``records`` attacks are prepared (process, DHT, keys, records) and it says it is
+ready, but they begin only once PATH exists: a test can start it while another attack is running.  In DiLoCo runs
 ``donor``/``freeze``/``scaled``/``nonfinite`` act on the DiLoCo averager instead.  Test-only; run it as
 its own process.
 """
@@ -116,10 +121,13 @@ def _averager_options(target: Target) -> dict[str, Any]:
 
 
 def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.Event, state: str = "constant",
-                inner_step: int = 0, first_in_line: bool = False, identity: NodeIdentity | None = None) -> list[Any]:
+                inner_step: int = 0, first_in_line: bool = False, identity: NodeIdentity | None = None,
+                ahead: int | None = None) -> list[Any]:
     """Advertise ``epoch`` in progress and serve a bad state: constant parameters, NaN parameters, or one
     tensor short (``state``), with DiLoCo's ``inner_step`` as given.  ``first_in_line``: a donor priority
-    just above the best honest peer's, and an identity-bound record of its own (with ``identity``)."""
+    just above the best honest peer's.  ``identity``: an identity-bound record of its own.  ``ahead``:
+    claim, advertise and serve the best honest peer's epoch + ``ahead`` instead of ``epoch``."""
+    claimed = [epoch]  # what it claims and serves now (``ahead`` moves it along with the run)
     fill = float("nan") if state == "nan" else CONSTANT
     params = [torch.nn.Parameter(torch.full_like(p, fill)) for p in target.model.parameters()]
     training = target.cfg.training
@@ -135,7 +143,7 @@ def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.E
 
         class Donor(_plain(hivemind.DecentralizedAverager, "_DiLoCoAverager")):  # type: ignore[misc]
             def get_current_state(self) -> Any:
-                return dict(epoch=epoch, inner_step=inner_step), served, None
+                return dict(epoch=claimed[0], inner_step=inner_step), served, None
 
         averager = Donor([torch.zeros_like(p) for p in params], dht, prefix=f"{target.averaging_run_id}_diloco_avg",
                          **common)
@@ -161,20 +169,26 @@ def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.E
         samples = 0
         while not stop.is_set():
             samples = samples % training.target_batch_size + training.batch_size  # looks busy, never done
-            tracker.report_local_progress(epoch, samples)
-            if first_in_line:
-                best = max((e for e in honest_epochs(dht, target) if e != epoch), default=0)
-                averager.state_sharing_priority = float(best + 1)
-                if identity is not None:
-                    publish_own_record(dht, target, identity, record_key, best + 1)
+            best = max(honest_epochs(dht, target, own=claimed[0]), default=0)
+            if ahead is not None:
+                claimed[0] = best + ahead
+                if not target.diloco:
+                    averager.local_epoch = claimed[0]
+            tracker.report_local_progress(claimed[0], samples)
+            if first_in_line or ahead is not None:
+                averager.state_sharing_priority = float(claimed[0] if ahead is not None else best + 1)
+            if identity is not None:
+                publish_own_record(dht, target, identity, record_key, best + 1)
             stop.wait(2.0)
 
     threading.Thread(target=keep_claiming, daemon=True).start()
     return [tracker, averager]
 
 
-def honest_epochs(dht: hivemind.DHT, target: Target) -> list[int]:
-    """The epochs the run's progress entries report (what an honest donor's priority would be)."""
+def honest_epochs(dht: hivemind.DHT, target: Target, own: int | None = None) -> list[int]:
+    """The epochs the run's progress entries report (what an honest donor's priority would be): all but
+    ``own`` (this hostile's claim) and those beyond the first gap of over 1,000 epochs (other hostiles'
+    claims: honest peers of these runs are within a few hundred epochs of each other)."""
     key = f"{target.averaging_run_id}_diloco_progress" if target.diloco else f"{target.averaging_run_id}_progress"
     found = dht.get(key, latest=True)
     entries = found.value if found is not None and isinstance(found.value, dict) else {}
@@ -183,7 +197,11 @@ def honest_epochs(dht: hivemind.DHT, target: Target) -> list[int]:
         value = getattr(item, "value", None)
         if isinstance(value, dict) and isinstance(value.get("epoch"), int) and value["epoch"] < 10**6:
             epochs.append(value["epoch"])
-    return epochs
+    ordered = sorted(e for e in epochs if e != own)
+    for index in range(1, len(ordered)):
+        if ordered[index] - ordered[index - 1] > 1000:
+            return ordered[:index]
+    return ordered
 
 
 def publish_own_record(dht: hivemind.DHT, target: Target, identity: NodeIdentity, record_key: bytes,
@@ -199,8 +217,9 @@ def publish_own_record(dht: hivemind.DHT, target: Target, identity: NodeIdentity
 # ---------------------------------------------------------------------------------------------- averaging
 
 
-def poison_rounds(dht: hivemind.DHT, target: Target, attack: str, stop: threading.Event) -> list[Any]:
-    """Join every averaging round it can find, with gradients x100 (weight 10**6) or NaN."""
+def poison_rounds(dht: hivemind.DHT, target: Target, attack: str, stop: threading.Event,
+                  go: threading.Event | None = None) -> list[Any]:
+    """Join every averaging round it can find, with gradients x100 (weight 10**6) or NaN (once ``go``)."""
     training = target.cfg.training
     model = target.model
     batch = target.task.train_batches.next()
@@ -222,6 +241,7 @@ def poison_rounds(dht: hivemind.DHT, target: Target, attack: str, stop: threadin
 
     def keep_averaging() -> None:
         rounds = missed = 0
+        _wait_for(go, stop)
         while not stop.is_set():
             with averager.get_tensors() as tensors:
                 for tensor, value in zip(tensors, evil, strict=True):
@@ -303,10 +323,17 @@ async def _store_staged(key: str, expiration: float, batch: int, _dht: hivemind.
     return sum(bool(ok) for ok in stored.values())
 
 
-def forge_victim(dht: hivemind.DHT, target: Target, victim: str, signer: Any, stop: threading.Event) -> None:
+def _wait_for(go: threading.Event | None, stop: threading.Event) -> None:
+    while go is not None and not go.is_set() and not stop.is_set():
+        go.wait(0.2)
+
+
+def forge_victim(dht: hivemind.DHT, target: Target, victim: str, signer: Any, stop: threading.Event,
+                 go: threading.Event | None = None) -> None:
     """Keep a forged record in ``victim``'s name newer than the victim's own (it republishes every 5 s):
     signed by a key of ours and bound to an identity of ours, which does not hash to the victim's ID."""
     key, forger = peers_key(target.cfg.swarm.run_id), signer.identities[-1]
+    _wait_for(go, stop)
     while not stop.is_set():
         subkey = signer.subkeys[-1]
         value = {**_record(victim, 999_999, 1e6, time.time() + 55), "identity_key": forger.public_key,
@@ -331,13 +358,13 @@ def sybil_keys(count: int) -> list[rsa.RSAPrivateKey]:
     return keys
 
 
-def flood_records(addrs: list[str], target: Target, count: int, victim: str,
-                  stop: threading.Event) -> tuple[hivemind.DHT, Any, threading.Event]:
+def flood_records(addrs: list[str], target: Target, count: int, victim: str, stop: threading.Event,
+                  go: threading.Event | None = None) -> tuple[hivemind.DHT, Any, threading.Event]:
     """``count`` valid records of made-up peers, each signed with a record key of its own and bound to an
     identity of its own (the largest figures the schema allows), and one key kept for a forgery in
-    ``victim``'s name.  The first few hundred (more than a view holds) are stored before it returns,
-    the rest in the background; returns the DHT, the signer, and an event set once all are stored.
-    It prints ``hostile records stored N`` as it goes."""
+    ``victim``'s name.  They are stored in the background once ``go`` is set (at once without one);
+    returns the DHT, the signer, and an event set once all are stored.  It prints
+    ``hostile records stored N`` as it goes."""
     keys = sybil_keys(count + 1)
     signer = ManyKeySigner(keys)
     signer.subkeys = list(signer._keys)
@@ -364,11 +391,11 @@ def flood_records(addrs: list[str], target: Target, count: int, victim: str,
                 stored[0] += dht.run_coroutine(functools.partial(_store_staged, key, expiration, batch))
             print(f"hostile records stored {stored[0]}", flush=True)
 
-    first = min(count, 300)
-    store(0, first)
-    print(f"hostile records stored {stored[0]}", flush=True)
-
     def rest() -> None:
+        _wait_for(go, stop)
+        first = min(count, 300)  # more than a view holds, first
+        store(0, first)
+        print(f"hostile records stored {stored[0]}", flush=True)
         store(first, count)
         print(f"hostile records stored {stored[0]} (all)", flush=True)
         done.set()
@@ -391,9 +418,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inner-step", type=int, default=0, help="donor/freeze in DiLoCo runs: the round position")
     parser.add_argument("--first-in-line", action="store_true",
                         help="donor: a plausible priority and a bound record of its own, so it is tried first")
+    parser.add_argument("--ahead", type=int, default=None,
+                        help="donor: claim, advertise and serve the best honest epoch + AHEAD instead of --epoch")
+    parser.add_argument("--bound-record", action="store_true",
+                        help="donor/freeze: an identity-bound record of its own (its progress is then its own lie)")
     parser.add_argument("--flood", type=int, default=5000)
     parser.add_argument("--victim", default="")
     parser.add_argument("--duration", type=float, default=3600.0)
+    parser.add_argument("--go-file", type=Path, default=None,
+                        help="scaled/nonfinite/records: prepared at once, begun only once this file exists")
     args = parser.parse_args(argv)
     attacks = list(dict.fromkeys(args.attacks))
     if {"donor", "freeze"} <= set(attacks) or {"scaled", "nonfinite"} <= set(attacks):
@@ -404,17 +437,27 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     helpers: list[Any] = []
     dhts: list[hivemind.DHT] = []
+    go = None
+    if args.go_file is not None:
+        go = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set() and not args.go_file.exists():
+                stop.wait(0.2)
+            go.set()
+
+        threading.Thread(target=watch, daemon=True).start()
     if "records" in attacks:
-        flood_dht, signer, _ = flood_records(args.join, target, args.flood, args.victim, stop)
+        flood_dht, signer, _ = flood_records(args.join, target, args.flood, args.victim, stop, go)
         dhts.append(flood_dht)
         if args.victim:
-            threading.Thread(target=forge_victim, args=(flood_dht, target, args.victim, signer, stop),
+            threading.Thread(target=forge_victim, args=(flood_dht, target, args.victim, signer, stop, go),
                              daemon=True).start()
     others = [attack for attack in attacks if attack != "records"]
     if others or not dhts:
         identity = None
         options: dict[str, Any] = {}
-        if args.first_in_line:  # an identity of its own, so that its record can be bound to its peer ID
+        if args.first_in_line or args.bound_record:  # an identity of its own, so that its record can be bound
             identity = NodeIdentity.generate()
             path = Path(tempfile.mkdtemp(prefix="hostile-")) / "identity.key"
             identity.write(path)
@@ -424,11 +467,12 @@ def main(argv: list[str] | None = None) -> int:
         for attack in others:
             if attack in ("donor", "freeze"):
                 helpers += claim_state(dht, target, 2**40 if attack == "freeze" else args.epoch, stop, args.state,
-                                       args.inner_step, args.first_in_line, identity)
+                                       args.inner_step, args.first_in_line, identity,
+                                       args.ahead if attack == "donor" else None)
             elif attack == "fingerprint":
                 helpers += forge_fingerprint(dht, target, stop)
             else:
-                helpers += poison_rounds(dht, target, attack, stop)
+                helpers += poison_rounds(dht, target, attack, stop, go)
     print(f"hostile {' '.join(attacks)} ready as {dhts[0].peer_id}", flush=True)
     stop.wait(args.duration)
     for helper in helpers:

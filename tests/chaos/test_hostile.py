@@ -11,7 +11,9 @@ training (healthz 200, samples grow), name and exclude the senders, show no forg
 stop on SIGTERM within the usual bound, and end within 10% of the validation loss of the same run
 without the attacker (the same model and global batch, trained by one node to the same optimizer epoch).
 DiLoCo gets the state attacks: a donor first in line with NaN outer parameters, epoch 5000 and inner
-step -5, and one claiming 2**40.
+step -5 (its epoch gives it away first), another serving finite parameters at a plausible epoch with
+inner step -5 (its metadata gives it away), and one claiming 2**40.  The peers claiming 2**40 have
+identity-bound records of their own, so their progress entries are their own lie: they are named.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ VALIDATE = {"validate_every": 2.0}
 STOP_BOUND = 20.0
 #: Figures no honest node of these runs reaches.
 ABSURD_EPOCH, ABSURD_RATE = 100_000, 1e5
+#: The epoch the state attackers claim and serve (hostile_peer's default); honest runs stay far below it.
+ATTACK_EPOCH = 5000
 STATE_OFFENCES = ("bad_state", "implausible_epoch", "bad_model")
 PART_OFFENCES = ("nonfinite_part", "oversized_part", "malformed_part", "bad_result")
 
@@ -149,7 +153,7 @@ def final_val_loss(node: LocalNode) -> tuple[int, float]:
     return int(state.state.get("epoch", 0)), round(validation_loss(task), 4)
 
 
-def test_one_swarm_against_every_attack_in_gradient_mode(make_node, hostile, chaos_report):
+def test_one_swarm_against_every_attack_in_gradient_mode(make_node, hostile, chaos_report, tmp_path):
     began = time.monotonic()
     a = make_node("a", training=VALIDATE)
     base = make_node("base", run_id=f"base-{uuid.uuid4().hex[:8]}", training=VALIDATE)
@@ -160,7 +164,7 @@ def test_one_swarm_against_every_attack_in_gradient_mode(make_node, hostile, cha
     # (a)-(c) State and DHT attacks, in place before anyone else joins: a donor first in line serving
     # constant parameters as epoch 5000, another claiming 2**40, a forged model fingerprint entry.
     state = hostile(a, "donor", "fingerprint", "--first-in-line")
-    freeze = hostile(a, "freeze")
+    freeze = hostile(a, "freeze", "--bound-record")
     donor_id, freeze_id = state.ready(90), freeze.ready(90)
     b, c = make_node("b", training=VALIDATE), make_node("c", training=VALIDATE)
     b.start(join=a.join_addrs()[:1])
@@ -175,16 +179,21 @@ def test_one_swarm_against_every_attack_in_gradient_mode(make_node, hostile, cha
     for node in honest:
         status = node.status()
         assert status is not None and sane(status) and healthz(node) == 200, (node.name, status)
-    for node in (b, c):
-        adopted = [int(e) for e in re.findall(r"adopted the state of \S+: now at epoch (\d+)", log_text(node))]
-        assert adopted and all(0 < e < ABSURD_EPOCH for e in adopted), (node.name, adopted)
+    for node in (b, c):  # an honest donor's state, never the attackers'
+        adopted = re.findall(r"adopted the state of (\S+): now at epoch (\d+)", log_text(node))
+        assert adopted and all(donor not in (donor_id, freeze_id) and 0 < int(epoch) < ATTACK_EPOCH
+                               for donor, epoch in adopted), (node.name, adopted)
     # The donor first in line was tried and refused (by a newcomer, or by a when its claim arrived).
     named_donor = {n.name for n in honest if any(o.peer_id == donor_id and o.kind in STATE_OFFENCES
                                                  for o in n.peers().offenders)}
     assert named_donor, {n.name: n.peers().offenders for n in honest}
+    # The peer claiming 2**40 in its own name is named once a node knows its bound record.
+    freeze_named = wait_until(lambda: sorted(n.name for n in honest if any(
+        o.peer_id == freeze_id and o.kind == "implausible_epoch" for o in n.peers().offenders)), 60,
+        "the peer claiming 2**40 named", interval=0.5)
+    fingerprint_warned = {n.name: "ignoring model fingerprint" in log_text(n) for n in (b, c)}
+    assert all(fingerprint_warned.values()), fingerprint_warned  # the forged entry was seen, and ignored
     phases = {"state_attacks": round(time.monotonic() - began, 1)}
-    fingerprint_warned = all("ignoring model fingerprint" in log_text(n) for n in (b, c))
-    freeze_named = sorted(n.name for n in honest if freeze_id in {o.peer_id for o in n.peers().offenders})
     state.stop()
     freeze.stop()
 
@@ -193,7 +202,12 @@ def test_one_swarm_against_every_attack_in_gradient_mode(make_node, hostile, cha
     base.start()
     # (d), (e) Averaging attacks, one poisoner at a time: NaN parts every round, then x100 gradients
     # with a weight of 10**6.  Two hostiles that are always looking for a group pair up with each other
-    # once the honest nodes refuse one of them, and the other then hides behind it.
+    # once the honest nodes refuse one of them, and the other then hides behind it.  Both poisoners and
+    # the flood of (f) start now and get ready together; each attacks only once its go file exists.
+    go = {attack: tmp_path / f"go-{attack}" for attack in ("nonfinite", "scaled", "records")}
+    attackers = {attack: hostile(a, attack, "--go-file", str(go[attack])) for attack in ("nonfinite", "scaled")}
+    flood = hostile(a, "records", "--victim", victim, "--go-file", str(go["records"]))
+    ready = {attack: attacker.ready(90) for attack, attacker in attackers.items()}
     before = {n.name: n.status() for n in honest}
     poisoners: dict[str, str] = {}
     named_after: dict[str, float] = {}  # seconds from a poisoner in place to it named
@@ -208,8 +222,9 @@ def test_one_swarm_against_every_attack_in_gradient_mode(make_node, hostile, cha
     # NaN parts are refused and named in the first round with them; parts far too large are a judgement,
     # named on the sender's JUDGED_STRIKES-th round, and a loaded machine runs few rounds a minute.
     for attack, within in (("nonfinite", 90), ("scaled", 150)):
-        poisoner = hostile(a, attack)
-        peer = poisoners[attack] = poisoner.ready(90)
+        poisoner, peer = attackers[attack], ready[attack]
+        poisoners[attack] = peer
+        go[attack].touch()
         in_place = time.monotonic()
         wait_until(lambda peer=peer: named_by()[peer], within, f"the {attack} poisoner named", interval=0.5,
                    detail=lambda poisoner=poisoner: f"{named_by()}; the poisoner said: {poisoner.text()[-800:]}")
@@ -233,8 +248,9 @@ def test_one_swarm_against_every_attack_in_gradient_mode(make_node, hostile, cha
     # attacks: the flood's signature checks load every DHT node, which is not what those measure).
     # All of it sent, far more than a view holds (256) stored (the honest DHT nodes take at most 4 x 256
     # records of a run each and refuse the rest), then two record periods for every view to read it.
-    flood = hostile(a, "records", "--victim", victim)
     flood.ready(90)
+    go["records"].touch()
+
     def stored() -> int:
         return max([0, *map(int, re.findall(r"hostile records stored (\d+)", flood.text()))])
 
@@ -250,6 +266,7 @@ def test_one_swarm_against_every_attack_in_gradient_mode(make_node, hostile, cha
         assert sane(status) and healthz(node) == 200, (node.name, status)
         assert status.samples_processed_total > during[node.name].samples_processed_total, node.name
     rejected = {n.name: n.status().rejected_records_total for n in honest}
+    assert all(count > 0 for count in rejected.values()), rejected  # the forgery and the absurd claims
     victim_shown = {n.name: [p.epoch for p in n.peers().peers if p.peer_id == victim] for n in (b, c)}
 
     phases["flood"] = round(time.monotonic() - began, 1)
@@ -269,7 +286,7 @@ def test_one_swarm_against_every_attack_in_gradient_mode(make_node, hostile, cha
         "11_hostile_gradient", seconds=round(time.monotonic() - began, 1), phases_ended_at_seconds=phases,
         sybil_records_stored=stored(),
         records_rejected=rejected, victim_record_epochs_shown=victim_shown, donor_named_by=sorted(named_donor),
-        fingerprint_ignored=fingerprint_warned, freeze_peer_named_by=freeze_named,
+        fingerprint_ignored=all(fingerprint_warned.values()), freeze_peer_named_by=freeze_named,
         joiner_epochs={k: v.local_epoch for k, v in joined.items()}, poisoners_named_after_seconds=named_after,
         rounds_until_named=rounds_to_name, poisoners_named_by=poisoners_named_by, rollbacks=rollbacks,
         sigterm_exit_seconds=took,
@@ -286,28 +303,49 @@ def test_state_attacks_in_diloco_mode(make_node, hostile, chaos_report):
     a = make_node("a", training=diloco)
     a.start()
     a.wait_for(lambda s: s.state == "training" and s.local_epoch >= 2, 120, "a few rounds")
+    # NaN outer parameters, epoch 5000, inner step -5: the epoch gives it away before anything else.
     donor = hostile(a, "donor", "--first-in-line", "--state", "nan", "--inner-step", "-5")
-    freeze = hostile(a, "freeze")
-    donor_id, _ = donor.ready(90), freeze.ready(90)
+    # Finite parameters at a plausible epoch (a little ahead of the run: a catches up to it), inner step
+    # -5: only the metadata check can refuse it.
+    metadata = hostile(a, "donor", "--first-in-line", "--ahead", "3", "--inner-step", "-5")
+    freeze = hostile(a, "freeze", "--bound-record")
+    donor_id, metadata_id, freeze_id = donor.ready(90), metadata.ready(90), freeze.ready(90)
+    hostile_ids = {donor_id, metadata_id, freeze_id}
     b = make_node("b", training=diloco)
     b.start(join=a.join_addrs()[:1])
     synced = training(b, 120)
     assert synced.state_downloads_total >= 1 and 1 <= synced.local_epoch < ABSURD_EPOCH, b.log_tail()
+    # b's state is an honest peer's: an honest donor, round and round position.
+    loaded = re.findall(r"loaded round (\d+) \(inner step (-?\d+)\) from (\S+)", log_text(b))
+    assert loaded and all(int(epoch) < ATTACK_EPOCH and int(step) >= 0 and donor not in hostile_ids
+                          for epoch, step, donor in loaded), loaded
     for node in (a, b):
         node.wait_for(lambda s: s.averaging_rounds_ok_total + s.averaging_rounds_partial_total >= 1, 90,
                       "a DiLoCo round together")
-    named = {n.name: [o for o in n.peers().offenders if o.peer_id == donor_id] for n in (a, b)}
-    assert any(o.kind in STATE_OFFENCES for found in named.values() for o in found), named
+
+    def named() -> dict[str, dict[str, list[str]]]:
+        listed = {n.name: n.peers().offenders for n in (a, b)}
+        return {peer: {name: [f"{o.kind}: {o.reason}" for o in found if o.peer_id == peer]
+                       for name, found in listed.items()} for peer in (donor_id, metadata_id, freeze_id)}
+
+    def refused(peer: str, kind: str, why: str = "") -> bool:
+        return any(entry.startswith(kind) and why in entry for entries in named()[peer].values() for entry in entries)
+
+    # Each refused by the check it cannot pass, whichever node tried it (a catching up, or b joining).
+    wait_until(lambda: refused(donor_id, "implausible_epoch") and refused(metadata_id, "bad_state", "inner_step -5")
+               and refused(freeze_id, "implausible_epoch"), 60, "every state attacker named", interval=0.5,
+               detail=named)
     before = {n.name: n.status() for n in (a, b)}
     for node in (a, b):
         node.wait_for(lambda s, n=node.name: s.samples_processed_total > before[n].samples_processed_total
                       and s.local_epoch > before[n].local_epoch, 60, "training on")
         assert healthz(node) == 200 and sane(node.status()), node.name
+    attackers_named = named()
     took = stop_all([a, b])
     assert max(took.values()) <= STOP_BOUND, took
     losses = {n.name: final_val_loss(n) for n in (a, b)}  # finite parameters, asserted there
     chaos_report.record(
         "11_hostile_diloco", seconds=round(time.monotonic() - began, 1), joiner_round=synced.local_epoch,
-        donor_offences={k: [o.kind for o in v] for k, v in named.items()}, sigterm_exit_seconds=took,
+        joiner_loaded=loaded, attackers_named=attackers_named, sigterm_exit_seconds=took,
         val_loss={k: v[1] for k, v in losses.items()},
     )

@@ -20,6 +20,7 @@ from hivemind.utils import get_dht_time
 
 from p2ptrain.peergate import JUDGED_STRIKES, STRIKE_GAP_SECONDS, PeerGate
 from p2ptrain.robustreduce import ReduceRule, RoundReports
+from p2ptrain.roundcount import CountingAveragerMixin
 from p2ptrain.safeaverager import HardenedAverager
 from p2ptrain.safestate import diloco_state_validator
 
@@ -271,6 +272,34 @@ def test_both_hardened_honest_round_is_the_exact_weighted_mean(dhts):
         [report] = reports.drain()
         assert report.rejected == () and report.received_fraction == 1.0
         assert report.results_received == report.results_expected
+    finally:
+        _shutdown(*averagers)
+
+
+class _Counting(CountingAveragerMixin, hivemind.DecentralizedAverager):
+    """A node without the peer checks: hivemind's all-reduce, its rounds reported."""
+
+    rpc_name = "DecentralizedAverager"
+
+
+def test_without_the_checks_a_round_is_still_measured_and_averages_as_hivemind_does(dhts):
+    prefix = f"plain{uuid.uuid4().hex[:6]}"
+    values = [_tensors(seed=8), _tensors(seed=9)]
+    reports = RoundReports()
+    averagers = []
+    try:
+        averagers.append(_Counting([t.clone() for t in values[0]], dhts[0], prefix=prefix, start=True,
+                                   round_reports=reports, **AVERAGER))
+        averagers.append(HardenedAverager([t.clone() for t in values[1]], dhts[1], prefix=prefix, start=True,
+                                          reduce_rule=ReduceRule.for_gradients(max_weight=64.0), **AVERAGER))
+        assert all(isinstance(r, dict) for r in _round(averagers, [8.0, 24.0]))
+        expected = [(8 * a + 24 * b) / 32 for a, b in zip(*values, strict=True)]
+        for averager in averagers:
+            with averager.get_tensors() as tensors:
+                assert all(torch.allclose(t, e, atol=1e-5) for t, e in zip(tensors, expected, strict=True))
+        [report] = reports.drain()
+        assert report.ok and report.senders == 2 and report.contributions_expected > 0
+        assert report.received_fraction == 1.0 and report.results_received == report.results_expected
     finally:
         _shutdown(*averagers)
 

@@ -137,3 +137,90 @@ def test_nobody_usable_returns_our_part_or_zeros(local):
     results = _run(scenario())
     expected = torch.ones(256) if local == 1 else torch.zeros(256)
     assert torch.allclose(results[0][0], expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_a_part_of_an_unexpected_dtype_is_refused_and_named_without_stalling_the_others(dtype):
+    """hivemind deserialises a part with whatever dtype its sender declares: one that is not a float type
+    is refused as malformed (its sender named), and the honest senders still get their average."""
+    async def scenario():
+        reducer, rejected = _reducer(3, parts=2)
+        honest = {s: [torch.full((256,), float(s + 1)), torch.full((256,), float(s + 1))] for s in (0, 1)}
+        odd = [torch.ones(256, dtype=dtype), torch.ones(256, dtype=dtype)]
+        results = await asyncio.wait_for(asyncio.gather(_send(reducer, 0, honest[0]), _send(reducer, 1, honest[1]),
+                                                        _send(reducer, 2, odd)), timeout=5)
+        return reducer, rejected, results
+
+    reducer, rejected, results = _run(scenario())
+    assert [(index, kind) for index, kind, _ in rejected] == [(2, "malformed_part")]
+    assert str(dtype).replace("torch.", "") in rejected[0][2]
+    for part in range(2):
+        assert torch.allclose(results[0][part], torch.full((256,), 1.5))
+    assert results[2][-1] == "banned" and reducer.finished.is_set()
+
+
+def test_a_check_that_breaks_on_a_part_refuses_its_sender_and_never_stalls_the_round(monkeypatch):
+    """Whatever a peer sends, the per-part check must not raise into hivemind's reducer: a check that
+    breaks on one sender's part refuses that sender; the others get their average."""
+    import p2ptrain.robustreduce as robustreduce
+
+    real = robustreduce._part_norm
+
+    def fragile(tensor):
+        if float(tensor[0]) == 7.0:
+            raise RuntimeError("cannot read this part")
+        return real(tensor)
+
+    monkeypatch.setattr(robustreduce, "_part_norm", fragile)
+
+    async def scenario():
+        reducer, rejected = _reducer(3, parts=1)
+        parts = [torch.ones(256), torch.full((256,), 3.0), torch.full((256,), 7.0)]
+        results = await asyncio.wait_for(asyncio.gather(*(_send(reducer, s, [parts[s]]) for s in range(3))), 5)
+        return rejected, results
+
+    rejected, results = _run(scenario())
+    assert [(index, kind) for index, kind, _ in rejected] == [(2, "malformed_part")]
+    assert torch.allclose(results[0][0], torch.full((256,), 2.0))
+
+
+def test_a_reducer_that_returns_an_unexpected_dtype_is_refused():
+    async def scenario():
+        bad: list[tuple[int, str]] = []
+        container = CheckedTensorPartContainer([torch.randn(4096)], (1.0, 1.0), rule=ReduceRule(), local_index=0,
+                                               on_bad_result=lambda index, reason: bad.append((index, reason)),
+                                               part_size_bytes=2048 * 4)
+        for index in range(container.num_parts_by_peer[0]):
+            container.register_processed_part(0, index, torch.zeros(2048))
+        for index in range(container.num_parts_by_peer[1]):
+            container.register_processed_part(1, index, torch.ones(2048, dtype=torch.int64))
+        outputs = [t async for t in container.iterate_output_tensors()]
+        return bad, outputs
+
+    bad, outputs = _run(scenario())
+    assert len(bad) == 1 and bad[0][0] == 1 and "int64" in bad[0][1]
+    assert outputs[0].dtype == torch.float32 and torch.all(outputs[0] == 0)
+
+
+def test_a_part_message_is_refused_before_decoding_when_it_declares_what_no_honest_peer_sends():
+    from hivemind.compression import CompressionInfo, serialize_torch_tensor
+    from hivemind.proto import runtime_pb2
+
+    from p2ptrain.allreduce_guard import _declared_problem
+    from p2ptrain.compression import make_compression
+
+    n = 70_000  # large enough for "8bit" to quantise it
+    shapes = [torch.Size([n])]
+    for choice in ("none", "fp16", "8bit"):  # what honest peers send passes, whatever the run's compression
+        values = torch.randn(n)
+        message = make_compression(choice).compress(values, CompressionInfo.from_tensor(values), False)
+        assert _declared_problem(message, 0, shapes) is None, choice
+    as_int = serialize_torch_tensor(torch.ones(n, dtype=torch.int64))
+    assert _declared_problem(as_int, 0, shapes) == ("malformed_part", "part 0 declares dtype 'int64'")
+    quantile = serialize_torch_tensor(torch.randn(n), runtime_pb2.CompressionType.QUANTILE_8BIT)
+    assert _declared_problem(quantile, 0, shapes) == ("malformed_part", "part 0 declares compression QUANTILE_8BIT")
+    short = serialize_torch_tensor(torch.randn(n - 1))
+    short.size[:] = [n]
+    assert _declared_problem(short, 0, shapes)[0] == "malformed_part"  # hivemind would fail to reshape it
+    assert _declared_problem(serialize_torch_tensor(torch.randn(7)), 0, shapes)[0] == "malformed_part"
+    assert "more than the 1 parts" in _declared_problem(serialize_torch_tensor(torch.randn(n)), 1, shapes)[1]

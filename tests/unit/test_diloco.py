@@ -6,6 +6,7 @@ import contextlib
 import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from p2ptrain.diloco import OuterStep
@@ -395,3 +396,85 @@ def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_
                            "there in round 3); applied the local pseudo-gradient (1 such round so far)")
     assert lines[2][1].endswith("(2 such rounds so far)") and lines[3][1].startswith("DiLoCo round 5: no other peer")
     assert optimizer.local_epoch == 6
+
+
+class _NoDonor(_NoSwarm):
+    """An averager whose every download finds no usable state (each attempt rejects one donor)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.attempts = 0
+        self.last_download_rejections: list[tuple[str, str]] = []
+
+    def load_state_from_peers(self, timeout: float | None = None) -> None:
+        self.attempts += 1
+        self.last_download_rejections = [("QmLiar", "tensor 0 has NaN")]
+        return None
+
+
+def _no_donor_optimizer(monkeypatch, wait):
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.swarmstats import SwarmStats
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", _NoSwarm)
+    averagers: list[_NoDonor] = []
+    monkeypatch.setattr(diloco, "averager_class",
+                        lambda hardened, admission: lambda *a, **k: averagers.append(_NoDonor()) or averagers[-1])
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, load_state_attempts=3, warmup_epochs=0)
+    optimizer = diloco.DiLoCoOptimizer([torch.nn.Parameter(torch.zeros(3))], None, "run", cfg, client_mode=False,
+                                       stats=SwarmStats(), wait=wait)
+    return optimizer, averagers[0]
+
+
+def test_a_download_waits_between_attempts_on_the_node_s_stop_event_and_a_stop_ends_it(monkeypatch) -> None:
+    waits: list[float] = []
+    optimizer, averager = _no_donor_optimizer(monkeypatch, lambda seconds: waits.append(seconds) or False)
+    assert optimizer.load_state_from_peers() is False
+    assert averager.attempts == 3 and waits == [2.0, 4.0]  # no plain sleeps: the node's stop event's wait
+    stopping: list[float] = []
+    optimizer, averager = _no_donor_optimizer(monkeypatch, lambda seconds: stopping.append(seconds) or True)
+    assert optimizer.load_state_from_peers() is False
+    assert averager.attempts == 1 and stopping == [2.0]  # a stop asked during the pause: no more attempts
+
+
+def test_a_fresh_node_with_only_bad_donors_says_so_once_per_download(monkeypatch, caplog) -> None:
+    import logging
+
+    optimizer, _ = _no_donor_optimizer(monkeypatch, lambda seconds: False)
+    with caplog.at_level(logging.INFO, logger="p2ptrain"):
+        optimizer.load_state_from_peers()
+    said = [r for r in caplog.records if "every donor's state was rejected" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+
+
+def test_without_peer_checks_a_round_s_received_share_is_still_measured(monkeypatch) -> None:
+    """A node with ``swarm.peer_checks = false`` runs the counting averager: what its reducer received
+    decides whether the round was full, as with the checks on."""
+    import time
+
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.robustreduce import RoundReport as ReducerReport
+    from p2ptrain.swarmstats import SwarmStats
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
+    made: list[dict[str, object]] = []
+
+    def make_averager(*args: object, **kwargs: object) -> _Averager:
+        made.append(kwargs)
+        return _Averager(*args, **kwargs)
+
+    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
+    stats = SwarmStats()
+    optimizer = diloco.DiLoCoOptimizer([param], SimpleNamespace(peer_id="QmMe"), "run", cfg, client_mode=False,
+                                       stats=stats)
+    reports = made[0]["round_reports"]  # the queue the averager's process reports to
+    reports.put(ReducerReport(averager="diloco", group_size=2, peers=("QmMe", "QmPeer"), senders=2,
+                              contributions_expected=6, contributions_received=2, results_expected=3,
+                              results_received=3, rejected=(), clipped=0, ok=True, finished_at=0.0))
+    optimizer._finish_round({"QmMe": None, "QmPeer": None}, [torch.zeros(3)], None, time.perf_counter())
+    figures = stats.rounds.figures()
+    assert figures.rounds_partial == 1 and figures.rounds_ok == 0
+    assert figures.last_received_fraction == pytest.approx(1 / 3)

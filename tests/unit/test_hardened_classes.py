@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from types import SimpleNamespace
 
 import hivemind
@@ -12,6 +14,7 @@ from hivemind.p2p import PeerID
 
 from p2ptrain.peergate import PeerGate
 from p2ptrain.robustprogress import RobustProgressTracker
+from p2ptrain.roundcount import CountingGradientAverager
 from p2ptrain.safeaverager import HardenedAverager, HardenedGradientAverager
 from p2ptrain.safestate import SafeTrainingStateAverager
 
@@ -20,6 +23,7 @@ from p2ptrain.safestate import SafeTrainingStateAverager
     (HardenedAverager, hivemind.DecentralizedAverager),
     (HardenedGradientAverager, GradientAverager),
     (SafeTrainingStateAverager, TrainingStateAverager),
+    (CountingGradientAverager, GradientAverager),
 ])
 def test_hardened_averagers_speak_hivemind_wire_names_and_stream_kinds(ours, theirs):
     """hivemind names RPCs after the class and reads streaming from typing annotations: a subclass must
@@ -153,3 +157,46 @@ def test_a_flood_of_entries_is_filtered_and_merged_before_it_is_capped():
     honest = {b"h": _entry(1, 4), b"i": _entry(2, 4)}
     progress = tracker._parse_swarm_progress_data({**flood, **honest})  # honest entries come last
     assert progress.num_peers == 2 and progress.epoch == 4
+
+
+def _refusing_state_averager() -> SimpleNamespace:
+    """A hardened state averager (its real load_state_from_peers) whose every download rejects a donor."""
+    averager = SimpleNamespace(last_download_rejections=[], local_epoch=0)
+
+    def download_state(timeout: float | None = None) -> None:
+        averager.last_download_rejections = [("QmLiar", "tensor 0 has NaN")]
+
+    averager.download_state = download_state
+    averager.load_state_from_peers = lambda **kwargs: SafeTrainingStateAverager.load_state_from_peers(averager,
+                                                                                                      **kwargs)
+    return averager
+
+
+def test_a_gradient_mode_download_says_once_that_every_donor_was_rejected(caplog):
+    """Normal weather is one line: a fresh node that finds only bad donors says it trains from its own
+    initialisation once per download, not once per attempt."""
+    from p2ptrain.gradient import GradientOptimizer
+    from p2ptrain.swarmstats import SwarmStats
+
+    optimizer = SimpleNamespace(state_averager=_refusing_state_averager(), _retry_sync_after=30.0,
+                                _last_failed_sync=-math.inf, stats=SwarmStats(), _load_state_attempts=3,
+                                _wait=lambda seconds: False, tracker=None, local_epoch=0, _adopted=False,
+                                _state_marker=lambda: (0, 0.0))
+    GradientOptimizer._bound_state_download(optimizer)
+    with caplog.at_level(logging.INFO, logger="p2ptrain"):
+        optimizer.state_averager.load_state_from_peers()
+    said = [r for r in caplog.records if "every donor's state was rejected" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert all(r.levelno <= logging.WARNING for r in caplog.records)
+
+
+def test_a_state_that_cannot_be_applied_is_a_warning_not_an_error(caplog):
+    from p2ptrain.safeaverager import StateDownload
+
+    def broken(metadata, tensors):
+        raise RuntimeError("size mismatch")
+
+    averager = SimpleNamespace(download_state=lambda timeout: StateDownload("QmDonor", {}, []), _apply=broken)
+    with caplog.at_level(logging.INFO, logger="p2ptrain"):
+        assert SafeTrainingStateAverager.load_state_from_peers(averager) is False
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] and "QmDonor" in caplog.text

@@ -136,7 +136,7 @@ class FakeParts:
 
 
 class FakeSwarm(JoinedSwarm):
-    def refresh_fingerprint(self, run_id: str, fingerprint: str) -> None: ...
+    def refresh_fingerprint(self, run_id: str, fingerprint: str, met: Any = ()) -> None: ...
 
     def close(self) -> None:
         self.closed = True

@@ -123,3 +123,33 @@ def test_a_sender_refused_several_times_a_second_still_collects_its_strikes():
         assert offences <= 10, "never excluded"
     # strikes at 0.0, 1.2 and 2.4 s: the seventh offence
     assert offences == 7
+
+
+def test_two_offenders_in_turn_each_collect_their_own_strikes():
+    """Two liars refused in alternate rounds: neither may take the other's place on the list (and with it
+    its strikes), so both are excluded on their third round with one."""
+    clock = ManualClock()
+    gate = PeerGate(default_ban_seconds=60, clock=clock)
+    other = "QmNnooDu7bfjPFoTZYxMNLWUQJyrVwtbZg5gBMjTezGAJN"
+    for _ in range(JUDGED_STRIKES):
+        for peer in (PEER, other):
+            assert not gate.is_banned(peer)
+            clock.now += 2.0
+            gate.offend(peer, "oversized_part", "norm 30 > 25")
+    assert gate.is_banned(PEER) and gate.is_banned(other)
+    assert {o.peer_id: o.offences for o in gate.offenders()} == {PEER: JUDGED_STRIKES, other: JUDGED_STRIKES}
+
+
+def test_a_full_list_keeps_live_bans_and_forgets_the_strike_holder_heard_from_least_recently():
+    clock = ManualClock()
+    gate = PeerGate(capacity=3, default_ban_seconds=100, clock=clock)
+    gate.offend("QmBanned", "bad_state", "x", ban_seconds=math.inf)
+    gate.offend("QmOld", "oversized_part", "x")  # one strike, not excluded
+    clock.now += 2.0
+    gate.offend("QmRecent", "oversized_part", "x")
+    clock.now += 2.0
+    gate.offend("QmNew", "oversized_part", "x")
+    assert {o.peer_id for o in gate.offenders()} == {"QmBanned", "QmRecent", "QmNew"}
+    clock.now += STRIKE_WINDOW_SECONDS + 1  # strikes that old count no more: their slots are free again
+    gate.offend("QmLater", "oversized_part", "x")
+    assert len(gate.offenders()) == 3 and gate.is_banned("QmBanned")

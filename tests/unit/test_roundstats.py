@@ -121,3 +121,35 @@ def test_recording_from_several_threads() -> None:
     f = stats.figures()
     assert (f.rounds_ok, f.rounds_partial) == (1000, 1000)
     assert sum(f.received_bucket_counts) == sum(f.duration_bucket_counts) == 2000
+
+
+def test_without_peer_checks_the_reducer_still_counts_what_it_mixed_in():
+    """With ``swarm.peer_checks = false`` hivemind's own reducer averages, and says only in its log that
+    it got a third of the contributions: the counting reducer measures it, so such a round is partial
+    there too, not "ok" on its group alone."""
+    import asyncio
+
+    import torch
+
+    from p2ptrain.robustreduce import RoundReport as ReducerReport
+    from p2ptrain.roundcount import CountingTensorPartReducer
+
+    async def reduce() -> CountingTensorPartReducer:
+        reducer = CountingTensorPartReducer([torch.Size([4])] * 3, 3)
+        first = asyncio.gather(*(reducer.accumulate_part(sender, 0, torch.ones(4) * sender) for sender in range(3)))
+        assert all(torch.allclose(r, torch.ones(4)) for r in await first)
+        reducer.on_sender_failed(1)  # two senders vanish after their first part
+        reducer.on_sender_failed(2)
+        rest = await asyncio.gather(*(reducer.accumulate_part(0, part, torch.ones(4)) for part in (1, 2)))
+        assert all(torch.allclose(r, torch.ones(4)) for r in rest)
+        return reducer
+
+    reducer = asyncio.run(reduce())
+    assert reducer.contributions_accepted == 3 + 1 + 1
+    measured = ReducerReport(averager="grad", group_size=3, peers=("me", "p1", "p2"), senders=3,
+                             contributions_expected=9, contributions_received=reducer.contributions_accepted,
+                             results_expected=12, results_received=12, rejected=(), clipped=0, ok=True,
+                             finished_at=0.0)
+    report = RoundReport(ok=True, duration=1.0, group_size=3, peers_online=3,
+                         received_fraction=measured.averaged_fraction)
+    assert report.received_fraction == pytest.approx(5 / 9) and classify(report) is RoundOutcome.PARTIAL

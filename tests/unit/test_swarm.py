@@ -200,9 +200,9 @@ def test_fingerprint_first_claim_wins_and_a_node_whose_peers_train_another_model
     assert claim_fingerprint(dht, "run", "aaaa", first_seen=200.0) == 100.0  # keeps the original time
     dht.trains("aaaa", "peer-a")
     dht.trains("aaaa", "peer-b")
-    with pytest.raises(FingerprintMismatch,
-                       match=r"model fingerprint bbbb differs from run 'run'.s model aaaa \(2 peer\(s\) train it\)"):
-        claim_fingerprint(dht, "run", "bbbb", first_seen=300.0)
+    with pytest.raises(FingerprintMismatch, match=r"model fingerprint bbbb differs from run 'run'.s model aaaa "
+                                                  r"\(2 peer\(s\) this node joined through or averaged with"):
+        claim_fingerprint(dht, "run", "bbbb", first_seen=300.0, trusted=("peer-a", "peer-b"))
     assert "bbbb" not in dht.entries  # a refused node never advertises its model
 
 
@@ -219,20 +219,27 @@ def test_a_foreign_fingerprint_entry_alone_never_stops_a_node(caplog: pytest.Log
     assert warnings == ["ignoring model fingerprint ffff published under run 'run-x': no live peer is seen training it"]
 
 
-def test_forged_progress_entries_and_a_single_record_cannot_lock_a_node_out(caplog: pytest.LogCaptureFixture) -> None:
-    """A stranger writes the entry, progress entries in many names under its keys, and one bound record of
-    its own: still too little to stop a node; a second peer's record would be enough."""
+def test_sybil_records_cannot_lock_a_node_out(caplog: pytest.LogCaptureFixture) -> None:
+    """A stranger writes the entry, progress entries in many names under its keys, and the bound records of
+    two identities of its own (identities are free): the first node of a run, or a node alone at a
+    refresh, is not stopped; it warns once and keeps publishing its own model.  Only a witness (a peer it
+    joined through or averaged with) saying so would stop it."""
     dht = _FakeDHT()
     dht.entries["ffff"] = 1.0
     for n in range(20):
         dht.progress_entry("ffff", bytes([n]) * 34)
-    dht.trains("ffff", "stranger")
+    dht.trains("ffff", "sybil-1")
+    dht.trains("ffff", "sybil-2")
     with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm"):
-        assert claim_fingerprint(dht, "run-y", "aaaa", first_seen=100.0) == 100.0
-    assert "only 1 peer's record names it, too few to believe" in caplog.text
-    dht.trains("ffff", "second-stranger")
-    with pytest.raises(FingerprintMismatch, match=r"\(2 peer\(s\) train it\)"):
-        claim_fingerprint(dht, "run-y", "aaaa", first_seen=100.0)
+        for _ in range(3):  # refresh after refresh
+            assert claim_fingerprint(dht, "run-y", "aaaa", first_seen=100.0) == 100.0
+            assert claim_fingerprint(dht, "run-y", "aaaa", first_seen=100.0, trusted=("QmHonest",)) == 100.0
+    assert "aaaa" in dht.entries
+    warnings = [m for m in caplog.messages if "ignoring model fingerprint ffff" in m]
+    assert warnings == ["ignoring model fingerprint ffff published under run 'run-y': 2 peer(s) name it in their "
+                        "records, none of them a peer this node joined through or averaged with"]
+    with pytest.raises(FingerprintMismatch, match=r"\(1 peer\(s\) this node joined through or averaged with"):
+        claim_fingerprint(dht, "run-y", "aaaa", first_seen=100.0, trusted=("sybil-2",))
 
 
 def test_the_record_of_the_peer_we_joined_through_is_enough_to_refuse() -> None:
@@ -242,8 +249,20 @@ def test_the_record_of_the_peer_we_joined_through_is_enough_to_refuse() -> None:
     dht.entries["aaaa"] = 1.0
     dht.trains("aaaa", "QmFirst")
     assert claim_fingerprint(dht, "run-z", "bbbb", first_seen=5.0) == 5.0  # a stranger's word alone: warned
-    with pytest.raises(FingerprintMismatch, match=r"differs from run 'run-z'.s model aaaa \(1 peer\(s\) train it\)"):
+    with pytest.raises(FingerprintMismatch, match=r"differs from run 'run-z'.s model aaaa \(1 peer\(s\)"):
         claim_fingerprint(dht, "run-z", "bbbb", first_seen=5.0, trusted=("QmFirst",))
+
+
+def test_a_running_node_counts_the_peers_it_averaged_with_as_witnesses() -> None:
+    from p2ptrain.daemon.builder import JoinedSwarm
+
+    dht = _FakeDHT()
+    dht.entries["aaaa"] = 1.0
+    dht.trains("aaaa", "QmPartner")
+    swarm = JoinedSwarm(dht, "QmMe", [], Path("."), first_seen=5.0, trusted=("QmFirst",))
+    swarm.refresh_fingerprint("run-w", "bbbb")  # QmPartner is a stranger to it: warned, going on
+    with pytest.raises(FingerprintMismatch):
+        swarm.refresh_fingerprint("run-w", "bbbb", met={"QmPartner"})
 
 
 def test_peers_training_our_model_outweigh_a_foreign_entry_and_its_trainers(caplog: pytest.LogCaptureFixture) -> None:
