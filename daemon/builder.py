@@ -26,7 +26,7 @@ from p2ptrain.defences import evaluate_fn
 from p2ptrain.fingerprint import model_fingerprint
 from p2ptrain.manifest_source import fetch_before_join
 from p2ptrain.optim import bandwidth_hint, build_optimizer
-from p2ptrain.ownedrun import RunKeeper, RunPlan, prepare_run, settle
+from p2ptrain.ownedrun import RunKeeper, RunPlan, fetch_readmitting, prepare_run, settle
 from p2ptrain.rejoin import Rejoiner
 from p2ptrain.rollback import NonFiniteRollback
 from p2ptrain.swarm import (
@@ -128,7 +128,13 @@ class NodeBuilder:
 
     def fetch_manifest(self, plan: RunPlan, initial_peers: Sequence[str], stopper: Stopper) -> RunPlan:
         """The one-line join: the run's manifest fetched from the swarm and settled into the plan
-        before the node writes anything, so a config it contradicts leaves the state dir untouched."""
+        before the node writes anything, so a config it contradicts leaves the state dir untouched.
+        A node its kept manifest excluded looks for a newer version that readmits it
+        (:func:`p2ptrain.ownedrun.fetch_readmitting`)."""
+        return fetch_readmitting(plan, initial_peers, stopper.is_set,
+                                 lambda plan: self._fetch_manifest(plan, initial_peers, stopper))
+
+    def _fetch_manifest(self, plan: RunPlan, initial_peers: Sequence[str], stopper: Stopper) -> RunPlan:
         if not initial_peers:
             raise ConfigError(f"swarm.initial_peers: run {plan.ref} has no manifest here (swarm.manifest, or one this "
                               "node kept from an earlier start) and no peer to fetch it from: give --join ADDR "

@@ -38,7 +38,7 @@ from p2ptrain.daemon.sync import sync_with_swarm
 from p2ptrain.defences import Defences
 from p2ptrain.errors import error_line
 from p2ptrain.manifest_source import SourceUnavailable
-from p2ptrain.ownedrun import RunKeeper, RunPlan, fetch_readmitting
+from p2ptrain.ownedrun import RunKeeper, RunPlan
 from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
 from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
 from p2ptrain.swarmcredit import epoch_samples_bound
@@ -151,8 +151,7 @@ class Node:
             # (or the version kept from an earlier start), else the swarm's, fetched for it.
             self.plan = self.builder.prepare(self.config, state_dir)
             if self.plan is not None and self.plan.manifest is None:
-                self.plan = fetch_readmitting(self.plan, self.initial_peers(), self.stopper.is_set, lambda plan: (
-                    self.builder.fetch_manifest(plan, self.initial_peers(), self.stopper)))
+                self.plan = self.builder.fetch_manifest(self.plan, self.initial_peers(), self.stopper)
             if self.plan is not None:
                 self._use_config(self.plan.config)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -234,8 +233,7 @@ class Node:
         training = cfg.training
         sync_with_swarm(parts.optimizer, self.stopper, self.clock, before_download=lambda: self.hooks.long_operation(
             training.load_state_timeout * training.load_state_attempts), alone=not self.initial_peers(),
-            records=evidence.records_seen if evidence is not None and records_read else None,
-            join_next_round=getattr(parts.optimizer, "join_next_round", None))  # DiLoCo only
+            records=evidence.records_seen if evidence is not None and records_read else None)
         if not self.stopper.is_set():  # a stop during the sync skips straight to the final checkpoint
             self.loop.validate()
             self.board.set_state(NodeState.TRAINING)

@@ -1,7 +1,7 @@
 """A node's catch-up before it trains: if the swarm is ahead, download its state; else go on.
 
 In DiLoCo mode a node restarted from its own checkpoint one round behind the swarm joins the next
-round instead (see ``join_next_round`` of :func:`sync_with_swarm`): no download at all.
+round instead (the optimizer's ``join_next_round``): no download at all.
 
 The swarm's epoch comes from ``optimizer.global_progress()``, which already prefers what several
 peers agree on (``p2ptrain.robustprogress``); the wait for it is bounded and watches the stopper.
@@ -24,7 +24,7 @@ SYNC_WAIT = 10.0
 
 def sync_with_swarm(optimizer: SwarmOptimizer, stopper: Stopper, clock: Callable[[], float], *,
                     before_download: Callable[[], None], records: threading.Event | None = None,
-                    alone: bool = False, join_next_round: Callable[[int], bool] | None = None) -> None:
+                    alone: bool = False) -> None:
     """If the swarm is ahead of us, download its state (bounded); else go on from what we have.
 
     ``before_download`` runs just before a download starts (the node tells the watchdog a long
@@ -34,8 +34,8 @@ def sync_with_swarm(optimizer: SwarmOptimizer, stopper: Stopper, clock: Callable
     be ahead of it yet and the wait is skipped; a peer that joins later and is ahead is caught up
     with by the optimizer, as any node that falls behind.
 
-    ``join_next_round(swarm_epoch)`` (DiLoCo: :meth:`p2ptrain.diloco.DiLoCoOptimizer.join_next_round`)
-    is tried first when the node already trained (epoch 1 or more, restored from its checkpoint): one
+    ``optimizer.join_next_round(swarm_epoch)`` (DiLoCo joins the swarm's next round; gradient mode
+    never can) is tried first when the node already trained (epoch 1 or more, restored from its checkpoint): one
     round behind it takes the swarm's round number and averages its own parameters with the swarm at
     the end of that round, which pulls the two together as after a failed round.  A node at epoch 0
     still downloads: its parameters are the initial ones, and averaging them in would pull the
@@ -49,7 +49,7 @@ def sync_with_swarm(optimizer: SwarmOptimizer, stopper: Stopper, clock: Callable
         if stopper.wait(0.2):
             return
     swarm_epoch = optimizer.global_progress().epoch
-    if swarm_epoch > optimizer.local_epoch >= 1 and join_next_round is not None and join_next_round(swarm_epoch):
+    if swarm_epoch > optimizer.local_epoch >= 1 and optimizer.join_next_round(swarm_epoch):
         logger.info("one round behind the swarm: joining its round %d without a download", swarm_epoch)
     elif swarm_epoch > optimizer.local_epoch:
         logger.info("swarm is at epoch %d, we are at %d: downloading state from peers",

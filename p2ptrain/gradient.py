@@ -90,6 +90,11 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         super().load_state_from_peers(**kwargs)
         return self._adopted
 
+    def join_next_round(self, swarm_epoch: int) -> bool:
+        """Never: an epoch's gradients are averaged only among peers at that epoch, so a node behind
+        the swarm downloads its state."""
+        return False
+
     def checkpoint_state(self) -> dict[str, Any]:
         scheduler = self.state_averager.scheduler
         return {"optimizer": self.state_dict(), "epoch": self.local_epoch,

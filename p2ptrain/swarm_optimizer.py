@@ -67,6 +67,11 @@ class SwarmOptimizer(Protocol):
         """Download the swarm's state, bounded in time; True when one was adopted. Never raises."""
         ...
 
+    def join_next_round(self, swarm_epoch: int) -> bool:
+        """Catch up with a swarm one epoch ahead without a download, where the mode can (DiLoCo: take
+        part in its next round); False, and nothing changed, when it cannot: then download."""
+        ...
+
     def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint needs to resume this optimizer: plain dicts, tensors and numbers."""
         ...

@@ -58,7 +58,9 @@ class OwnedBuilder(FakeBuilder):
     def prepare(self, config: Any, state_dir: Path) -> Any:
         return prepare_run(config, identity_path(state_dir))
 
-    def fetch_manifest(self, plan: Any, initial_peers: Any, stopper: Any) -> Any:
+    fetch_manifest = NodeBuilder.fetch_manifest  # the real one, around the in-memory fetch below
+
+    def _fetch_manifest(self, plan: Any, initial_peers: Any, stopper: Any) -> Any:
         """What the real builder does through a short-lived DHT, from the in-memory one."""
         found = fetch_manifest(self.dht, plan.ref)
         if found.manifest is None:

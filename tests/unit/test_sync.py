@@ -27,6 +27,9 @@ class FakeOptimizer:
         self.downloads += 1
         self.local_epoch = self.swarm_epoch
 
+    def join_next_round(self, swarm_epoch: int) -> bool:
+        return False  # gradient mode's answer
+
 
 class FastStopper(Stopper):
     """Never sleeps: the fake clock moves with each progress read instead."""
@@ -84,14 +87,14 @@ class JoiningOptimizer(FakeOptimizer):
 def test_a_restarted_diloco_node_one_round_behind_joins_the_next_round_without_a_download():
     clock = ManualClock(0.0)
     optimizer = JoiningOptimizer(swarm_epoch=8, local_epoch=7, known_after=0, clock=clock)
-    assert _sync(optimizer, clock, join_next_round=optimizer.join_next_round) == []
+    assert _sync(optimizer, clock) == []
     assert optimizer.downloads == 0 and optimizer.local_epoch == 8
 
 
 def test_further_behind_or_never_trained_it_downloads_even_in_diloco_mode():
     clock = ManualClock(0.0)
     far = JoiningOptimizer(swarm_epoch=9, local_epoch=7, known_after=0, clock=clock)
-    assert _sync(far, clock, join_next_round=far.join_next_round) == ["download"] and far.local_epoch == 9
+    assert _sync(far, clock) == ["download"] and far.local_epoch == 9
     # A fresh node's parameters are the initial ones: averaged in, they would pull the swarm back.
     fresh = JoiningOptimizer(swarm_epoch=1, local_epoch=0, known_after=0, clock=clock)
-    assert _sync(fresh, clock, join_next_round=fresh.join_next_round) == ["download"] and fresh.downloads == 1
+    assert _sync(fresh, clock) == ["download"] and fresh.downloads == 1
