@@ -51,11 +51,13 @@ from p2ptrain.livetraining import retune
 from p2ptrain.microbatches import MicroBatches
 from p2ptrain.modelcheck import make_loss_check
 from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
+from p2ptrain.outerstep import OuterStep
 from p2ptrain.robustreduce import ReduceRule, RoundReports
 from p2ptrain.robustreduce import RoundReport as ReducerReport
 from p2ptrain.roundclock import RobustRoundTracker, SwarmRoundTracker, schedule_position, set_schedule_position
 from p2ptrain.roundstats import RoundReport
 from p2ptrain.safestate import diloco_state_validator
+from p2ptrain.soloround import SoloRounds
 from p2ptrain.statecheck import Verdict
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
@@ -64,41 +66,6 @@ logger = logging.getLogger(__name__)
 
 _ALONE: dict[Any, Any] = {}
 """What :meth:`DiLoCoOptimizer._begin_average` returns when nobody else is in the swarm (falsy, not None)."""
-
-
-class OuterStep:
-    """The outer update, free of networking: pseudo-gradients in, new outer parameters out."""
-
-    def __init__(self, params: list[torch.Tensor], lr: float, momentum: float, nesterov: bool) -> None:
-        self.params = [p.detach().clone().float() for p in params]
-        self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
-        #: Outer steps applied (each landed round, averaged or not): tells a reader the params changed.
-        self.steps_applied = 0
-
-    @torch.no_grad()
-    def pseudo_gradients(self, current: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-        """``outer - current`` for each tensor: the direction the round moved, as a gradient."""
-        return [outer - now.detach().float() for outer, now in zip(self.params, current, strict=True)]
-
-    @torch.no_grad()
-    def apply(self, averaged: Iterable[torch.Tensor], model_params: Iterable[torch.Tensor],
-              carry: Iterable[torch.Tensor] | None = None) -> None:
-        """One SGD step of the outer params on ``averaged``; copy the result into ``model_params``.
-
-        ``carry`` (same shapes) is local progress made since the pseudo-gradients were taken; it is
-        added on top of the new outer params, so an overlapped round loses none of it.
-        """
-        for outer, grad in zip(self.params, averaged, strict=True):
-            outer.grad = grad.detach().to(outer.dtype).clone()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.steps_applied += 1
-        carried = list(carry) if carry is not None else [None] * len(self.params)
-        for outer, param, extra in zip(self.params, model_params, carried, strict=True):
-            param.copy_(outer if extra is None else outer + extra)
-
-    def momentum_buffers(self) -> list[torch.Tensor]:
-        return [self.optimizer.state.get(p, {}).get("momentum_buffer", torch.zeros_like(p)) for p in self.params]
 
 
 @dataclass
@@ -145,11 +112,8 @@ class DiLoCoOptimizer:
         self.round_settled = threading.Event()
         self.round_settled.set()
         self._last_failed_sync = -math.inf
-        #: The last round in which this node saw another peer in the swarm's progress, and the rounds
-        #: it ended alone although one had been there (:meth:`_alone_round`).
-        self._company_round = -2
-        self.rounds_missed_alone = 0
-        self._training_alone = False
+        #: Rounds ended with nobody else: failed, or this node trains alone (:mod:`p2ptrain.soloround`).
+        self.solo = SoloRounds()
         numel = sum(p.numel() for p in self.params)
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
@@ -235,7 +199,7 @@ class DiLoCoOptimizer:
         self.samples_this_round += batch_size or self.cfg.batch_size
         self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
         if self._tracker.global_progress.num_peers >= 2:
-            self._company_round, self._training_alone = self.local_epoch, False
+            self.solo.saw_company(self.local_epoch)
         if not self._micro.add():
             return
         self._inner_step()
@@ -294,7 +258,7 @@ class DiLoCoOptimizer:
         started = time.perf_counter()
         pseudo = self.outer.pseudo_gradients(self.params)
         control = self._begin_average([p.detach().float() for p in self.params])
-        if control is _ALONE and self._alone_round():
+        if control is _ALONE and self.solo.ended_alone(self.local_epoch):
             control = None  # a failed round: reported (and its samples credited) as one
         # Credit (p2ptrain.credit): this round's samples; alone in the swarm, no round will report on them.
         self.stats.epoch_closed(self.samples_this_round, round_started=control is not _ALONE, alone=control is _ALONE)
@@ -308,28 +272,6 @@ class DiLoCoOptimizer:
         self._set_epoch(self._local_epoch + 1)
         if self._in_flight is None:
             self._catch_up()
-
-    def _alone_round(self) -> bool:
-        """A round ends with nobody else in the swarm's progress: say so, and say whether it failed.
-
-        Alone since the round before last, this node trains alone (a swarm of one, or everyone else
-        gone): its rounds are the swarm's, not failures, and that is said once.  With another peer
-        seen in this round or the last one (a slow peer whose progress entry lapsed, a peer that
-        just left), the round missed it: True, and it counts as a failed round.
-        """
-        if self._company_round >= self.local_epoch - 1:
-            self.rounds_missed_alone += 1
-            self._training_alone = False
-            logger.warning("DiLoCo round %d ended alone: no other peer in the swarm's progress at its end "
-                           "(one was there in round %d); applied the local pseudo-gradient (%d such round%s so far)",
-                           self.local_epoch, self._company_round, self.rounds_missed_alone,
-                           "s" if self.rounds_missed_alone != 1 else "")
-            return True
-        if not self._training_alone:
-            self._training_alone = True
-            logger.info("DiLoCo round %d: no other peer in the swarm; training alone, each round applying this "
-                        "node's own update", self.local_epoch)
-        return False
 
     def _begin_average(self, params: list[torch.Tensor]) -> Any:
         """Hand this peer's parameters to the averager and let the round's all-reduce start.

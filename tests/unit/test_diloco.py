@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from p2ptrain.diloco import OuterStep
+from p2ptrain.outerstep import OuterStep
 
 torch.set_num_threads(1)
 
@@ -379,7 +379,7 @@ def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_
         optimizer.step(batch_size=8)
         optimizer.zero_grad()
 
-    with caplog.at_level(logging.INFO, logger="p2ptrain.diloco"):
+    with caplog.at_level(logging.INFO, logger="p2ptrain"):
         for _ in range(3):  # a swarm of one: its rounds are the swarm's, said once
             round_ending(1)
         figures, credit = stats.rounds.figures(), stats.credit.figures()
@@ -387,9 +387,9 @@ def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_
         round_ending(2)  # a peer in the swarm during the round, gone from the progress at its end
         round_ending(1)  # ... and still not seen: this round missed it too
         figures, credit = stats.rounds.figures(), stats.credit.figures()
-        assert figures.rounds_failed == 2 and credit.not_averaged == 2 * 8 and optimizer.rounds_missed_alone == 2
+        assert figures.rounds_failed == 2 and credit.not_averaged == 2 * 8 and optimizer.solo.missed == 2
         round_ending(1)  # two rounds without it: training alone again, said once more
-    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "p2ptrain.diloco"]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name in ("p2ptrain.diloco", "p2ptrain.soloround")]
     assert [level for level, _ in lines] == [logging.INFO, logging.WARNING, logging.WARNING, logging.INFO], lines
     assert lines[0][1].startswith("DiLoCo round 0: no other peer in the swarm; training alone")
     assert lines[1][1] == ("DiLoCo round 3 ended alone: no other peer in the swarm's progress at its end (one was "
