@@ -46,8 +46,8 @@ _TIME_RE = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 RUN_WIDE_TRAINING: tuple[str, ...] = (
     "mode", "batch_size", "target_batch_size", "lr", "weight_decay", "warmup_epochs", "total_epochs",
     "max_grad_norm", "seed", "matchmaking_time", "averaging_timeout", "grad_compression",
-    "state_compression", "overlap", "average_state_every", "inner_steps", "outer_lr", "outer_momentum",
-    "outer_nesterov",
+    "state_compression", "overlap", "average_state_every", "inner_steps", "inner_batch_size", "outer_lr",
+    "outer_momentum", "outer_nesterov",
 )
 LOCAL_TRAINING: tuple[str, ...] = tuple(n for n in TrainingSection.model_fields if n not in RUN_WIDE_TRAINING)
 #: [task] fields every peer of a run must share: the model, how text becomes tokens, and the
