@@ -26,15 +26,19 @@ demo: venv
 system-deps:
 	.ci/install-system-deps.sh
 
-# Unit and TUI tests run in two processes, a file per process at a time (the TUI snapshots serve a
-# fixed port); the multi-node tests then run one at a time, since what they check depends on timing.
-# PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests collected) is a
-# failure here, not a pass.
+# Three phases.  Unit and TUI tests run in two processes, a file per process at a time (the TUI
+# snapshots serve a fixed port).  The multi-node tests then run two at a time: they wait for
+# rounds and events, not for throughput, and their nodes train within a share of the machine
+# (tests/integration/conftest.py).  Last, the scenarios marked `alone` (a CPU share, a shaped
+# link) run one at a time with the machine to themselves.  PYTEST_ARGS runs just those arguments
+# instead.  pytest's exit code 5 (no tests collected) is a failure here, not a pass.
 test: venv system-deps
 	@run() { $(PY) -m pytest "$$@"; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; [ $$rc -eq 0 ]; }; \
 	if [ -n "$(PYTEST_ARGS)" ]; then run $(PYTEST_ARGS); \
-	else run -n 2 --dist loadfile tests/unit tests/tui && run tests/integration tests/chaos; fi
+	else run -n 2 --dist loadfile tests/unit tests/tui \
+	  && run -n 2 --dist loadfile -m "not soak and not alone" tests/integration tests/chaos \
+	  && run -m "alone and not soak" tests/integration tests/chaos; fi
 
 lint: venv
 	$(VENV)/bin/ruff check p2ptrain daemon tui tests benchmarks

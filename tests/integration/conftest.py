@@ -16,6 +16,9 @@ from p2ptrain.localswarm import LocalNode
 FAST_TRAINING = {"target_batch_size": 48, "batch_size": 8, "validate_every": 5.0}
 #: A model small enough that start-up and checkpoints cost almost nothing (pass as ``task=TINY_TASK``).
 TINY_TASK = {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32}
+#: Test nodes train within a share of the machine (``volunteer.max_cpu_percent``): tests wait for
+#: rounds and events, not for throughput, and two tests run side by side (see the Makefile).
+TEST_VOLUNTEER = {"max_cpu_percent": 20.0}
 
 NodeFactory = Callable[..., LocalNode]
 
@@ -31,7 +34,9 @@ def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
 
     def factory(name: str | None = None, run_id: str | None = None, env: Mapping[str, str] | None = None,
                 args: Sequence[str] = (), owned: bool = False, **sections: Mapping[str, Any]) -> LocalNode:
-        overrides: dict[str, dict[str, Any]] = {} if owned else {"training": dict(FAST_TRAINING)}
+        overrides: dict[str, dict[str, Any]] = {"volunteer": dict(TEST_VOLUNTEER)}
+        if not owned:
+            overrides["training"] = dict(FAST_TRAINING)
         for section, values in sections.items():
             overrides.setdefault(section, {}).update(values)
         node_name = name or f"node{next(counter)}"
