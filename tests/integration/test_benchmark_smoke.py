@@ -53,7 +53,7 @@ def test_the_heterogeneous_benchmark_measures_curves_and_says_a_verdict_per_targ
     """One ABBA pair and the equal swarm, DiLoCo only, tiny model: every peer validates the swarm's model
     at each landed round, with the node's peer checks on, and every target gets one of the three verdicts."""
     out = tmp_path / "hetero"
-    cmd = [sys.executable, "-m", "benchmarks.hetero", "--modes", "diloco", "--repeats", "1", "--seconds", "6",
+    cmd = [sys.executable, "-m", "benchmarks.hetero", "--modes", "diloco", "--repeats", "1", "--seconds", "12",
            "--out", str(out), "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--val-batches", "2",
            "--inner-steps", "5", "--eval-min-gap", "0", "--mode-timeout", "60", "--report-only"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=270, cwd=Path(__file__).parents[2])

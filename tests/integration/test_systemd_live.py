@@ -138,7 +138,8 @@ def test_sighup_reload_and_volunteer_pauses(make_node, notify_socket):
     # One reload: two reloadable changes, a memory limit lifted, and a change that needs a restart.
     assert "DEBUG" not in a.log_path.read_text()
     a.overrides = {**a.overrides, "node": {"log_level": "DEBUG"},
-                   "volunteer": {"max_memory_mb": 0, "run_windows": [_window_excluding_now()]},
+                   "volunteer": {**a.overrides["volunteer"], "max_memory_mb": 0,
+                                 "run_windows": [_window_excluding_now()]},
                    "task": {**TINY_TASK, "d_model": 64}}
     a.write_config()
     a.signal(signal.SIGHUP)
@@ -153,7 +154,8 @@ def test_sighup_reload_and_volunteer_pauses(make_node, notify_socket):
                "a DEBUG line after the reload")
 
     # Back inside the schedule (no windows): training resumes by itself.
-    a.overrides = {**a.overrides, "node": {"log_level": "INFO"}, "volunteer": {"run_windows": []},
+    a.overrides = {**a.overrides, "node": {"log_level": "INFO"},
+                   "volunteer": {**a.overrides["volunteer"], "run_windows": []},
                    "task": TINY_TASK}
     a.write_config()
     a.signal(signal.SIGHUP)
