@@ -5,7 +5,7 @@ and the survivors end with finite parameters that agree.  The anchor node (never
 everyone's bootstrap peer) has its RSS (node + helpers) sampled over the whole run, and must not
 grow by more than ``RSS_GROWTH_BOUND_MIB`` between the first and the last third of it.
 
-The CI run churns for ``P2PTRAIN_CHURN_SECONDS`` (60); the soak (``pytest -m soak``) for
+The CI run churns for ``P2PTRAIN_CHURN_SECONDS`` (40); the soak (``pytest -m soak``) for
 ``P2PTRAIN_SOAK_SECONDS`` (900), which is where a slow leak would show.
 """
 
@@ -25,9 +25,9 @@ from p2ptrain.tasks.loader import build_task
 from tests.chaos.conftest import AVERAGING_TIMEOUT, TINY_TASK
 from tests.chaos.helpers import rss_bytes, statuses, training
 
-CHURN_SECONDS = float(os.environ.get("P2PTRAIN_CHURN_SECONDS", "60"))
+CHURN_SECONDS = float(os.environ.get("P2PTRAIN_CHURN_SECONDS", "40"))
 SOAK_SECONDS = float(os.environ.get("P2PTRAIN_SOAK_SECONDS", "900"))
-CHURN_EVERY = 12.0
+CHURN_EVERY = 10.0
 SWARM_SIZE = 4
 #: Mean RSS of the last third of the run minus that of the first third (node + p2pd + helpers).
 RSS_GROWTH_BOUND_MIB = 64.0
