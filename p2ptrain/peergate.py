@@ -37,14 +37,18 @@ OFFENCE_KINDS: tuple[str, ...] = (
     "bad_state",          # a downloaded state that failed validation
     "implausible_epoch",  # an epoch claim far above what the run's other peers report
     "bad_model",          # a downloaded model whose loss is implausible for its claimed progress
+    "short_state",        # a state download that ended before its last tensor
 )
 
 #: Offences that are a judgement (a part far from the others, an average that moved ours far): honest
 #: peers can trip them now and then (one fresh from a state download next to a trained one), so a peer
 #: is excluded for them only after this many rounds with one, each at least STRIKE_GAP_SECONDS
 #: apart (one round's parts count once) and the last within STRIKE_WINDOW_SECONDS.  Non-finite or
-#: malformed data and bad states are never honest: they exclude at once.
-JUDGED_KINDS = frozenset({"oversized_part", "bad_result"})
+#: malformed data and bad states are never honest: they exclude at once.  A state download that ends
+#: early is a judgement too: hivemind ends a stream whose connection closed as if it were complete, so
+#: an honest donor that left (or whose link broke) mid-transfer looks exactly like one that sent too
+#: few tensors on purpose.
+JUDGED_KINDS = frozenset({"oversized_part", "bad_result", "short_state"})
 JUDGED_STRIKES = 3
 STRIKE_GAP_SECONDS = 1.0
 STRIKE_WINDOW_SECONDS = 120.0

@@ -51,7 +51,7 @@ require_hivemind(__name__)
 logger = logging.getLogger(__name__)
 
 #: Verdicts that compare a donor with what other peers report: banned for a while, not for good.
-_JUDGEMENTS = frozenset({"implausible_epoch", "bad_model"})
+_JUDGEMENTS = frozenset({"implausible_epoch", "bad_model", "short_state"})
 
 
 @dataclass(frozen=True)
@@ -309,6 +309,8 @@ class HardenedAveragerMixin(CountingAveragerMixin):
                 parts.append(message.tensor_part)
             if parts:
                 tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+            if metadata is not None and len(tensors) < len(shapes):
+                return str(peer), "short_state", f"its stream ended after {len(tensors)} of {len(shapes)} tensors"
         except (TimeoutError, ConnectionError, OSError) as exc:
             return str(peer), "", f"{type(exc).__name__} while downloading"
         except Exception as exc:
