@@ -28,8 +28,9 @@ system-deps:
 
 # Three phases.  Unit and TUI tests run in two processes, a file per process at a time (the TUI
 # snapshots serve a fixed port).  The multi-node tests then run two at a time: they wait for
-# rounds and events, not for throughput, and their nodes train within a share of the machine
-# (tests/integration/conftest.py).  Last, the scenarios marked `alone` (a CPU share, a shaped
+# rounds and events, not for throughput (the integration tests' nodes train within a share of the
+# machine: tests/integration/conftest.py; the fault scenarios' nodes at full speed, as they measure
+# how fast the swarm recovers).  Last, the scenarios marked `alone` (a CPU share, a shaped
 # link) run one at a time with the machine to themselves.  PYTEST_ARGS runs just those arguments
 # instead.  pytest's exit code 5 (no tests collected) is a failure here, not a pass.
 test: venv system-deps

@@ -30,8 +30,6 @@ CHAOS_TRAINING = {"target_batch_size": 192, "batch_size": 8, "validate_every": 6
                   "averaging_timeout": 10.0, "load_state_timeout": 10.0, "load_state_attempts": 2,
                   "warmup_epochs": 1, "inner_batch_size": 8}
 AVERAGING_TIMEOUT = CHAOS_TRAINING["averaging_timeout"]
-#: Nodes train within a share of the machine, as in the integration tests (tests/integration/conftest.py).
-TEST_VOLUNTEER = {"max_cpu_percent": 20.0}
 
 NodeFactory = Callable[..., LocalNode]
 
@@ -84,8 +82,7 @@ def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
     def factory(name: str | None = None, run_id: str | None = None, env: Mapping[str, str] | None = None,
                 **sections: Mapping[str, Any]) -> LocalNode:
         overrides: dict[str, dict[str, Any]] = {"task": dict(TINY_TASK), "training": dict(CHAOS_TRAINING),
-                                                "checkpoint": {"interval": 600.0, "keep": 3},
-                                                "volunteer": dict(TEST_VOLUNTEER)}
+                                                "checkpoint": {"interval": 600.0, "keep": 3}}
         for section, values in sections.items():
             overrides.setdefault(section, {}).update(values)
         node_name = name or f"node{next(counter)}"
