@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from p2ptrain.evidence import PeerEvidence
@@ -19,6 +20,10 @@ from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
 logger = logging.getLogger(__name__)
 
 RECORD_PERIOD = 5.0
+#: Until the first view with records is in, the swarm view is polled this often (a newcomer's
+#: catch-up waits for that view; at the full period it would wait up to two periods), for at most
+#: two periods after start.
+FIRST_VIEW_POLL = 0.5
 
 
 class RecordPublisher:
@@ -61,20 +66,28 @@ class RecordPublisher:
             self._thread.join(timeout=self._period + 5)
 
     def _run(self) -> None:
+        started = next_publish = time.monotonic()
+        seen = False
         while True:
+            now = time.monotonic()
             try:
-                self._publish_and_poll()
+                seen = self._publish_and_poll(publish=now >= next_publish) or seen
             except Exception as exc:  # the DHT being slow or odd must never stop the node
                 logger.warning("peer records unavailable: %r", exc)
-            if self._stop.wait(self._period):
+            if now >= next_publish:
+                next_publish = now + self._period
+            quick = not seen and now - started < 2 * self._period
+            if self._stop.wait(min(FIRST_VIEW_POLL, self._period) if quick else max(0.0, next_publish - now)):
                 return
 
-    def _publish_and_poll(self) -> None:
+    def _publish_and_poll(self, *, publish: bool = True) -> bool:
+        """Publish our record (when due) and poll the swarm view; whether the view has records."""
         status = self._latest.status()
-        if status.peer_id:
+        if publish and status.peer_id:
             self._book.publish(PeerRecord.from_status(status), status.model_fingerprint)
         view = self._book.poll()
         if self._evidence is not None and view.peers:
             self._evidence.update_records(view.peers, self._book.bound_keys, self._book.dht_peers)
         with self._lock:
             self._view = view
+        return bool(view.peers)
