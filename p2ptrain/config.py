@@ -293,10 +293,11 @@ class TrainingSection(_Section):
     failed gradient rounds (hivemind's default of 1 doubles the traffic)."""
 
     inner_steps: Annotated[int, Field(gt=0, le=MAX_COUNT)] = 25
-    """DiLoCo mode: inner AdamW steps (H) per outer round, for an average peer. A round ends for every
-    peer at the same time, once the swarm has processed inner_steps x inner_batch_size sequences per
-    peer on average (800 with the defaults, 25 x 32): faster peers make more inner steps, slower ones
-    fewer, each weighted by its samples. Pick it so one round takes at least ~30x the all-reduce time
+    """DiLoCo mode: inner AdamW steps (H) per outer round, for the swarm's fastest peer. A round ends
+    for every peer at the same time, once the swarm has processed inner_steps x inner_batch_size
+    sequences (800 with the defaults, 25 x 32) for every peer of the fastest one's speed (a peer at a
+    quarter of it counts a quarter): the fastest peer makes about inner_steps inner steps, slower ones
+    proportionally fewer, each weighted by its samples. Pick it so one round takes at least ~30x the all-reduce time
     of the model on the slowest peer's link (e.g. 20 s+ on home links). A config written when inner
     steps were one micro-batch (inner_batch_size 0 meant batch_size) makes rounds 4x as long now:
     divide its inner_steps by 4, or set inner_batch_size to batch_size."""
@@ -324,7 +325,7 @@ class TrainingSection(_Section):
 
     @property
     def round_sequences(self) -> int:
-        """DiLoCo mode: a round's length, in sequences per peer on average (the round clock's unit)."""
+        """DiLoCo mode: a round's length, in sequences of a peer at the swarm's pace (the round clock's unit)."""
         return self.inner_steps * self.inner_batch
 
     @model_validator(mode="after")

@@ -3,7 +3,8 @@
 Each outer round starts from the shared "outer" parameters.  A peer trains alone with inner AdamW
 steps of ``inner_batch_size`` sequences (accumulated over micro-batches) until the swarm's round
 clock (``p2ptrain.roundclock``) says the round is over: when the swarm has processed
-``inner_steps`` inner batches per peer on average, at the same moment for fast and slow peers.
+``inner_steps`` inner batches for every peer of its fastest peer's speed, at the same moment for
+fast and slow peers.
 It then averages its parameters with whoever is in the round, weighted by samples, takes
 ``outer params - that average`` as the pseudo-gradient and applies Nesterov-momentum SGD to the
 outer params, which become the model's parameters for the next round.  While the peers' outer
@@ -118,8 +119,8 @@ class DiLoCoOptimizer:
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
         per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
-        logger.info("DiLoCo: a round ends when the swarm has trained %d sequences per peer on average (%d inner "
-                    "steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
+        logger.info("DiLoCo: a round ends when the swarm has trained %d sequences per peer of its fastest peer's "
+                    "speed (%d inner steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
         #: Where the averager reports each round (how much it really averaged), checks on or off.
         self._rounds = defences.rounds if defences is not None else RoundReports()
         checks: dict[str, Any] = dict(round_reports=self._rounds)

@@ -152,8 +152,9 @@ class RobustProgressTracker(ProgressTracker):
         chosen.sort(key=lambda item: (item[1].peer_id != own_id, not item[0], -item[1].time))
         return chosen[:MAX_PROGRESS_ENTRIES]
 
-    def _set_round_target(self, num_peers: int) -> None:
-        """Called with the number of peers counted, before the progress is summed (see DiLoCo's round clock)."""
+    def _set_round_target(self, rates: Sequence[float]) -> None:
+        """Called with the (bounded) rates of the peers counted, before the progress is summed (see
+        DiLoCo's round clock)."""
 
     def _parse_swarm_progress_data(self, metadata: Any) -> GlobalTrainingProgress:
         self._raw_metadata = metadata
@@ -162,7 +163,7 @@ class RobustProgressTracker(ProgressTracker):
         entries = [entry for _, entry in marked]
         own_id = self.dht.peer_id.to_bytes()
         others = [e for e in entries if e.peer_id != own_id]
-        self._set_round_target(len(entries))
+        self._set_round_target([min(e.samples_per_second, self._max_rate) for e in entries])
         # The epoch is what several peers agree on, and only identity-bound entries get a say once
         # any are known (anyone can write an entry in any name, with as many keys as it likes); all
         # entries still count as peers to average with and towards the samples, each bounded.

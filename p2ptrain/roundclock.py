@@ -4,15 +4,25 @@ With a fixed number of inner steps per peer, a peer at a quarter of the others' 
 end of its round long after them; their matchmaking finds nobody, each applies only its own
 pseudo-gradient and the replicas drift apart.  Instead (the idea of dynamic local updates in
 Async Local-SGD, and of hivemind's own sample-counted epochs) a round here ends when the swarm has
-processed ``inner_steps x inner_batch_size`` sequences *per peer on average*: every peer reports
-its samples through hivemind's progress tracker, every peer sees the same swarm total and the
-same estimated end time (in DHT time), and every peer stops its inner steps then.  A fast peer
-does more inner steps than ``inner_steps``, a slow one fewer, and the all-reduce weights each
-pseudo-gradient by its samples.  With equal peers it is the classic fixed-H DiLoCo.
+processed ``inner_steps x inner_batch_size`` sequences for every peer *of the fastest peer's
+speed* (:func:`effective_peers`): a round lasts about as long as ``inner_steps`` inner steps of the
+fastest peer, whoever else is in the swarm.  Every peer reports its samples and its rate through
+hivemind's progress tracker, every peer sees the same swarm totals and the same estimated end
+time (in DHT time), and every peer stops its inner steps then.  The fastest peer does about
+``inner_steps`` inner steps, a slower one proportionally fewer, and the all-reduce weights each
+contribution by its samples.  With equal peers it is the classic fixed-H DiLoCo.
+
+Why the fastest peer's pace: with the round counted per *average* peer, a peer at a quarter of
+the speed doubled a two-peer round's samples while adding a quarter to the swarm's rate, so the
+swarm made 40% fewer outer steps per second than the fast peer alone (6 rounds against 10 in
+40 s, ``benchmarks.hetero``), and reached the same loss later than the fast peer alone.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,13 +30,32 @@ from hivemind.optim.progress_tracker import GlobalTrainingProgress, ProgressTrac
 
 from p2ptrain.robustprogress import RobustProgressTracker
 
+#: The pace of a round is the fastest rate, but at most this many times the lower median rate: a
+#: peer that claims to be far faster than the others cannot shorten every round on its word alone
+#: (each peer it out-claims then counts as 1 / SPREAD of a peer, not as nothing).
+SPREAD = 4.0
+
+
+def effective_peers(rates: Sequence[float]) -> float:
+    """How many peers of the fastest one's speed the swarm is worth: the sum of ``rate / pace``,
+    each at most 1, where the pace is the fastest rate (bounded by :data:`SPREAD` x the lower
+    median).  A peer that has not measured its rate yet (0, or not a number) counts as a whole
+    peer, as do all of them when none has; never less than 1."""
+    known = [rate for rate in rates if math.isfinite(rate) and rate > 0]
+    unknown = len(rates) - len(known)
+    if not known:
+        return float(max(1, unknown))
+    pace = min(max(known), SPREAD * statistics.median_low(known))
+    return max(1.0, unknown + sum(min(1.0, rate / pace) for rate in known))
+
 
 class _RoundTarget:
-    """Put before a hivemind progress tracker: its target grows with the number of training peers.
+    """Put before a hivemind progress tracker: its target grows with the training peers, by speed.
 
-    ``per_peer_samples`` is the round length of one average peer; the tracker's target (and so its
-    estimated end of round, ``estimated_next_update_time``) is that times the peers reporting
-    progress (client-mode peers train too; paused peers withdraw their entry and do not count).
+    ``per_peer_samples`` is the round length of one peer at the swarm's pace; the tracker's target
+    (and so its estimated end of round, ``estimated_next_update_time``) is that times
+    :func:`effective_peers` of the peers reporting progress (client-mode peers train too; paused
+    peers withdraw their entry and do not count).
     """
 
     target_batch_size: int
@@ -35,17 +64,21 @@ class _RoundTarget:
         self.per_peer_samples = per_peer_samples
         super().__init__(*args, target_batch_size=per_peer_samples, **kwargs)  # type: ignore[call-arg]
 
-    def _set_round_target(self, num_peers: int) -> None:
-        self.target_batch_size = self.per_peer_samples * max(1, num_peers)
+    def _set_round_target(self, rates: Sequence[float]) -> None:
+        self.target_batch_size = max(self.per_peer_samples, round(self.per_peer_samples * effective_peers(rates)))
+
+
+def _claimed_rate(value: Any) -> float:
+    rate = value.get("samples_per_second") if isinstance(value, dict) else None
+    return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else 0.0
 
 
 class SwarmRoundTracker(_RoundTarget, ProgressTracker):
     """hivemind's progress tracker (every entry counts, the highest epoch wins) with the round target."""
 
     def _parse_swarm_progress_data(self, metadata: Any) -> GlobalTrainingProgress:
-        peers = [entry for entry in metadata.values() if getattr(entry, "value", None) is not None] \
-            if isinstance(metadata, dict) else []
-        self._set_round_target(len(peers))
+        values = [getattr(entry, "value", None) for entry in metadata.values()] if isinstance(metadata, dict) else []
+        self._set_round_target([_claimed_rate(value) for value in values if value is not None])
         return super()._parse_swarm_progress_data(metadata)
 
 

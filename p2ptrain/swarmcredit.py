@@ -29,7 +29,7 @@ from typing import Any
 
 from p2ptrain.status import PeerRecord, SwarmView
 
-#: How far a fast DiLoCo peer may out-train the average peer in one round (as the robust reduce allows).
+#: How far a DiLoCo peer may out-train one round's length (as the robust reduce allows).
 DILOCO_SPEED_RATIO = 16
 
 
@@ -38,8 +38,8 @@ def epoch_samples_bound(training: Any) -> int:
 
     Gradient mode: an epoch ends when the swarm has ``target_batch_size`` samples, so one peer
     holds at most that, plus the steps its progress reports lag by (twice over, to be generous).
-    DiLoCo: a round is ``inner_steps`` inner batches per peer on average; a fast peer does a few
-    times that, never ``DILOCO_SPEED_RATIO`` times.
+    DiLoCo: a round is ``inner_steps`` inner batches of the fastest peer (the pace is bounded by
+    ``p2ptrain.roundclock.SPREAD``); no peer does ``DILOCO_SPEED_RATIO`` times that.
     """
     batch = int(training.batch_size)
     if getattr(training, "mode", "gradient") == "diloco":

@@ -1,5 +1,5 @@
 """DiLoCo's round clock without a swarm: the round target that grows with the peers reporting
-progress, the LR schedule position and its O(1) jump."""
+progress, by their speed, the LR schedule position and its O(1) jump."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hivemind.utils import ValueWithExpiration, get_dht_time
 
 from p2ptrain.config import ConfigError, parse_config
 from p2ptrain.optim import warmup_cosine
-from p2ptrain.roundclock import SwarmRoundTracker, schedule_position, set_schedule_position
+from p2ptrain.roundclock import SPREAD, SwarmRoundTracker, effective_peers, schedule_position, set_schedule_position
 
 PER_PEER = 800  # inner_steps x inner_batch_size
 
@@ -41,13 +41,27 @@ def _entries(*peers: tuple[float, bool] | None) -> dict[bytes, ValueWithExpirati
     return found
 
 
-def test_the_round_target_is_the_per_peer_length_times_the_peers_reporting() -> None:
+def test_the_round_target_is_the_per_peer_length_times_the_peers_reporting_by_speed() -> None:
     tracker = _tracker()
     assert tracker.target_batch_size == PER_PEER  # alone (nobody reported yet): one peer's round
     progress = tracker._parse_swarm_progress_data(_entries((10.0, False), (2.5, False), (5.0, True)))
-    # Three peers, a client-mode one among them (it trains too): three peers' worth of samples.
-    assert tracker.target_batch_size == progress.target_batch_size == 3 * PER_PEER
+    # Three peers, a client-mode one among them (it trains too), at 1, 1/4 and 1/2 of the fastest
+    # one's speed: 1.75 peers' worth of samples, so the fastest makes about inner_steps steps.
+    assert tracker.target_batch_size == progress.target_batch_size == 1.75 * PER_PEER
     assert progress.num_peers == 3
+    tracker._parse_swarm_progress_data(_entries((10.0, False), (10.0, False), (9.5, True)))
+    assert tracker.target_batch_size == round(2.95 * PER_PEER)  # equal peers: the classic fixed H
+
+
+def test_effective_peers_count_unmeasured_peers_whole_and_bound_a_boastful_one() -> None:
+    assert effective_peers([]) == 1.0 and effective_peers([0.0, 0.0]) == 2.0
+    assert effective_peers([20.0, 0.0, float("nan")]) == 3.0  # not measured yet: a whole peer each
+    assert effective_peers([20.0, 5.0]) == 1.25
+    assert effective_peers([1.0]) == effective_peers([0.1]) == 1.0
+    # A peer claiming to be a million times faster than two honest ones: they count 1/SPREAD each
+    # (the pace is at most SPREAD x the lower median rate), so rounds shrink by that factor at most.
+    assert effective_peers([10.0, 10.0, 1e7]) == pytest.approx(1 + 2 / SPREAD)
+    assert effective_peers([10.0, 1e7]) == pytest.approx(1 + 1 / SPREAD)
 
 
 def test_paused_peers_withdrawn_entries_do_not_count_and_the_target_shrinks_back() -> None:
@@ -61,10 +75,11 @@ def test_paused_peers_withdrawn_entries_do_not_count_and_the_target_shrinks_back
 
 
 def test_fast_and_slow_peers_see_one_end_of_round() -> None:
-    """The end of round comes from the swarm's totals: 2 x 800 samples at 16 + 4 samples/s is 80 s,
-    whichever of the two peers computes it."""
+    """The end of round comes from the swarm's totals: 1.25 x 800 samples at 16 + 4 samples/s is 50 s,
+    whichever of the two peers computes it, and the time the fast peer alone takes for 800."""
     progress = _tracker()._parse_swarm_progress_data(_entries((16.0, False), (4.0, False)))
-    assert progress.eta_next_epoch - get_dht_time() == pytest.approx(2 * PER_PEER / 20.0, abs=1.0)
+    assert progress.eta_next_epoch - get_dht_time() == pytest.approx(1.25 * PER_PEER / 20.0, abs=1.0)
+    assert 1.25 * PER_PEER / 20.0 == PER_PEER / 16.0
 
 
 def _scheduler() -> torch.optim.lr_scheduler.LambdaLR:
