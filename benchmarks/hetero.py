@@ -22,6 +22,10 @@ The other targets are figures per mixed run, judged the same way (pass when ever
 target, FAIL when the median misses it, else not shown).  Writes ``hetero.json`` and ``hetero.md``
 under ``--out``, prints the table, and exits 1 when a target FAILs (``--report-only``: 0).
 
+The peers share the machine's cores.  ``--pin-cores`` gives each peer, its helper processes with
+it, a core of its own (the fast peer the same one, alone or not): a one-core machine per peer, so
+the slow peer takes no CPU from the fast one, while the fast peer's own averaging work does.
+
 With the defaults (40 s windows, 3 pairs, both modes: 14 swarms) it takes about 13 minutes.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -216,7 +221,8 @@ def targets_line(row: dict[str, Any]) -> str:
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     pct = "{:.1%}".format
     lines = [f"### Heterogeneous peers: one peer at {args.slow_percent:g}% of a core, {args.seconds:.0f} s windows, "
-             f"{args.repeats} ABBA pair(s) per mode, peer checks {args.peer_checks}", "",
+             f"{args.repeats} ABBA pair(s) per mode, peer checks {args.peer_checks}, "
+             f"{'a core per peer' if args.pin_cores else 'peers sharing every core'}", "",
              "Figures: median [min-max] over the pairs (one value: one pair).", "",
              "| mode | fast vs alone | fast next to slow vs next to equal | slow vs alone | rounds fast "
              "(full/partial/failed) | rounds slow | slow's share of rounds | val loss spread | L* | time to L* "
@@ -238,6 +244,16 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 # ------------------------------------------------------------------ running it
 
+def peer_cores(pin: bool, available: set[int]) -> Callable[[int], set[int]] | None:
+    """With ``pin`` and two cores or more: peer ``rank`` runs on a core of its own (the fast peer on
+    the same one whether it is alone or not), as on machines of their own.  Unpinned, the slow
+    peer and both peers' helper processes take CPU from the fast peer's trainer too."""
+    cores = sorted(available)
+    if not pin or len(cores) < 2:
+        return None
+    return lambda rank: {cores[rank % len(cores)]}
+
+
 def run_swarm(args: argparse.Namespace, mode: str, swarm: str) -> list[dict[str, Any]]:
     world = 1 if swarm == "alone" else 2
 
@@ -246,7 +262,8 @@ def run_swarm(args: argparse.Namespace, mode: str, swarm: str) -> list[dict[str,
         return ["--cpu-percent", str(args.slow_percent if slow else 0.0), "--eval-on-change",
                 "--eval-min-gap", str(args.eval_min_gap)]
 
-    return run_mode(args, mode, None, world=world, rank_options=options)
+    return run_mode(args, mode, None, world=world, rank_options=options,
+                    rank_cores=peer_cores(args.pin_cores, os.sched_getaffinity(0)))
 
 
 def run_mode_swarms(args: argparse.Namespace, mode: str) -> dict[str, list[list[dict[str, Any]]]]:
@@ -274,6 +291,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer-checks", choices=("on", "off"), default="on",
                    help="the node's peer checks (its default) or plain hivemind")
     p.add_argument("--report-only", action="store_true", help="exit 0 even when a target FAILs")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="give each peer and its helper processes a core of its own, like a one-core machine "
+                        "(default: the peers share every core)")
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--global-batch", type=int, default=256, help="gradient mode: sequences per epoch")
     p.add_argument("--inner-steps", type=int, default=25, help="DiLoCo: inner steps per round, average peer")

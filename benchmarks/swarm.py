@@ -43,10 +43,13 @@ def free_port() -> int:
 
 
 def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None, *, world: int | None = None,
-             rank_options: Callable[[int], list[str]] | None = None) -> list[dict[str, Any]]:
+             rank_options: Callable[[int], list[str]] | None = None,
+             rank_cores: Callable[[int], set[int]] | None = None) -> list[dict[str, Any]]:
     """Start the mode's peers, wait (bounded), return their results; every process reaped.
 
-    ``world`` overrides the number of peers; ``rank_options(rank)`` adds worker options per peer.
+    ``world`` overrides the number of peers; ``rank_options(rank)`` adds worker options per peer;
+    ``rank_cores(rank)`` pins a peer (and every process it starts: hivemind's helpers, its p2pd) to
+    those CPU cores, as if it were a machine of its own.
     """
     world = world if world is not None else 1 if mode == "compute" else args.peers
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-", dir=args.out))
@@ -68,8 +71,10 @@ def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None, *, worl
             if net:
                 cmd = net.exec_prefix(rank) + cmd
             log = open(run_dir / f"worker.{rank}.log", "wb")  # noqa: SIM115 - closed with the process
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True))
+            cores = rank_cores(rank) if rank_cores is not None else None
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                          preexec_fn=(lambda cores=cores: os.sched_setaffinity(0, cores))
+                                          if cores else None))
             log.close()
         wait_for_peers(procs, args.mode_timeout, mode, lambda rank: run_dir / f"worker.{rank}.log")
         return [json.loads((run_dir / f"result.{rank}.json").read_text()) for rank in range(world)]

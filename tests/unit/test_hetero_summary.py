@@ -18,6 +18,7 @@ from benchmarks.hetero import (
     loss_at,
     loss_speed,
     markdown,
+    peer_cores,
     schedule,
     summarize,
     time_to,
@@ -117,9 +118,18 @@ def test_a_failed_swarm_drops_its_pair_and_nothing_left_fails():
 def test_the_table_prints_median_min_max_eps_and_the_verdicts():
     rows = [summarize("diloco", _runs([0.06, 0.058, 0.062]), WINDOW)]
     rows[0]["targets"] = check_targets(rows[0])
-    text = markdown(rows, argparse.Namespace(slow_percent=25.0, seconds=WINDOW, repeats=3, peer_checks="on"))
+    text = markdown(rows, argparse.Namespace(slow_percent=25.0, seconds=WINDOW, repeats=3, peer_checks="on",
+                                                 pin_cores=True))
     assert "3 ABBA pair(s) per mode, peer checks on" in text
     assert "| diloco | 0.79 [0.79-0.79] | 0.95 [0.95-0.95] |" in text
     assert "- diloco: fast_vs_equal 0.950 [0.950-0.950] >= 0.9 pass" in text
     assert "slow_rounds_share 0.889 [0.889-0.889] >= 0.9 FAIL" in text
     assert "time_to_loss_vs_alone" in text and "(eps 3.0%) pass" in text
+
+
+def test_each_peer_gets_a_core_of_its_own_and_the_fast_peer_always_the_same_one() -> None:
+    """--pin-cores: rank 0 (the fast peer, alone or not) on the first core, rank 1 on the next; with
+    one core, or without the flag, nothing is pinned."""
+    cores = peer_cores(True, {3, 1, 2})
+    assert cores is not None and cores(0) == {1} and cores(1) == {2}
+    assert peer_cores(True, {0}) is None and peer_cores(False, {0, 1}) is None
