@@ -268,6 +268,9 @@ class RecordBook:
         #: Record key (the DHT subkey) -> peer ID, for the records of the last view: each bound to its peer.
         self.bound_keys: dict[bytes, str] = {}
         self._last_keys: dict[str, bytes] = {}
+        #: When (by our clock) each peer's record was last found by a lookup: a record carried over
+        #: from the last view goes once that is ``ttl`` ago, whatever time the record itself claims.
+        self._found_at: dict[str, float] = {}
         self._checker = RecordChecker(run_id, ttl)
         identity = identity if identity is not None else identity_of(dht)
         self._binding: dict[str, Any] = {}
@@ -361,16 +364,20 @@ class RecordBook:
             if previous is None or record.published_at > previous[0].published_at:
                 newest[record.peer_id] = (record, self._digest_of(subkey, value))
                 keys[record.peer_id] = subkey
+        for peer in newest:
+            self._found_at[peer] = now
         # A lookup returns one node's copy of the key, and under a flood nodes hold different records
-        # (each holds a bounded number): records of the last view stay until they go stale.
+        # (each holds a bounded number): records of the last view stay until they go stale, ``ttl``
+        # after a lookup last found them (a peer that left is out of the view within that).
         for record in self._last_view.peers:
             subkey = self._last_keys.get(record.peer_id)
             if record.peer_id not in newest and subkey is not None \
-                    and record.published_at >= now - self._ttl - CLOCK_SKEW_SECONDS:
+                    and now - self._found_at.get(record.peer_id, -math.inf) <= self._ttl:
                 newest[record.peer_id] = (record, subkey)
                 keys[record.peer_id] = subkey
         kept = self._capped(newest, now)
         self._last_keys = {record.peer_id: keys[record.peer_id] for record in kept}
+        self._found_at = {record.peer_id: self._found_at[record.peer_id] for record in kept}
         self.bound_keys = {keys[record.peer_id]: record.peer_id for record in kept}
         return summarize(tuple(sorted(kept, key=lambda r: r.peer_id)), self.rejected_total)
 

@@ -1,0 +1,43 @@
+"""The record book's view over lookups: a record a lookup misses stays a while, and not longer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from p2ptrain.records import RecordBook, record_validators
+from p2ptrain.status import PeerRecord
+
+TTL = 20.0
+
+
+class _Item:
+    def __init__(self, value: Any, expiration_time: float) -> None:
+        self.value, self.expiration_time = value, expiration_time
+
+
+class _Found:
+    def __init__(self, value: dict[bytes, _Item]) -> None:
+        self.value = value
+
+
+def _book() -> RecordBook:
+    book = RecordBook(object(), "viewrun", record_validators("viewrun"), ttl=TTL)
+    # The signature and field checks have tests of their own: here every entry is a valid record
+    # published, as it claims, an hour in the future (a skewed clock must not keep it alive).
+    book._check = lambda subkey, value, expiration, now: PeerRecord(  # type: ignore[method-assign]
+        peer_id=value, state="training", published_at=now + 3600.0)
+    return book
+
+
+def _polled(book: RecordBook, now: float, *peers: str) -> int:
+    """The view a poll makes of a lookup that found ``peers``: how many peers it lists."""
+    book._last_view = book._view(_Found({peer.encode(): _Item(peer, 1e12) for peer in peers}), now)
+    return book._last_view.peers_online
+
+
+def test_a_record_a_lookup_misses_stays_for_ttl_after_it_was_last_found_then_goes() -> None:
+    book = _book()
+    assert _polled(book, 1000.0, "QmA", "QmB") == 2
+    assert _polled(book, 1000.0 + TTL, "QmA") == 2  # missed once: a lookup returns one node's copy
+    assert _polled(book, 1000.0 + TTL + 1, "QmA") == 1  # not found for longer than ttl: it left
+    assert _polled(book, 1100.0, "QmA", "QmB") == 2  # back when found again
