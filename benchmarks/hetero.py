@@ -296,7 +296,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the peers share every core)")
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--global-batch", type=int, default=256, help="gradient mode: sequences per epoch")
-    p.add_argument("--inner-steps", type=int, default=25, help="DiLoCo: inner steps per round, average peer")
+    p.add_argument("--inner-steps", type=int, default=25, help="DiLoCo: inner steps per round of the fastest peer")
     p.add_argument("--inner-batch", type=int, default=32, help="DiLoCo: sequences per inner step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--d-model", type=int, default=128)
