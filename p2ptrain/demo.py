@@ -12,6 +12,7 @@ started is stopped on the way out, Ctrl-C included.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ from p2ptrain.localrun import LocalRun, create_local_run
 from p2ptrain.localswarm import LocalNode
 from p2ptrain.runconfig import local_only
 from p2ptrain.status import StatusSnapshot
+from p2ptrain.waiting import WaitTimeout, wait_until
 
 #: Small enough for several nodes to share two cores and still learn visibly in 90 s.
 DEMO_OVERRIDES = {
@@ -261,10 +263,14 @@ def _report_stranger(run: DemoRun, out: TextIO) -> None:
     """What was seen of the stranger, once: when it has exited, or when the demo ends.  An invited
     node counts a refusal when it handles the stranger's request, which on a busy machine can come
     after the stranger gave up: with none counted yet, the nodes get ``REFUSAL_GRACE`` s more."""
-    deadline = time.monotonic() + REFUSAL_GRACE
-    while stranger_seen(run).dht_refused == 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
+    def refused() -> bool:
         run.poll()
+        return any(status.dht_requests_refused_total for name, status in run.last.items()
+                   if name != stranger_name)
+
+    stranger_name = run.stranger.name if run.stranger is not None else ""
+    with contextlib.suppress(WaitTimeout):  # none counted: the report below says so
+        wait_until(refused, REFUSAL_GRACE, "a refused request of the stranger counted", interval=0.5)
     run.stranger_seen = seen = stranger_seen(run)
     run.events.append(seen.event())
     out.write("\n" + "\n".join(seen.lines()) + "\n")
