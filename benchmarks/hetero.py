@@ -152,6 +152,12 @@ def _rounds(result: dict[str, Any]) -> list[int]:
     return [result["rounds_ok"], result.get("rounds_partial", 0), result["rounds_failed"]]
 
 
+def _helpers_share(result: dict[str, Any]) -> float:
+    """The peer's helper processes' CPU seconds (DHT, averager, p2pd: the averaging work, from their
+    start to the end of the window) per second of training: the share of a core they took."""
+    return _ratio(result.get("helpers_cpu_seconds", math.nan), result["train_seconds"])
+
+
 def _ratio(top: float, bottom: float) -> float:
     return top / bottom if bottom and math.isfinite(bottom) else math.nan
 
@@ -180,6 +186,8 @@ def summarize(mode: str, runs: dict[str, list[list[dict[str, Any]]]], seconds: f
         "fast_vs_alone": [_ratio(_rate(m[0]), _rate(a)) for a, m in pairs],
         "fast_vs_equal": [_ratio(_rate(m[0]), equal_rate) for _, m in pairs],
         "slow_vs_alone": [_ratio(_rate(m[1]), _rate(a)) for a, m in pairs],
+        "helpers_alone": [_helpers_share(a) for a, _ in pairs],
+        "helpers_mixed": [_helpers_share(m[0]) for _, m in pairs],
         "rounds": [r["rounds"] for r in per_mixed],
         "slow_rounds_share": [r["slow_rounds_share"] for r in per_mixed],
         "epochs": [r["epochs"] for r in per_mixed],
@@ -226,8 +234,8 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
              "Figures: median [min-max] over the pairs (one value: one pair).", "",
              "| mode | fast vs alone | fast next to slow vs next to equal | slow vs alone | rounds fast "
              "(full/partial/failed) | rounds slow | slow's share of rounds | val loss spread | L* | time to L* "
-             "mixed / alone | loss mixed / alone at L*'s time | eps |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "mixed / alone | loss mixed / alone at L*'s time | eps | fast peer's helpers' CPU alone / mixed |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         rounds = "; ".join("/".join(map(str, r["fast"])) for r in row["rounds"]) or "-"
         rounds_slow = "; ".join("/".join(map(str, r["slow"])) for r in row["rounds"]) or "-"
@@ -236,7 +244,8 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
             f"| {spread_text(row['slow_vs_alone'])} | {rounds} | {rounds_slow} "
             f"| {spread_text(row['slow_rounds_share'])} | {spread_text(row['val_spread'], pct)} "
             f"| {row['loss_speed']['target_loss']:.3f} | {spread_text(row['time_to_loss_vs_alone'], '{:.3f}'.format)} "
-            f"| {spread_text(row['loss_vs_alone'], '{:.3f}'.format)} | {row['eps']:.1%} |")
+            f"| {spread_text(row['loss_vs_alone'], '{:.3f}'.format)} | {row['eps']:.1%} "
+            f"| {spread_text(row['helpers_alone'], pct)} / {spread_text(row['helpers_mixed'], pct)} |")
     lines += ["", "Targets (pass: median and worst meet it, the loss speed's worst within eps; FAIL: the median "
               "misses it; otherwise not shown):", ""] + [f"- {targets_line(row)}" for row in rows]
     return "\n".join(lines)

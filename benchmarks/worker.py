@@ -28,6 +28,7 @@ from p2ptrain.config import SwarmSection, TaskSection, TrainingSection
 from p2ptrain.cpushare import CpuShare, process_cpu
 from p2ptrain.defences import Defences, evaluate_fn
 from p2ptrain.optim import ClippedAdamW, build_optimizer
+from p2ptrain.proc import cpu_seconds, descendants
 from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks.loader import build_task
 from p2ptrain.waiting import wait_until
@@ -253,6 +254,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "rounds_failed": rounds.rounds_failed, "swarm_bytes_sent": stats.bytes_sent,
                   "cpu_percent": args.cpu_percent, "peer_checks": "on" if runner.defences is not None else "off",
                   "eval_seconds": eval_wall[0],
+                  # Its helper processes' CPU (DHT, averager, p2pd) so far: averaging work, not training.
+                  "helpers_cpu_seconds": sum(cpu_seconds(pid) for pid in descendants()),
                   "params": sum(p.numel() for p in task.model.parameters()),
                   "stall_seconds": stall_seconds(step_seconds)}
         Path(args.out).write_text(json.dumps(result))

@@ -26,14 +26,25 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def state_and_parent(pid: int) -> tuple[str, int] | None:
-    """(state letter, parent pid) from /proc/<pid>/stat; None for a vanished process."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from its state letter on (the command name may hold spaces); None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1])
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def state_and_parent(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) from /proc/<pid>/stat; None for a vanished process."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[1]))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a live process has used (0 for a vanished one)."""
+    fields = _stat_fields(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _parent_of(pid: int) -> int | None:

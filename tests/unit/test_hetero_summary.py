@@ -36,11 +36,13 @@ def _curve(rate: float, *, start: float = 4.0, every: float = 5.0, until: float 
     return [[t, int(t * 20), start * math.exp(-rate * t)] for t in times]
 
 
-def _peer(rate: float, sequences: int = 1200, rounds: tuple[int, int, int] = (8, 0, 0), **curve: Any) -> dict:
+def _peer(rate: float, sequences: int = 1200, rounds: tuple[int, int, int] = (8, 0, 0), helpers: float = 2.0,
+          **curve: Any) -> dict:
     points = _curve(rate, **curve)
     ok, partial, failed = rounds
     return {"sequences": sequences, "train_seconds": WINDOW, "final_val_loss": points[-1][2], "curve": points,
-            "epoch": 8, "rounds_ok": ok, "rounds_partial": partial, "rounds_failed": failed}
+            "epoch": 8, "rounds_ok": ok, "rounds_partial": partial, "rounds_failed": failed,
+            "helpers_cpu_seconds": helpers}
 
 
 def test_the_swarms_run_in_abba_order_with_the_equal_swarm_once():
@@ -88,7 +90,7 @@ def test_the_three_verdicts():
 
 def _runs(mixed_rates: list[float], alone_rate: float = 0.05, slow_rounds=(7, 1, 0)) -> dict[str, list]:
     return {"alone": [[_peer(alone_rate, 1200, (0, 0, 0), every=4.0)] for _ in mixed_rates],
-            "mixed": [[_peer(rate, 950, (7, 1, 1), every=6.5), _peer(rate, 250, slow_rounds, every=6.5)]
+            "mixed": [[_peer(rate, 950, (7, 1, 1), helpers=4.0, every=6.5), _peer(rate, 250, slow_rounds, every=6.5)]
                       for rate in mixed_rates],
             "equal": [[_peer(0.06, 1000, (8, 0, 0)), _peer(0.06, 1000, (8, 0, 0))]]}
 
@@ -102,6 +104,8 @@ def test_figures_per_pair_and_the_targets_of_a_mode():
     assert row["rounds"][0] == {"fast": [7, 1, 1], "slow": [7, 1, 0]}
     assert row["slow_rounds_share"] == pytest.approx([8 / 9] * 3)  # the slow peer averaged in 8 of 9
     assert row["val_spread"] == pytest.approx([0.0] * 3)
+    assert row["helpers_alone"] == pytest.approx([2.0 / WINDOW] * 3)  # the fast peer's averaging work
+    assert row["helpers_mixed"] == pytest.approx([4.0 / WINDOW] * 3)
     assert all(r < 1 for r in row["time_to_loss_vs_alone"])
     assert check_targets(row) == {**dict.fromkeys(TARGETS, PASS), "slow_rounds_share": FAIL}
     slower = summarize("diloco", _runs([0.03, 0.035, 0.032], slow_rounds=(8, 1, 0)), WINDOW)
@@ -125,6 +129,7 @@ def test_the_table_prints_median_min_max_eps_and_the_verdicts():
     assert "- diloco: fast_vs_equal 0.950 [0.950-0.950] >= 0.9 pass" in text
     assert "slow_rounds_share 0.889 [0.889-0.889] >= 0.9 FAIL" in text
     assert "time_to_loss_vs_alone" in text and "(eps 3.0%) pass" in text
+    assert f"| {2 / WINDOW:.1%} [{2 / WINDOW:.1%}-{2 / WINDOW:.1%}] / {4 / WINDOW:.1%} [" in text
 
 
 def test_each_peer_gets_a_core_of_its_own_and_the_fast_peer_always_the_same_one() -> None:
