@@ -234,12 +234,18 @@ class StrangerSeen:
                 f"{self.code}, never in a group, never served state")
 
 
+def _invited_statuses(run: DemoRun) -> list[StatusSnapshot]:
+    """The last status of every node but the stranger."""
+    stranger = run.stranger.name if run.stranger is not None else None
+    return [status for name, status in run.last.items() if name != stranger]
+
+
 def stranger_seen(run: DemoRun) -> StrangerSeen:
     stranger = run.stranger
     assert stranger is not None
     code = stranger.process.returncode if stranger.process is not None and not stranger.running else None
     lines = [line for line in stranger.log_tail(200).splitlines() if line.startswith("p2ptrain: ")]
-    honest = [status for name, status in run.last.items() if name != stranger.name]
+    honest = _invited_statuses(run)
     return StrangerSeen(code=code, dht_refused=sum(s.dht_requests_refused_total for s in honest),
                         averaging_refused=sum(s.averaging_refused_total for s in honest),
                         last=run.last.get(stranger.name), wrote_state=stranger.state_dir.exists(),
@@ -265,10 +271,8 @@ def _report_stranger(run: DemoRun, out: TextIO) -> None:
     after the stranger gave up: with none counted yet, the nodes get ``REFUSAL_GRACE`` s more."""
     def refused() -> bool:
         run.poll()
-        return any(status.dht_requests_refused_total for name, status in run.last.items()
-                   if name != stranger_name)
+        return any(status.dht_requests_refused_total for status in _invited_statuses(run))
 
-    stranger_name = run.stranger.name if run.stranger is not None else ""
     with contextlib.suppress(WaitTimeout):  # none counted: the report below says so
         wait_until(refused, REFUSAL_GRACE, "a refused request of the stranger counted", interval=0.5)
     run.stranger_seen = seen = stranger_seen(run)
