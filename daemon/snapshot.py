@@ -158,6 +158,7 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
         run_id=identity.run_id, model_fingerprint=identity.fingerprint,
         local_epoch=training.epoch, global_epoch=max(progress.epoch, view.global_epoch, training.epoch),
         samples_accumulated=progress.samples_accumulated, target_batch_size=target_batch_size,
+        round_in_flight=progress.round_in_flight,
         samples_processed_total=training.samples_processed,
         local_samples_per_second=live.samples_per_second,
         swarm_samples_per_second=view.swarm_samples_per_second,

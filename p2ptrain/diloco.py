@@ -170,7 +170,8 @@ class DiLoCoOptimizer:
         return GlobalProgress(epoch=int(self._tracker.global_epoch),
                               samples_accumulated=int(progress.samples_accumulated),
                               num_peers=int(progress.num_peers),
-                              known=self._tracker.fetched_global_progress_this_epoch.is_set())
+                              known=self._tracker.fetched_global_progress_this_epoch.is_set(),
+                              round_in_flight=self._in_flight is not None and not self._in_flight.control.done())
 
     def step_aside(self) -> None:
         """Stop being counted on while paused (see :func:`p2ptrain.optim.withdraw_progress`)."""

@@ -82,7 +82,8 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         progress = tracker.global_progress
         return GlobalProgress(epoch=int(tracker.global_epoch), samples_accumulated=int(progress.samples_accumulated),
                               num_peers=int(progress.num_peers),
-                              known=tracker.fetched_global_progress_this_epoch.is_set())
+                              known=tracker.fetched_global_progress_this_epoch.is_set(),
+                              round_in_flight=any(not update.done() for update in self.state_averager.pending_updates))
 
     def load_state_from_peers(self, **kwargs: Any) -> bool:  # type: ignore[override]
         """hivemind's download, bounded by ``load_state_attempts``; True when a state was adopted."""

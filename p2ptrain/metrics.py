@@ -134,6 +134,7 @@ class P2PTrainCollector(Collector):
         yield _g("samples_accumulated", "Samples the swarm accumulated towards the next epoch.",
                  s.samples_accumulated)
         yield _g("target_batch_size", "Samples per epoch (global batch size).", s.target_batch_size)
+        yield _g("round_in_flight", "1 while this node's averaging round is running.", float(s.round_in_flight))
         yield _counter("samples_processed", "Training samples this node has processed.",
                        s.samples_processed_total)
         yield _g("local_samples_per_second", "This node's training throughput.", s.local_samples_per_second)

@@ -223,6 +223,8 @@ class StatusSnapshot:
     global_epoch: int = 0
     samples_accumulated: int = 0
     target_batch_size: int = 0
+    #: Whether this node's averaging round is running now (in the background of its training).
+    round_in_flight: bool = False
     samples_processed_total: int = 0
     local_samples_per_second: float = 0.0
     swarm_samples_per_second: float = 0.0

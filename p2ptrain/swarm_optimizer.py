@@ -32,6 +32,9 @@ class GlobalProgress:
     """Peers reporting progress, this one included."""
     known: bool = False
     """Whether the swarm's progress has been read from the DHT at least once since start."""
+    round_in_flight: bool = False
+    """Whether this optimizer's averaging round is running now, in the background of the training
+    (overlapped rounds; a round that blocks the training thread is never seen running)."""
 
 
 @dataclass(frozen=True)

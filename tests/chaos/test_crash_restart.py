@@ -10,7 +10,7 @@ import pytest
 
 from p2ptrain.checkpoint import CheckpointStore
 from p2ptrain.waiting import wait_until
-from tests.chaos.conftest import AVERAGING_TIMEOUT, CHAOS_TRAINING
+from tests.chaos.conftest import AVERAGING_TIMEOUT
 from tests.chaos.helpers import statuses, training
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
@@ -24,9 +24,7 @@ def test_crash_during_averaging_round(make_node, chaos_report):
     c.start(join=addrs)
     c.wait_for(lambda s: s.rounds_averaged >= 1 and s.peers_online == 3, 150,
                "a successful round in a swarm of three")
-    # The swarm has gathered its global batch: the round that averages it is now in flight.
-    target = CHAOS_TRAINING["target_batch_size"]
-    in_flight = wait_until(lambda: (s := c.status(timeout=1.0)) is not None and s.samples_accumulated >= target and s,
+    in_flight = wait_until(lambda: (s := c.status(timeout=1.0)) is not None and s.round_in_flight and s,
                            60, "a round in flight", interval=0.05)
     epoch = in_flight.local_epoch
     before = {n.name: s for n, s in ((n, n.status()) for n in (a, b)) if s is not None}

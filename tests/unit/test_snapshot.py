@@ -48,7 +48,8 @@ def test_plain_figures_land_in_the_fields_of_the_same_meaning() -> None:
                                                                                        "direct")
     assert (snap.local_epoch, snap.samples_processed_total, snap.nonfinite_skips_total, snap.rollbacks_total) == \
         (5, 640, 2, 1)
-    assert (snap.samples_accumulated, snap.target_batch_size) == (96, 256)
+    assert (snap.samples_accumulated, snap.target_batch_size, snap.round_in_flight) == (96, 256, False)
+    assert _snapshot(progress=GlobalProgress(round_in_flight=True)).round_in_flight
     assert (snap.local_samples_per_second, snap.loss, snap.val_loss) == (12.5, 3.25, 3.5)
     assert (snap.uptime_seconds, snap.taken_at, snap.seconds_since_progress) == (90.0, 1.7e9, 0.2)
 
