@@ -68,6 +68,9 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         self._last_failed_sync = -math.inf
         self._adopted = False
         self._left_mid_round = False
+        #: Rounds begun (written by the training thread) and ended (by hivemind's background step):
+        #: one counter per writer, so reading both needs no lock.
+        self._rounds_begun = self._rounds_ended = 0
         super().__init__(*args, **kwargs)
         self._payload_bytes = wire_bytes(sum(p.numel() for p in self._parameters()), wire_format)
         self._bound_state_download()
@@ -83,7 +86,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         return GlobalProgress(epoch=int(tracker.global_epoch), samples_accumulated=int(progress.samples_accumulated),
                               num_peers=int(progress.num_peers),
                               known=tracker.fetched_global_progress_this_epoch.is_set(),
-                              round_in_flight=any(not update.done() for update in self.state_averager.pending_updates))
+                              round_in_flight=self._rounds_begun > self._rounds_ended)
 
     def load_state_from_peers(self, **kwargs: Any) -> bool:  # type: ignore[override]
         """hivemind's download, bounded by ``load_state_attempts``; True when a state was adopted."""
@@ -224,9 +227,16 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         samples = int(self.grad_averager.local_samples_accumulated)
         began = bool(super()._begin_averaging_gradients(grad_scaler))
         self.stats.epoch_closed(samples, round_started=began, alone=self.tracker.global_progress.num_peers <= 1)
+        self._rounds_begun += began
         return began
 
     def _average_gradients_and_load_into_optimizer(self, maybe_step_control: Any) -> None:
+        try:
+            self._average_and_record(maybe_step_control)
+        finally:
+            self._rounds_ended = self._rounds_begun if maybe_step_control is None else self._rounds_ended + 1
+
+    def _average_and_record(self, maybe_step_control: Any) -> None:
         started = time.perf_counter()
         super()._average_gradients_and_load_into_optimizer(maybe_step_control)
         if maybe_step_control is None:
