@@ -55,7 +55,13 @@ from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
 from p2ptrain.outerstep import OuterStep
 from p2ptrain.robustreduce import ReduceRule, RoundReports
 from p2ptrain.robustreduce import RoundReport as ReducerReport
-from p2ptrain.roundclock import RobustRoundTracker, SwarmRoundTracker, schedule_position, set_schedule_position
+from p2ptrain.roundclock import (
+    RobustRoundTracker,
+    SwarmRoundTracker,
+    group_round,
+    schedule_position,
+    set_schedule_position,
+)
 from p2ptrain.roundstats import RoundReport
 from p2ptrain.safestate import diloco_state_validator
 from p2ptrain.soloround import SoloRounds
@@ -79,6 +85,8 @@ class _RoundInFlight:
     pseudo: list[torch.Tensor]
     """Our own pseudo-gradients, applied instead of the average if the round fails."""
     started: float
+    epoch: int
+    """The round it ends, by this peer's count."""
 
 
 class DiLoCoOptimizer:
@@ -213,8 +221,11 @@ class DiLoCoOptimizer:
             return
         self._maybe_schedule_round()
         if self._round_is_over():
+            round_over = self.local_epoch
             self._settle_round(block=True)  # one round at a time: the previous one lands first
-            self._outer_round()
+            if self.local_epoch == round_over:
+                self._outer_round()
+            # else: landing it caught us up with the swarm, whose round then is the one just begun.
 
     def _round_is_over(self) -> bool:
         """The swarm's round clock says so, or our group for the round has already assembled.
@@ -264,14 +275,17 @@ class DiLoCoOptimizer:
             control = None  # a failed round: reported (and its samples credited) as one
         # Credit (p2ptrain.credit): this round's samples; alone in the swarm, no round will report on them.
         self.stats.epoch_closed(self.samples_this_round, round_started=control is not _ALONE, alone=control is _ALONE)
+        late = False
         if control is _ALONE or control is None or not self.cfg.overlap:
             group = control if control is _ALONE or control is None else self._await(control)
             self._finish_round(group, pseudo, None, started)
+            late = self._averaged_a_later_round(group, self.local_epoch)
         else:
-            self._in_flight = _RoundInFlight(control, [p.detach().clone() for p in self.params], pseudo, started)
+            self._in_flight = _RoundInFlight(control, [p.detach().clone() for p in self.params], pseudo, started,
+                                             self.local_epoch)
             self.round_settled.clear()
         self.inner_step, self.samples_this_round = 0, 0
-        self._set_epoch(self._local_epoch + 1)
+        self._set_epoch(self._local_epoch + 1 + late)
         if self._in_flight is None:
             self._catch_up()
 
@@ -330,7 +344,21 @@ class DiLoCoOptimizer:
         self._finish_round(group, flight.pseudo, carry, flight.started)
         self._in_flight = None
         self.round_settled.set()
+        if self._averaged_a_later_round(group, flight.epoch) and self.local_epoch == flight.epoch + 1:
+            self._set_epoch(flight.epoch + 2)  # the swarm has ended the round we counted as in progress
         self._catch_up()
+
+    def _averaged_a_later_round(self, group: Any, epoch: int) -> bool:
+        """Whether the round we ended as ``epoch`` averaged with a group ending the round after it: we
+        ended ours late (our view of the swarm lagged), and the swarm is a round further than we count."""
+        if not isinstance(group, dict):
+            return False
+        theirs = group_round(group, getattr(self.dht, "peer_id", None))
+        if theirs != epoch + 1:
+            return False
+        logger.info("our round %d averaged with the swarm's round %d: going on in round %d with it",
+                    epoch, theirs, theirs + 1)
+        return True
 
     def _catch_up(self) -> None:
         """Rejoin a swarm that has moved on: one round behind, just join the next round (the missed

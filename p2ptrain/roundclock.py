@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from hivemind.optim.progress_tracker import GlobalTrainingProgress, ProgressTracker
 
 from p2ptrain.robustprogress import RobustProgressTracker
+from p2ptrain.statecheck import MAX_EPOCH
 
 #: The pace of a round is the fastest rate, but at most this many times the lower median rate: a
 #: peer that claims to be far faster than the others cannot shorten every round on its word alone
@@ -85,6 +86,20 @@ class SwarmRoundTracker(_RoundTarget, ProgressTracker):
 class RobustRoundTracker(_RoundTarget, RobustProgressTracker):
     """:class:`p2ptrain.robustprogress.RobustProgressTracker` (bound, gated entries; an epoch several
     peers agree on) with the round target counted over the peers it believes."""
+
+
+def group_round(gathered: Mapping[Any, Any], own: Any) -> int | None:
+    """The round the other members of a DiLoCo group said they were ending (each sends its round
+    number with its part): the lower median of their claims in ``0..MAX_EPOCH``, so no one member's
+    number decides it in a group of three or more; None when no member sent a usable one.
+
+    Matchmaking knows nothing of rounds: a peer whose view of the swarm lagged can end round N after
+    the others have moved on, and its round-N control then assembles with their round N+1.  The
+    group's round is how it finds out (see :meth:`p2ptrain.diloco.DiLoCoOptimizer._settle_round`).
+    """
+    claims = sorted(value for peer, value in gathered.items() if peer != own and isinstance(value, int)
+                    and not isinstance(value, bool) and 0 <= value <= MAX_EPOCH)
+    return claims[(len(claims) - 1) // 2] if claims else None
 
 
 def schedule_position(epoch: int, inner_step: int, inner_steps: int) -> int:

@@ -227,6 +227,48 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
     assert optimizer.local_epoch == 1 and optimizer.inner_step == 0
 
 
+@pytest.mark.parametrize(("their_round", "then_at"), [(1, 2), (0, 1)])
+def test_a_round_that_averaged_with_the_swarms_next_round_moves_the_peer_to_the_swarms_round(
+        monkeypatch, their_round: int, then_at: int) -> None:
+    """A peer whose view lagged ended its round 0 after the swarm had moved on: its control met the
+    swarm's round 1.  When it lands, the peer counts the round it is in as the swarm does (2), so its
+    next control meets the swarm's round 2, not 3 (one round apart for good, each landing a round late)."""
+    from hivemind.averaging.control import AveragingStage
+
+    import p2ptrain.diloco as diloco
+    from p2ptrain.config import TrainingSection
+    from p2ptrain.swarmstats import SwarmStats
+
+    monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
+    averagers: list[_Averager] = []
+
+    def make_averager(*args: object, **kwargs: object) -> _Averager:
+        averagers.append(_Averager(*args, **kwargs))
+        return averagers[-1]
+
+    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0,
+                          matchmaking_time=5.0)
+    optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
+
+    def micro_batch() -> None:
+        param.grad = torch.ones(3)
+        optimizer.step(batch_size=8)
+        optimizer.zero_grad()
+
+    micro_batch()
+    [control] = averagers[0].controls
+    control.stage = AveragingStage.AWAITING_TRIGGER
+    micro_batch()  # round 0 ends: its all-reduce runs while round 1 trains
+    assert control.triggered and optimizer.local_epoch == 1
+    # It lands: each member's round as it sent it (the fake node has no DHT: its own entry is under None).
+    monkeypatch.setattr(control, "done", lambda: True)
+    monkeypatch.setattr(control, "result", lambda timeout=None: {None: 0, "peer-b": their_round}, raising=False)
+    micro_batch()
+    assert optimizer.local_epoch == then_at
+
+
 class _Behind(_Averager):
     """Tracker and averager in one: a swarm of two whose round number is set by the test."""
 

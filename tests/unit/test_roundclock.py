@@ -9,7 +9,14 @@ from hivemind.utils import ValueWithExpiration, get_dht_time
 
 from p2ptrain.config import ConfigError, parse_config
 from p2ptrain.optim import warmup_cosine
-from p2ptrain.roundclock import SPREAD, SwarmRoundTracker, effective_peers, schedule_position, set_schedule_position
+from p2ptrain.roundclock import (
+    SPREAD,
+    SwarmRoundTracker,
+    effective_peers,
+    group_round,
+    schedule_position,
+    set_schedule_position,
+)
 
 PER_PEER = 800  # inner_steps x inner_batch_size
 
@@ -85,6 +92,15 @@ def test_fast_and_slow_peers_see_one_end_of_round() -> None:
 def _scheduler() -> torch.optim.lr_scheduler.LambdaLR:
     param = torch.nn.Parameter(torch.zeros(1))
     return torch.optim.lr_scheduler.LambdaLR(torch.optim.AdamW([param], lr=0.01), warmup_cosine(30, 3000))
+
+
+def test_a_groups_round_is_the_lower_median_of_the_others_claims() -> None:
+    assert group_round({"me": 7, "a": 8}, "me") == 8  # our round-7 control met the swarm's round 8
+    assert group_round({"me": 7, "a": 7, "b": 8}, "me") == 7  # one member ahead does not decide it
+    assert group_round({"me": 7, "a": 8, "b": 8, "c": 2**40}, "me") == 8  # an absurd claim is not counted
+    # Nothing usable from the others: no round (our own entry never counts).
+    for gathered in ({"me": 7}, {"me": 7, "a": None}, {"me": 7, "a": True}, {"me": 7, "a": -1}, {"me": 7, "a": "8"}):
+        assert group_round(gathered, "me") is None
 
 
 def test_jumping_matches_stepping() -> None:
