@@ -58,7 +58,7 @@ from p2ptrain.robustreduce import RoundReport as ReducerReport
 from p2ptrain.roundclock import (
     RobustRoundTracker,
     SwarmRoundTracker,
-    group_round,
+    met_the_next_round,
     schedule_position,
     set_schedule_position,
 )
@@ -344,21 +344,12 @@ class DiLoCoOptimizer:
         self._finish_round(group, flight.pseudo, carry, flight.started)
         self._in_flight = None
         self.round_settled.set()
-        if self._averaged_a_later_round(group, flight.epoch) and self.local_epoch == flight.epoch + 1:
+        if self.local_epoch == flight.epoch + 1 and self._averaged_a_later_round(group, flight.epoch):
             self._set_epoch(flight.epoch + 2)  # the swarm has ended the round we counted as in progress
         self._catch_up()
 
     def _averaged_a_later_round(self, group: Any, epoch: int) -> bool:
-        """Whether the round we ended as ``epoch`` averaged with a group ending the round after it: we
-        ended ours late (our view of the swarm lagged), and the swarm is a round further than we count."""
-        if not isinstance(group, dict):
-            return False
-        theirs = group_round(group, getattr(self.dht, "peer_id", None))
-        if theirs != epoch + 1:
-            return False
-        logger.info("our round %d averaged with the swarm's round %d: going on in round %d with it",
-                    epoch, theirs, theirs + 1)
-        return True
+        return met_the_next_round(group, getattr(self.dht, "peer_id", None), epoch)
 
     def _catch_up(self) -> None:
         """Rejoin a swarm that has moved on: one round behind, just join the next round (the missed

@@ -20,6 +20,7 @@ swarm made 40% fewer outer steps per second than the fast peer alone (6 rounds a
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,8 @@ from hivemind.optim.progress_tracker import GlobalTrainingProgress, ProgressTrac
 
 from p2ptrain.robustprogress import RobustProgressTracker
 from p2ptrain.statecheck import MAX_EPOCH
+
+logger = logging.getLogger(__name__)
 
 #: The pace of a round is the fastest rate, but at most this many times the lower median rate: a
 #: peer that claims to be far faster than the others cannot shorten every round on its word alone
@@ -100,6 +103,18 @@ def group_round(gathered: Mapping[Any, Any], own: Any) -> int | None:
     claims = sorted(value for peer, value in gathered.items() if peer != own and isinstance(value, int)
                     and not isinstance(value, bool) and 0 <= value <= MAX_EPOCH)
     return claims[(len(claims) - 1) // 2] if claims else None
+
+
+def met_the_next_round(group: Any, own: Any, epoch: int) -> bool:
+    """Whether the round a DiLoCo peer ended as ``epoch`` averaged with a group ending the round after
+    it (``group``: what each member sent, by peer): it ended its round late (its view of the swarm
+    lagged), and the swarm is a round further than it counts."""
+    theirs = group_round(group, own) if isinstance(group, Mapping) else None
+    if theirs != epoch + 1:
+        return False
+    logger.info("our round %d averaged with the swarm's round %d: going on in round %d with it",
+                epoch, theirs, theirs + 1)
+    return True
 
 
 def schedule_position(epoch: int, inner_step: int, inner_steps: int) -> int:
