@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -188,12 +190,9 @@ class _Averager(_NoSwarm):
         return contextlib.nullcontext(self.tensors)
 
 
-def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_says(monkeypatch) -> None:
-    """Peers read the round clock from their own views of the DHT, seconds apart; the all-reduce drops a
-    member later than its sender timeout.  Once the group for the round has assembled, every member ends
-    its round at that moment instead."""
-    from hivemind.averaging.control import AveragingStage
-
+def _two_peer_optimizer(monkeypatch) -> tuple[Any, list[_Averager], Callable[[], None]]:
+    """A DiLoCo optimizer on a two-peer clock (:class:`_TwoPeerClock`) and fake averagers (the list
+    collects them), and one micro-batch of it (8 samples, one inner step)."""
     import p2ptrain.diloco as diloco
     from p2ptrain.config import TrainingSection
     from p2ptrain.swarmstats import SwarmStats
@@ -216,6 +215,16 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
         optimizer.step(batch_size=8)
         optimizer.zero_grad()
 
+    return optimizer, averagers, micro_batch
+
+
+def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_says(monkeypatch) -> None:
+    """Peers read the round clock from their own views of the DHT, seconds apart; the all-reduce drops a
+    member later than its sender timeout.  Once the group for the round has assembled, every member ends
+    its round at that moment instead."""
+    from hivemind.averaging.control import AveragingStage
+
+    optimizer, averagers, micro_batch = _two_peer_optimizer(monkeypatch)
     micro_batch()
     [control] = averagers[0].controls  # matchmaking for the round has started
     for _ in range(3):  # still looking for the group: the round goes on
@@ -235,28 +244,7 @@ def test_a_round_that_averaged_with_the_swarms_next_round_moves_the_peer_to_the_
     next control meets the swarm's round 2, not 3 (one round apart for good, each landing a round late)."""
     from hivemind.averaging.control import AveragingStage
 
-    import p2ptrain.diloco as diloco
-    from p2ptrain.config import TrainingSection
-    from p2ptrain.swarmstats import SwarmStats
-
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
-    averagers: list[_Averager] = []
-
-    def make_averager(*args: object, **kwargs: object) -> _Averager:
-        averagers.append(_Averager(*args, **kwargs))
-        return averagers[-1]
-
-    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
-    param = torch.nn.Parameter(torch.zeros(3))
-    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0,
-                          matchmaking_time=5.0)
-    optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
-
-    def micro_batch() -> None:
-        param.grad = torch.ones(3)
-        optimizer.step(batch_size=8)
-        optimizer.zero_grad()
-
+    optimizer, averagers, micro_batch = _two_peer_optimizer(monkeypatch)
     micro_batch()
     [control] = averagers[0].controls
     control.stage = AveragingStage.AWAITING_TRIGGER
