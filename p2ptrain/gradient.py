@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import hivemind
 import torch
@@ -36,6 +36,7 @@ from p2ptrain.defences import Defences
 from p2ptrain.livetraining import retune
 from p2ptrain.modelcheck import make_loss_check
 from p2ptrain.optim import warmup_cosine, withdraw_progress
+from p2ptrain.pacedprogress import PacedProgressTracker
 from p2ptrain.robustprogress import RobustProgressTracker
 from p2ptrain.robustreduce import ReduceRule, RoundReports
 from p2ptrain.roundstats import RoundReport
@@ -157,13 +158,13 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
     # ------------------------------------------------------------------ hivemind overrides
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> ProgressTracker:
-        defences = self._defences
+        """hivemind's tracker reporting about once a second; with the peer checks, the robust one."""
+        defences, opt = self._defences, cast(Any, self)
+        kwargs.update(dht=opt.dht, prefix=opt.run_id, target_batch_size=target_batch_size, client_mode=opt.client_mode,
+                      status_loglevel=opt.status_loglevel, start=True)
         if defences is None:
-            return super()._make_progress_tracker(target_batch_size, **kwargs)
-        opt: Any = self
-        tracker = RobustProgressTracker(dht=opt.dht, prefix=opt.run_id, target_batch_size=target_batch_size,
-                                        client_mode=opt.client_mode, status_loglevel=opt.status_loglevel, start=True,
-                                        gate=defences.gate, bound=defences.evidence.bound_keys, **kwargs)
+            return PacedProgressTracker(**kwargs)
+        tracker = RobustProgressTracker(gate=defences.gate, bound=defences.evidence.bound_keys, **kwargs)
         defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
         return tracker
 

@@ -30,6 +30,7 @@ from hivemind.optim.progress_tracker import GlobalTrainingProgress, LocalTrainin
 from hivemind.p2p import PeerID
 from hivemind.utils import get_dht_time
 
+from p2ptrain.pacedprogress import PacedReports
 from p2ptrain.peergate import PeerGate
 from p2ptrain.pinned import require_hivemind
 from p2ptrain.statecheck import MAX_EPOCH
@@ -61,8 +62,9 @@ def robust_global_epoch(own: int, others: Sequence[int], *, quorum: int = 2, uns
     return max(own, sorted(epochs)[(len(epochs) - 1) // 2])
 
 
-class RobustProgressTracker(ProgressTracker):
-    """hivemind's ``ProgressTracker`` with bounded, gated, identity-bound, agreement-based swarm progress.
+class RobustProgressTracker(PacedReports, ProgressTracker):
+    """hivemind's ``ProgressTracker`` with bounded, gated, identity-bound, agreement-based swarm progress
+    (reported about once a second: :class:`p2ptrain.pacedprogress.PacedReports`).
 
     ``max_samples_per_second`` bounds each peer's claimed rate; a peer's samples count at most
     ``target_batch_size`` (all a single peer can usefully contribute to one epoch).

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from hivemind.optim.progress_tracker import GlobalTrainingProgress, ProgressTracker
 
+from p2ptrain.pacedprogress import PacedReports
 from p2ptrain.robustprogress import RobustProgressTracker
 from p2ptrain.statecheck import MAX_EPOCH
 
@@ -77,8 +78,9 @@ def _claimed_rate(value: Any) -> float:
     return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else 0.0
 
 
-class SwarmRoundTracker(_RoundTarget, ProgressTracker):
-    """hivemind's progress tracker (every entry counts, the highest epoch wins) with the round target."""
+class SwarmRoundTracker(_RoundTarget, PacedReports, ProgressTracker):
+    """hivemind's progress tracker (every entry counts, the highest epoch wins; reported about once a
+    second) with the round target."""
 
     def _parse_swarm_progress_data(self, metadata: Any) -> GlobalTrainingProgress:
         values = [getattr(entry, "value", None) for entry in metadata.values()] if isinstance(metadata, dict) else []

@@ -1,0 +1,130 @@
+"""Progress reports paced to about one a second: the reporter is woken rarely, the local
+bookkeeping is kept on every call, and nothing that must be published at once waits."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from p2ptrain.pacedprogress import HeldWakeups, PacedProgressTracker
+from p2ptrain.robustprogress import RobustProgressTracker
+from p2ptrain.roundclock import SwarmRoundTracker
+
+
+class _NoDht:
+    """Just what a tracker's constructor touches; with start=False it never reaches the DHT again."""
+
+    client_mode = False
+    peer_id = type("PeerId", (), {"to_bytes": lambda self: b"self"})()
+
+    def add_validators(self, validators: object) -> None: ...
+
+    def get(self, key: str, latest: bool = False) -> None:
+        return None
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    fake = _Clock()
+    monkeypatch.setattr("p2ptrain.pacedprogress.time.monotonic", fake)
+    return fake
+
+
+def _woken(tracker: PacedProgressTracker) -> bool:
+    """Whether the reporter was woken since the last look (and reset it, as the reporter does)."""
+    woken = tracker.should_report_progress.is_set()
+    tracker.should_report_progress.clear()
+    return woken
+
+
+def _tracker(target: int = 100_000) -> PacedProgressTracker:
+    return PacedProgressTracker(_NoDht(), "run_x", target, start=False)  # type: ignore[arg-type]
+
+
+def test_hivemind_constructor_keeps_the_paced_event() -> None:
+    for tracker in (_tracker(),
+                    SwarmRoundTracker(_NoDht(), "run_x", per_peer_samples=800, start=False),  # type: ignore[arg-type]
+                    RobustProgressTracker(_NoDht(), "run_x", 1000, start=False)):  # type: ignore[arg-type]
+        assert isinstance(tracker.should_report_progress, HeldWakeups)
+
+
+def test_a_burst_of_micro_batches_wakes_the_reporter_once_per_period(clock: _Clock) -> None:
+    tracker = _tracker()
+    wakes = 0
+    for step in range(1, 101):  # 100 micro-batches of 8 in 2.5 s
+        tracker.report_local_progress(0, 8 * step)
+        wakes += _woken(tracker)
+        clock.now += 0.025
+    assert wakes == 3  # at 0 s, 1 s and 2 s (hivemind's own tracker: 100)
+    # The local bookkeeping saw every call: our samples, the swarm's as we count them, our rate.
+    assert tracker.local_progress.samples_accumulated == 800
+    assert tracker.global_progress.samples_accumulated == 800
+    assert tracker.performance_ema.num_updates == 100
+
+
+def test_a_round_far_shorter_than_the_period_is_reported_as_it_fills(clock: _Clock) -> None:
+    tracker = _tracker(target=256)  # gradient mode, a small target batch: an eighth is 32 samples
+    wakes = []
+    for step in range(1, 9):  # all within the period (the fake clock stands still)
+        tracker.report_local_progress(0, 8 * step)
+        if _woken(tracker):
+            wakes.append(step)
+    assert wakes == [1, 5]  # the first samples, then 32 more (hivemind: every one)
+
+
+def test_a_new_epoch_a_reset_or_a_rejoin_is_reported_at_once(clock: _Clock) -> None:
+    tracker = _tracker()
+    tracker.report_local_progress(0, 8)
+    assert _woken(tracker)
+    tracker.report_local_progress(0, 16)
+    assert not _woken(tracker)
+    tracker.report_local_progress(0, 16)  # a rejoin after a pause repeats what it had
+    assert _woken(tracker)
+    tracker.report_local_progress(1, 0)  # the next round
+    assert _woken(tracker)
+    tracker.report_local_progress(1, 8)  # its first samples: hivemind stops reporting a peer without any
+    assert _woken(tracker)
+    tracker.report_local_progress(1, 16)
+    assert not _woken(tracker)
+    clock.now += 1.0
+    tracker.report_local_progress(1, 24)
+    assert _woken(tracker)
+
+
+def test_holding_is_per_thread_so_a_shutdown_always_wakes_the_reporter() -> None:
+    event = HeldWakeups()
+    with event.held():
+        event.set()
+        assert not event.is_set()
+        other = threading.Thread(target=event.set)  # hivemind's shutdown() from another thread
+        other.start()
+        other.join()
+        assert event.is_set()
+    event.clear()
+    event.set()
+    assert event.is_set()
+
+
+def test_every_epoch_shorter_than_the_period_still_publishes_samples(clock: _Clock) -> None:
+    """hivemind's reporter stops publishing a peer whose reports of two epochs all had no samples."""
+    tracker = _tracker()
+    for epoch in range(5):  # epochs of 0.2 s
+        if epoch:
+            tracker.report_local_progress(epoch, 0)
+            _woken(tracker)
+        published = []
+        for step in range(1, 5):
+            tracker.report_local_progress(epoch, 8 * step)
+            if _woken(tracker):
+                published.append(tracker.local_progress.samples_accumulated)
+            clock.now += 0.05
+        assert published and published[0] > 0, epoch
