@@ -9,7 +9,8 @@ a runner of our choice and ends with a :class:`~p2ptrain.robustreduce.RoundRepor
 all-reduce with one small change (:class:`CountingAllReduceRunner`: its reducer counts the
 contributions it mixed in); the hardened averagers (:mod:`p2ptrain.safeaverager`) build theirs with
 every sender's part screened.  Either way a round is "full" by the same measure
-(:mod:`p2ptrain.roundstats`).  It also keeps the hivemind class's RPC names (see ``rpc_name``).
+(:mod:`p2ptrain.roundstats`).  It also keeps the hivemind class's RPC names (see ``rpc_name``), and
+paces its matchmaking's reads of the DHT (:mod:`p2ptrain.grouppolls`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.utils import get_dht_time
 from hivemind.utils.asyncio import as_aiter, azip
 
+from p2ptrain.grouppolls import pace_group_polls
 from p2ptrain.pinned import require_hivemind
 from p2ptrain.robustreduce import RoundReport, RoundReports
 
@@ -86,6 +88,10 @@ class CountingAveragerMixin:
         self._round_reports = round_reports
         super().__init__(*args, **kwargs)
 
+    async def _step(self, **kwargs: Any) -> None:
+        pace_group_polls(self._matchmaking)  # type: ignore[attr-defined]
+        await super()._step(**kwargs)  # type: ignore[misc]
+
     def _make_runner(self, **kwargs: Any) -> AllReduceRunner:
         """The runner of one round (``kwargs``: what hivemind gives its ``AllReduceRunner``)."""
         return CountingAllReduceRunner(**kwargs)
@@ -105,7 +111,10 @@ class CountingAveragerMixin:
                 async for tensor, update in azip(as_aiter(*tensors), runner):
                     tensor.add_(update, alpha=self._averaging_alpha)  # type: ignore[attr-defined]
                     self.last_updated = get_dht_time()
-                    self._state_updated.set()  # type: ignore[attr-defined]
+                # hivemind sets this per tensor: each set re-declares this peer as a state donor (a
+                # DHT store sent to every peer), ~30 stores a round for a small transformer.  Once
+                # per round says the same.
+                self._state_updated.set()  # type: ignore[attr-defined]
             else:
                 async for _ in runner:
                     raise ValueError("aux peers should not receive averaged tensors")
