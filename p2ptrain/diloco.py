@@ -210,10 +210,10 @@ class DiLoCoOptimizer:
         self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
         if self._tracker.global_progress.num_peers >= 2:
             self.solo.saw_company(self.local_epoch)
+        self._settle_round(block=False)  # each micro-batch: a slow peer's inner step can take a second
         if not self._micro.add():
             return
         self._inner_step()
-        self._settle_round(block=False)
         if self._tracker.global_epoch > self.local_epoch + 1:
             # Rounds behind: ours could average with nobody. Catch up first (a download, retried
             # now and then); until it works the inner steps go on, and no round is ended alone.

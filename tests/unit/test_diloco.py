@@ -190,9 +190,9 @@ class _Averager(_NoSwarm):
         return contextlib.nullcontext(self.tensors)
 
 
-def _two_peer_optimizer(monkeypatch) -> tuple[Any, list[_Averager], Callable[[], None]]:
+def _two_peer_optimizer(monkeypatch, inner_batch_size: int = 8) -> tuple[Any, list[_Averager], Callable[[], None]]:
     """A DiLoCo optimizer on a two-peer clock (:class:`_TwoPeerClock`) and fake averagers (the list
-    collects them), and one micro-batch of it (8 samples, one inner step)."""
+    collects them), and one micro-batch of it (8 samples; one inner step with the default inner batch)."""
     import p2ptrain.diloco as diloco
     from p2ptrain.config import TrainingSection
     from p2ptrain.swarmstats import SwarmStats
@@ -206,8 +206,8 @@ def _two_peer_optimizer(monkeypatch) -> tuple[Any, list[_Averager], Callable[[],
 
     monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
     param = torch.nn.Parameter(torch.zeros(3))
-    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0,
-                          matchmaking_time=5.0)
+    cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=inner_batch_size, inner_steps=10, lr=0.1,
+                          warmup_epochs=0, matchmaking_time=5.0)
     optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
 
     def micro_batch() -> None:
@@ -234,6 +234,27 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
     micro_batch()
     assert control.triggered and control.weight == 5 * 8  # ended now, weighted by this round's samples
     assert optimizer.local_epoch == 1 and optimizer.inner_step == 0
+
+
+def test_a_landed_round_is_applied_at_the_next_micro_batch_not_the_next_inner_step(monkeypatch) -> None:
+    """A peer at a quarter of a core takes most of a second for an inner step of four micro-batches;
+    the swarm's new model is applied on the first micro-batch after its round lands."""
+    from hivemind.averaging.control import AveragingStage
+
+    optimizer, averagers, micro_batch = _two_peer_optimizer(monkeypatch, inner_batch_size=32)
+    for _ in range(4):  # the first inner step: matchmaking for the round starts
+        micro_batch()
+    [control] = averagers[0].controls
+    control.stage = AveragingStage.AWAITING_TRIGGER
+    for _ in range(4):  # the round ends at the end of the next inner step
+        micro_batch()
+    assert control.triggered and optimizer.local_epoch == 1 and not optimizer.round_settled.is_set()
+    micro_batch()  # the round in flight has not landed: nothing to apply
+    assert not optimizer.round_settled.is_set()
+    monkeypatch.setattr(control, "done", lambda: True)
+    monkeypatch.setattr(control, "result", lambda timeout=None: {None: 0, "peer-b": 0}, raising=False)
+    micro_batch()  # the second micro-batch of four: applied now
+    assert optimizer.round_settled.is_set() and optimizer.inner_step == 0
 
 
 @pytest.mark.parametrize(("their_round", "then_at"), [(1, 2), (0, 1)])
