@@ -97,6 +97,7 @@ class DiLoCoOptimizer:
                  admission: Admission | None = None, defences: Defences | None = None,
                  evaluate: Callable[[], float] | None = None, wait: Callable[[float], object] = time.sleep) -> None:
         self.cfg, self.stats, self.dht = cfg, stats, dht
+        self._peer_id = getattr(dht, "peer_id", None)  # its entry in a landed group (unit tests run without a DHT)
         #: Pauses between state-download attempts: the node's stop event's wait (True: stop asked).
         self._wait = wait
         self._defences, self._evaluate = defences, evaluate
@@ -112,8 +113,7 @@ class DiLoCoOptimizer:
         #: Micro-batches per inner AdamW step (inner_batch_size / batch_size).
         self._accumulate = max(1, cfg.inner_batch // cfg.batch_size)
         self._micro = MicroBatches(self.params, self._accumulate)
-        self.inner_step = 0
-        self.samples_this_round = 0
+        self.inner_step, self.samples_this_round = 0, 0
         self._local_epoch = 0
         self._scheduled: Any = None
         self._in_flight: _RoundInFlight | None = None
@@ -204,26 +204,28 @@ class DiLoCoOptimizer:
         self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self, batch_size: int | None = None) -> None:
-        """One micro-batch; every ``inner_batch_size`` sequences an inner AdamW step; when the swarm's
-        round clock says the round is over, the outer round."""
+        """One micro-batch; every ``inner_batch_size`` sequences an inner AdamW step; the outer round when the
+        round clock says so, checked each micro-batch (a slow peer's inner step can take a second)."""
         self.samples_this_round += batch_size or self.cfg.batch_size
         self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
         if self._tracker.global_progress.num_peers >= 2:
             self.solo.saw_company(self.local_epoch)
-        self._settle_round(block=False)  # each micro-batch: a slow peer's inner step can take a second
-        if not self._micro.add():
-            return
-        self._inner_step()
+        self._settle_round(block=False)
+        inner_batch_full = self._micro.add()
         if self._tracker.global_epoch > self.local_epoch + 1:
-            # Rounds behind: ours could average with nobody. Catch up first (a download, retried
-            # now and then); until it works the inner steps go on, and no round is ended alone.
+            # Rounds behind: ours could average with nobody. Catch up first (a download, retried now and then).
+            if inner_batch_full:
+                self._inner_step()
             self._catch_up()
             return
         self._maybe_schedule_round()
-        if self._round_is_over():
-            round_over = self.local_epoch
+        round_over = self._round_is_over()
+        if inner_batch_full or round_over:  # a round's end cuts its last inner batch short
+            self._inner_step()
+        if round_over:
+            ending = self.local_epoch
             self._settle_round(block=True)  # one round at a time: the previous one lands first
-            if self.local_epoch == round_over:
+            if self.local_epoch == ending:
                 self._outer_round()
             # else: landing it caught us up with the swarm, whose round then is the one just begun.
 
@@ -279,7 +281,7 @@ class DiLoCoOptimizer:
         if control is _ALONE or control is None or not self.cfg.overlap:
             group = control if control is _ALONE or control is None else self._await(control)
             self._finish_round(group, pseudo, None, started)
-            late = self._averaged_a_later_round(group, self.local_epoch)
+            late = met_the_next_round(group, self._peer_id, self.local_epoch)
         else:
             self._in_flight = _RoundInFlight(control, [p.detach().clone() for p in self.params], pseudo, started,
                                              self.local_epoch)
@@ -344,12 +346,9 @@ class DiLoCoOptimizer:
         self._finish_round(group, flight.pseudo, carry, flight.started)
         self._in_flight = None
         self.round_settled.set()
-        if self.local_epoch == flight.epoch + 1 and self._averaged_a_later_round(group, flight.epoch):
+        if self.local_epoch == flight.epoch + 1 and met_the_next_round(group, self._peer_id, flight.epoch):
             self._set_epoch(flight.epoch + 2)  # the swarm has ended the round we counted as in progress
         self._catch_up()
-
-    def _averaged_a_later_round(self, group: Any, epoch: int) -> bool:
-        return met_the_next_round(group, getattr(self.dht, "peer_id", None), epoch)
 
     def _catch_up(self) -> None:
         """Rejoin a swarm that has moved on: one round behind, just join the next round (the missed

@@ -236,25 +236,29 @@ def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_s
     assert optimizer.local_epoch == 1 and optimizer.inner_step == 0
 
 
-def test_a_landed_round_is_applied_at_the_next_micro_batch_not_the_next_inner_step(monkeypatch) -> None:
-    """A peer at a quarter of a core takes most of a second for an inner step of four micro-batches;
-    the swarm's new model is applied on the first micro-batch after its round lands."""
+def test_a_round_ends_on_the_micro_batch_its_group_assembles_cutting_the_inner_batch_short(monkeypatch) -> None:
+    """A peer at a quarter of a core takes most of a second for an inner step of four micro-batches; the
+    group's other members wait for its part, so its round ends at the next micro-batch, with an inner
+    step on the micro-batches it has, and the swarm's new model is applied at the first micro-batch
+    after the round lands."""
     from hivemind.averaging.control import AveragingStage
 
     optimizer, averagers, micro_batch = _two_peer_optimizer(monkeypatch, inner_batch_size=32)
     for _ in range(4):  # the first inner step: matchmaking for the round starts
         micro_batch()
     [control] = averagers[0].controls
+    micro_batch()
+    assert not control.triggered and optimizer.inner_step == 1  # one micro-batch of the next inner batch in
     control.stage = AveragingStage.AWAITING_TRIGGER
-    for _ in range(4):  # the round ends at the end of the next inner step
-        micro_batch()
-    assert control.triggered and optimizer.local_epoch == 1 and not optimizer.round_settled.is_set()
+    micro_batch()
+    assert control.triggered and control.weight == 6 * 8 and optimizer.local_epoch == 1
+    assert optimizer.inner_step == 0 and optimizer._micro.count == 0  # the two micro-batches were stepped on
     micro_batch()  # the round in flight has not landed: nothing to apply
     assert not optimizer.round_settled.is_set()
     monkeypatch.setattr(control, "done", lambda: True)
     monkeypatch.setattr(control, "result", lambda timeout=None: {None: 0, "peer-b": 0}, raising=False)
     micro_batch()  # the second micro-batch of four: applied now
-    assert optimizer.round_settled.is_set() and optimizer.inner_step == 0
+    assert optimizer.round_settled.is_set() and optimizer._micro.count == 2
 
 
 @pytest.mark.parametrize(("their_round", "then_at"), [(1, 2), (0, 1)])
