@@ -227,7 +227,7 @@ class DiLoCoOptimizer:
             self._settle_round(block=True)  # one round at a time: the previous one lands first
             if self.local_epoch == ending:
                 self._outer_round()
-            # else: landing it caught us up with the swarm, whose round then is the one just begun.
+            # else: the landed round was the swarm's next one, and so is over (see _settle_round).
 
     def _round_is_over(self) -> bool:
         """The swarm's round clock says so, or our group for the round has already assembled.
@@ -348,7 +348,8 @@ class DiLoCoOptimizer:
         self.round_settled.set()
         if self.local_epoch == flight.epoch + 1 and met_the_next_round(group, self._peer_id, flight.epoch):
             self._set_epoch(flight.epoch + 2)  # the swarm has ended the round we counted as in progress
-        self._catch_up()
+        if self._tracker.global_epoch > self.local_epoch + 1:  # one behind: the swarm waits for our round's end
+            self._catch_up()
 
     def _catch_up(self) -> None:
         """Rejoin a swarm that has moved on: one round behind, just join the next round (the missed

@@ -282,6 +282,26 @@ def test_a_round_that_averaged_with_the_swarms_next_round_moves_the_peer_to_the_
     assert optimizer.local_epoch == then_at
 
 
+def test_a_peer_one_round_behind_when_its_last_round_lands_ends_its_round_with_the_swarm(monkeypatch) -> None:
+    """The swarm has ended round 1 and waits for this peer's part of it when the peer's round 0 lands:
+    the peer ends round 1 now (its control joins the swarm's group), instead of skipping to round 2 and
+    leaving the swarm's round 1 without it (each peer then met the other's next round, turn by turn)."""
+    from hivemind.averaging.control import AveragingStage
+
+    optimizer, averagers, micro_batch = _two_peer_optimizer(monkeypatch)
+    micro_batch()
+    averagers[0].controls[0].stage = AveragingStage.AWAITING_TRIGGER
+    micro_batch()  # round 0 ends; its all-reduce runs while round 1 trains
+    micro_batch()  # matchmaking for round 1 starts
+    first, second = averagers[0].controls
+    optimizer._tracker.global_epoch, optimizer._tracker.ready_to_update_epoch = 2, True  # the swarm ended round 1
+    monkeypatch.setattr(first, "done", lambda: True)
+    monkeypatch.setattr(first, "result", lambda timeout=None: {None: 0, "peer-b": 0}, raising=False)
+    micro_batch()
+    assert not optimizer.round_settled.is_set()  # round 1 is in flight now
+    assert second.triggered and optimizer.local_epoch == 2
+
+
 class _Behind(_Averager):
     """Tracker and averager in one: a swarm of two whose round number is set by the test."""
 
