@@ -348,8 +348,8 @@ class DiLoCoOptimizer:
         self.round_settled.set()
         if self.local_epoch == flight.epoch + 1 and met_the_next_round(group, self._peer_id, flight.epoch):
             self._set_epoch(flight.epoch + 2)  # the swarm has ended the round we counted as in progress
-        if self._tracker.global_epoch > self.local_epoch + 1:  # one behind: the swarm waits for our round's end
-            self._catch_up()
+        if self._tracker.global_epoch > self.local_epoch + 1:  # one behind, our round is over by the clock:
+            self._catch_up()  # it ends now, in the swarm's group for it (the swarm waits for our part)
 
     def _catch_up(self) -> None:
         """Rejoin a swarm that has moved on: one round behind, just join the next round (the missed
