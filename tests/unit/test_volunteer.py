@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -186,7 +187,11 @@ def test_proc_load_source_reads_this_machine() -> None:
     source = ProcLoadSource(min_interval=5.0, clock=clock)
     first = source()
     assert first.other_cpu_percent is None  # a CPU share needs two readings
-    sum(i * i for i in range(200_000))  # burn a little of our own CPU between readings
+    # Burn our own CPU between readings, long enough for the kernel's tick counters to move (a fixed
+    # count of operations could end within one tick on a fast or lightly loaded machine).
+    burn_until = time.perf_counter() + 0.1
+    while time.perf_counter() < burn_until:
+        pass
     clock.now = 5.0
     second = source()
     assert second.other_cpu_percent is not None and 0.0 <= second.other_cpu_percent <= 100.0
