@@ -92,7 +92,9 @@ def _round(averagers, weights, timeout: float = 60.0, alone_after: float = 5.0):
 
 
 def _restore(averagers, values) -> None:
-    """Put each averager's own tensors back, so every round averages the same honest values."""
+    """Put each averager's own tensors back, so every round averages the same values: the honest
+    nodes' own, and the liar's lies (plain hivemind applies the results it gets; a liar handed an honest
+    node's values for a part would next send them back, a plausible part that counts like any other)."""
     for averager, own in zip(averagers, values, strict=True):
         with averager.get_tensors() as tensors:
             for tensor, mine in zip(tensors, own, strict=True):
@@ -159,7 +161,7 @@ def test_a_lying_sender_is_rejected_named_excluded_and_the_honest_average_surviv
                 break
             if attempt:
                 time.sleep(1.5 * STRIKE_GAP_SECONDS)  # a new round, for the gate too (late results included)
-                _restore(averagers[:2], honest_values)
+                _restore(averagers, [*honest_values, evil])
             results = _round(averagers, [16.0, 16.0, 1e9])
             drained = reports[0].drain()
             if not all(isinstance(r, dict) and len(r) == 3 for r in results[:2]):
@@ -189,7 +191,7 @@ def test_a_lying_sender_is_rejected_named_excluded_and_the_honest_average_surviv
         results: list[object] = []
         for _ in range(JUDGED_STRIKES + 3):
             time.sleep(1.5 * STRIKE_GAP_SECONDS)
-            _restore(averagers[:2], honest_values)
+            _restore(averagers, [*honest_values, evil])
             results = _round(averagers, [16.0, 16.0, 1e9])
             _assert_honest_mean(averagers[:2], honest_values)
             without_liar = all(isinstance(r, dict) and len(r) == 2 and liar_id not in {str(p) for p in r}
