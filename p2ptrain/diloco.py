@@ -71,8 +71,7 @@ from p2ptrain.swarmstats import SwarmStats
 
 logger = logging.getLogger(__name__)
 
-_ALONE: dict[Any, Any] = {}
-"""What :meth:`DiLoCoOptimizer._begin_average` returns when nobody else is in the swarm (falsy, not None)."""
+_ALONE: dict[Any, Any] = {}  # what DiLoCoOptimizer._begin_average returns alone in the swarm (falsy, not None)
 
 
 @dataclass
@@ -85,8 +84,7 @@ class _RoundInFlight:
     pseudo: list[torch.Tensor]
     """Our own pseudo-gradients, applied instead of the average if the round fails."""
     started: float
-    epoch: int
-    """The round it ends, by this peer's count."""
+    epoch: int  # the round it ends, by this peer's count
 
 
 class DiLoCoOptimizer:
@@ -251,9 +249,11 @@ class DiLoCoOptimizer:
         self.inner_step += 1
 
     def _maybe_schedule_round(self) -> None:
-        """Start matchmaking shortly before the swarm's round clock says the round ends, so every
-        peer looks for its group at the same moment (DHT time), however fast it trains."""
-        if self._scheduled is not None or self._tracker.global_progress.num_peers < 2:
+        """Start matchmaking shortly before the round clock's end (DHT time), so every peer looks for its group
+        at once; not while the round in flight still looks for its own (hivemind would queue the two)."""
+        flight = self._in_flight
+        looking = flight is not None and flight.control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)
+        if self._scheduled is not None or looking or self._tracker.global_progress.num_peers < 2:
             return
         now = get_dht_time()
         ends = self._tracker.estimated_next_update_time

@@ -302,6 +302,26 @@ def test_a_peer_one_round_behind_when_its_last_round_lands_ends_its_round_with_t
     assert second.triggered and optimizer.local_epoch == 2
 
 
+def test_no_round_is_scheduled_while_the_round_in_flight_still_looks_for_its_group(monkeypatch) -> None:
+    """A round the clock ended before its group assembled is still matchmaking; hivemind would queue a second
+    step behind it, and that peer's later rounds would each meet the others' next one (seen once in a
+    benchmark's equal swarm: every round after it half averaged)."""
+    from hivemind.averaging.control import AveragingStage
+
+    optimizer, averagers, micro_batch = _two_peer_optimizer(monkeypatch)
+    micro_batch()
+    [first] = averagers[0].controls
+    optimizer._tracker.ready_to_update_epoch = True  # the clock ends round 0; its group has not assembled
+    micro_batch()
+    optimizer._tracker.ready_to_update_epoch = False
+    assert first.triggered and optimizer.local_epoch == 1
+    micro_batch()
+    assert len(averagers[0].controls) == 1  # round 1's matchmaking waits
+    first.stage = AveragingStage.RUNNING_ALLREDUCE
+    micro_batch()
+    assert len(averagers[0].controls) == 2
+
+
 class _Behind(_Averager):
     """Tracker and averager in one: a swarm of two whose round number is set by the test."""
 
