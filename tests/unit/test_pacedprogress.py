@@ -10,31 +10,13 @@ import pytest
 from p2ptrain.pacedprogress import HeldWakeups, PacedProgressTracker
 from p2ptrain.robustprogress import RobustProgressTracker
 from p2ptrain.roundclock import SwarmRoundTracker
-
-
-class _NoDht:
-    """Just what a tracker's constructor touches; with start=False it never reaches the DHT again."""
-
-    client_mode = False
-    peer_id = type("PeerId", (), {"to_bytes": lambda self: b"self"})()
-
-    def add_validators(self, validators: object) -> None: ...
-
-    def get(self, key: str, latest: bool = False) -> None:
-        return None
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
+from tests.support.trackerdht import TrackerDht
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    fake = _Clock()
+def clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
+    fake = ManualClock()
     monkeypatch.setattr("p2ptrain.pacedprogress.time.monotonic", fake)
     return fake
 
@@ -47,17 +29,17 @@ def _woken(tracker: PacedProgressTracker) -> bool:
 
 
 def _tracker(target: int = 100_000) -> PacedProgressTracker:
-    return PacedProgressTracker(_NoDht(), "run_x", target, start=False)  # type: ignore[arg-type]
+    return PacedProgressTracker(TrackerDht(), "run_x", target, start=False)  # type: ignore[arg-type]
 
 
 def test_hivemind_constructor_keeps_the_paced_event() -> None:
     for tracker in (_tracker(),
-                    SwarmRoundTracker(_NoDht(), "run_x", per_peer_samples=800, start=False),  # type: ignore[arg-type]
-                    RobustProgressTracker(_NoDht(), "run_x", 1000, start=False)):  # type: ignore[arg-type]
+                    SwarmRoundTracker(TrackerDht(), "run_x", per_peer_samples=800, start=False),  # type: ignore[arg-type]
+                    RobustProgressTracker(TrackerDht(), "run_x", 1000, start=False)):  # type: ignore[arg-type]
         assert isinstance(tracker.should_report_progress, HeldWakeups)
 
 
-def test_a_burst_of_micro_batches_wakes_the_reporter_once_per_period(clock: _Clock) -> None:
+def test_a_burst_of_micro_batches_wakes_the_reporter_once_per_period(clock: ManualClock) -> None:
     tracker = _tracker()
     wakes = 0
     for step in range(1, 101):  # 100 micro-batches of 8 in 2.5 s
@@ -71,7 +53,7 @@ def test_a_burst_of_micro_batches_wakes_the_reporter_once_per_period(clock: _Clo
     assert tracker.performance_ema.num_updates == 100
 
 
-def test_a_round_far_shorter_than_the_period_is_reported_as_it_fills(clock: _Clock) -> None:
+def test_a_round_far_shorter_than_the_period_is_reported_as_it_fills(clock: ManualClock) -> None:
     tracker = _tracker(target=256)  # gradient mode, a small target batch: an eighth is 32 samples
     wakes = []
     for step in range(1, 9):  # all within the period (the fake clock stands still)
@@ -81,7 +63,7 @@ def test_a_round_far_shorter_than_the_period_is_reported_as_it_fills(clock: _Clo
     assert wakes == [1, 5]  # the first samples, then 32 more (hivemind: every one)
 
 
-def test_a_new_epoch_a_reset_or_a_rejoin_is_reported_at_once(clock: _Clock) -> None:
+def test_a_new_epoch_a_reset_or_a_rejoin_is_reported_at_once(clock: ManualClock) -> None:
     tracker = _tracker()
     tracker.report_local_progress(0, 8)
     assert _woken(tracker)
@@ -114,7 +96,7 @@ def test_holding_is_per_thread_so_a_shutdown_always_wakes_the_reporter() -> None
     assert event.is_set()
 
 
-def test_every_epoch_shorter_than_the_period_still_publishes_samples(clock: _Clock) -> None:
+def test_every_epoch_shorter_than_the_period_still_publishes_samples(clock: ManualClock) -> None:
     """hivemind's reporter stops publishing a peer whose reports of two epochs all had no samples."""
     tracker = _tracker()
     for epoch in range(5):  # epochs of 0.2 s

@@ -17,24 +17,13 @@ from p2ptrain.roundclock import (
     schedule_position,
     set_schedule_position,
 )
+from tests.support.trackerdht import TrackerDht
 
 PER_PEER = 800  # inner_steps x inner_batch_size
 
 
-class _NoDht:
-    """Just what the tracker's constructor touches; with start=False it never reaches the DHT again."""
-
-    client_mode = False
-    peer_id = type("PeerId", (), {"to_bytes": lambda self: b"self"})()
-
-    def add_validators(self, validators: object) -> None: ...
-
-    def get(self, key: str, latest: bool = False) -> None:
-        return None
-
-
 def _tracker() -> SwarmRoundTracker:
-    return SwarmRoundTracker(_NoDht(), "run_x", per_peer_samples=PER_PEER, start=False)  # type: ignore[arg-type]
+    return SwarmRoundTracker(TrackerDht(), "run_x", per_peer_samples=PER_PEER, start=False)  # type: ignore[arg-type]
 
 
 def _entries(*peers: tuple[float, bool] | None) -> dict[bytes, ValueWithExpiration]:
