@@ -101,15 +101,26 @@ def _restore(averagers, values) -> None:
                 tensor.copy_(mine)
 
 
-def _assert_honest_mean(averagers, values) -> None:
+def _explain(found: torch.Tensor, candidates: list[torch.Tensor]) -> str:
+    """What the elements that are neither the mean nor our own are made of: their least-squares mix of
+    the honest values (and the lies, when given)."""
+    basis = torch.stack([c.double() for c in candidates], dim=1)
+    mix = torch.linalg.lstsq(basis, found.double().unsqueeze(1)).solution.squeeze(1)
+    return f"{found.numel()} elements neither the mean nor own; least-squares mix {[round(float(m), 3) for m in mix]}"
+
+
+def _assert_honest_mean(averagers, values, evil=None) -> None:
     """Every element is the honest pair's mean or (in a share the liar reduced or spoiled, refused,
     or a part that timed out) each node's own value."""
     expected = [(a + b) / 2 for a, b in zip(*values, strict=True)]
     for averager, own in zip(averagers, values, strict=True):
         with averager.get_tensors() as tensors:
-            for tensor, mean, mine in zip(tensors, expected, own, strict=True):
+            for index, (tensor, mean, mine) in enumerate(zip(tensors, expected, own, strict=True)):
                 assert torch.isfinite(tensor).all()
-                assert torch.all(torch.isclose(tensor, mean, atol=1e-5) | torch.isclose(tensor, mine, atol=1e-5))
+                odd = ~(torch.isclose(tensor, mean, atol=1e-5) | torch.isclose(tensor, mine, atol=1e-5))
+                sources = [node[index] for node in (*values, *([evil] if evil is not None else []))
+                           if torch.isfinite(node[index]).all()]
+                assert not odd.any(), _explain(tensor[odd], [source[odd] for source in sources])
 
 
 def _mean_share(averagers, values) -> float:
@@ -142,7 +153,9 @@ def test_a_lying_sender_is_rejected_named_excluded_and_the_honest_average_surviv
             averagers.append(HardenedAverager([t.clone() for t in values], dht, prefix=prefix, start=True, gate=gate,
                                               reduce_rule=ReduceRule.for_gradients(max_weight=32.0),
                                               round_reports=report, **AVERAGER))
-        liar = _Liar(evil, dhts[2], prefix=prefix, start=True, **AVERAGER)
+        # A copy: hivemind moves the tensors it is given to shared memory in place and averages into them,
+        # so ``evil`` itself would become the liar's current values and restoring it would restore nothing.
+        liar = _Liar([t.clone() for t in evil], dhts[2], prefix=prefix, start=True, **AVERAGER)
         averagers.append(liar)
         liar_id = str(dhts[2].peer_id)
 
@@ -168,7 +181,7 @@ def test_a_lying_sender_is_rejected_named_excluded_and_the_honest_average_surviv
                 splits.append(results)
                 continue
             full_reports.extend(drained)
-            _assert_honest_mean(averagers[:2], honest_values)
+            _assert_honest_mean(averagers[:2], honest_values, evil)
         assert full_reports, f"the three never met in one group: {splits}"
         assert len(full_reports) >= JUDGED_STRIKES or attack == "nonfinite", "excluded before its third round"
         for gate in gates:  # every honest node refused the liar's parts or results, and named it
@@ -193,7 +206,7 @@ def test_a_lying_sender_is_rejected_named_excluded_and_the_honest_average_surviv
             time.sleep(1.5 * STRIKE_GAP_SECONDS)
             _restore(averagers, [*honest_values, evil])
             results = _round(averagers, [16.0, 16.0, 1e9])
-            _assert_honest_mean(averagers[:2], honest_values)
+            _assert_honest_mean(averagers[:2], honest_values, evil)
             without_liar = all(isinstance(r, dict) and len(r) == 2 and liar_id not in {str(p) for p in r}
                                for r in results[:2])
             if without_liar or _mean_share(averagers[:2], honest_values) >= 0.5:
