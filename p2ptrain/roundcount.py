@@ -9,8 +9,9 @@ a runner of our choice and ends with a :class:`~p2ptrain.robustreduce.RoundRepor
 all-reduce with one small change (:class:`CountingAllReduceRunner`: its reducer counts the
 contributions it mixed in); the hardened averagers (:mod:`p2ptrain.safeaverager`) build theirs with
 every sender's part screened.  Either way a round is "full" by the same measure
-(:mod:`p2ptrain.roundstats`).  It also keeps the hivemind class's RPC names (see ``rpc_name``), and
-paces its matchmaking's reads of the DHT (:mod:`p2ptrain.grouppolls`).
+(:mod:`p2ptrain.roundstats`).  It also keeps the hivemind class's RPC names (see ``rpc_name``),
+paces its matchmaking's reads of the DHT (:mod:`p2ptrain.grouppolls`), and serves its groupmates'
+all-reduce streams once it is ready and until they are read (:mod:`p2ptrain.groupmates`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.utils import get_dht_time
 from hivemind.utils.asyncio import as_aiter, azip
 
+from p2ptrain.groupmates import ServeGroupmatesMixin
 from p2ptrain.grouppolls import pace_group_polls
 from p2ptrain.pinned import require_hivemind
 from p2ptrain.robustreduce import RoundReport, RoundReports
@@ -60,7 +62,7 @@ class CountingAllReduceRunner(AllReduceRunner):
         self.rejections: list[tuple[str, str, str]] = []
 
 
-class CountingAveragerMixin:
+class CountingAveragerMixin(ServeGroupmatesMixin):
     """Put first in the bases of a hivemind ``DecentralizedAverager`` subclass (see the module doc).
 
     hivemind names every RPC after the servicer's class (``<prefix>::<ClassName>.rpc_...``), so a
