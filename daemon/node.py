@@ -244,7 +244,7 @@ class Node:
         logger.info("stopping (%s): writing a final checkpoint", self.stopper.reason)
         training = self.current_config().training
         self.hooks.long_operation(training.averaging_timeout + training.matchmaking_time)
-        land_round_in_flight(parts.optimizer)
+        land_round_in_flight(parts.optimizer, self.swarm_stats.rounds)
         if self.loop.checkpoint():
             self._forced_exit_code = self.exit_code
         return self.exit_code

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from p2ptrain.proc import descendants, signal_all
+from p2ptrain.roundstats import RoundStats
 from p2ptrain.swarm_optimizer import SwarmOptimizer
 
 logger = logging.getLogger(__name__)
@@ -24,13 +25,16 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_DEADLINE = 20.0
 
 
-def land_round_in_flight(optimizer: SwarmOptimizer) -> None:
+def land_round_in_flight(optimizer: SwarmOptimizer, rounds: RoundStats | None = None) -> None:
     """An overlapped round still in flight is this node's share of the swarm's last update: let
-    it land (the caller bounds it by the averaging timeout) so the final checkpoint holds it."""
+    it land (the caller bounds it by the averaging timeout) so the final checkpoint holds it.
+    Then ``rounds``, with that one counted, says what the node's averaging came to."""
     try:
         optimizer.flush()
     except Exception as exc:  # the swarm's trouble must not cost the final checkpoint
         logger.warning("the last averaging round did not land (%r); checkpointing local progress", exc)
+    if rounds is not None:
+        logger.info(rounds.run_summary())
 
 
 def close_within_deadline(closers: list[Callable[[], None]], exit_code: Callable[[], int], *,

@@ -198,6 +198,16 @@ class RoundStats:
                 median_received_fraction=statistics.median(self._received) if self._received else None,
             )
 
+    def run_summary(self) -> str:
+        """One line on every round since the node started, for the log when it stops."""
+        with self._lock:
+            ok, partial, failed = (self._counts[o] for o in RoundOutcome)
+        total = ok + partial + failed
+        if not total:
+            return "averaging this run: no rounds"
+        return (f"averaging this run: {total} round{'s' if total != 1 else ''}, {ok} full, {partial} partial, "
+                f"{failed} failed")
+
     def take_summary(self, now: float, every: float = 300.0) -> str | None:
         """Once per ``every`` seconds (monotonic ``now``): one line on the rounds that were not ok in
         that time, for the log at INFO; None when it is not yet time or every round was ok."""

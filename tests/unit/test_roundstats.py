@@ -106,6 +106,18 @@ def test_summary_every_five_minutes_only_when_rounds_were_not_full() -> None:
                                           "(0 of 1 full)")
 
 
+def test_run_summary_counts_every_round_since_start_whatever_the_windows() -> None:
+    stats = RoundStats()
+    assert stats.run_summary() == "averaging this run: no rounds"
+    stats.record(report())
+    assert stats.run_summary() == "averaging this run: 1 round, 1 full, 0 partial, 0 failed"
+    stats.take_summary(0.0)
+    stats.record(report(received=0.5))
+    stats.record(report(ok=False, group=0, received=0.0))
+    stats.take_summary(300.0)  # a window's summary does not reset the run's counts
+    assert stats.run_summary() == "averaging this run: 3 rounds, 1 full, 1 partial, 1 failed"
+
+
 def test_recording_from_several_threads() -> None:
     stats = RoundStats()
 

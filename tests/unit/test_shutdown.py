@@ -6,6 +6,7 @@ import logging
 import threading
 
 from p2ptrain.daemon.shutdown import close_within_deadline, land_round_in_flight
+from p2ptrain.roundstats import RoundReport, RoundStats
 
 
 def test_a_hanging_close_is_cut_short_with_the_latest_exit_code() -> None:
@@ -42,3 +43,15 @@ def test_a_round_that_fails_to_land_is_one_warning(caplog) -> None:
     land_round_in_flight(Failing())  # type: ignore[arg-type]
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert "did not land" in caplog.records[0].getMessage() and caplog.records[0].exc_info is None
+
+
+def test_the_run_summary_counts_the_round_that_landed_last(caplog) -> None:
+    rounds = RoundStats()
+
+    class Landing:
+        def flush(self) -> None:
+            rounds.record(RoundReport(ok=True, duration=1.0, group_size=2, peers_online=2, received_fraction=1.0))
+
+    with caplog.at_level(logging.INFO, logger="p2ptrain.daemon.shutdown"):
+        land_round_in_flight(Landing(), rounds)  # type: ignore[arg-type]
+    assert caplog.messages == ["averaging this run: 1 round, 1 full, 0 partial, 0 failed"]
