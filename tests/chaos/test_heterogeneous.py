@@ -46,10 +46,10 @@ MAX_SPREAD = 0.05
 MAX_APART = 0.5
 #: A quarter of one core, as a share of this machine.
 QUARTER_CORE_PERCENT = 25.0 / (os.cpu_count() or 1)
-#: Every way a node logs a DiLoCo round that did not average (scheduling, starting, ending alone or
-#: late, failing).
 #: The line a node logs when it stops: its rounds since it started, by outcome.
 RUN_SUMMARY = re.compile(r"averaging this run: \d+ rounds?, (\d+) full, (\d+) partial")
+#: Every way a node logs a DiLoCo round that did not average (scheduling, starting, ending alone or
+#: late, failing).
 FAILED_ROUND = re.compile(r"could not schedule the DiLoCo round|"
                           r"DiLoCo round \d* ?(could not start|never ended|failed|ended alone)")
 
@@ -138,7 +138,7 @@ def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, ch
     # Rounds that failed after the slow node was in (the last one may find its partner gone).
     failed = {name: len(FAILED_ROUND.findall(log.split("reload from SIGHUP", 1)[-1])) for name, log in logs.items()}
     # Rounds the slow node averaged in, full or partial, as it counted them when it stopped (rounds
-    # last about a second here: its last status read may be a round or two behind).
+    # last a second or two here: its last status read may be a round or two behind).
     summaries = RUN_SUMMARY.findall(logs["slow"])
     assert summaries, slow.log_tail()
     full, partial = (int(n) for n in summaries[-1])
