@@ -40,6 +40,8 @@ from hivemind.p2p import P2PContext
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import achain, anext, as_aiter
 
+from p2ptrain.waiting import WaitTimeout, wait_until
+
 logger = logging.getLogger(__name__)
 
 #: The wait when the averager has no chunk timeout to go by.
@@ -172,9 +174,9 @@ class ServeGroupmatesMixin:
         if in_flight <= 0:
             return 0.0
         started = clock()
-        deadline = started + self.serve_grace()
-        while self.streams_serving > 0 and clock() < deadline:
-            sleep(POLL_SECONDS)
+        with contextlib.suppress(WaitTimeout):
+            wait_until(lambda: self.streams_serving <= 0, self.serve_grace(), "groupmate reading our averages",
+                       POLL_SECONDS, clock=clock, sleep=sleep)
         waited = clock() - started
         if self.streams_serving > 0:
             logger.info("leaving with %d groupmates still reading this round's averages (waited %.1f s)",
