@@ -124,7 +124,8 @@ def test_the_owner_s_workflow_init_start_update_restart(make_node, tmp_path):
                  "--fingerprint", "none"]) == 0
     manifest = tmp_path / "own" / "manifest.toml"
     owner = make_node("own", owned=True)  # its config: the one run init wrote, own/node.toml
-    assert owner.config_path.exists() and "lr" not in owner.config_path.read_text()
+    written = tomllib.loads(owner.config_path.read_text())  # the run's settings live in its manifest only
+    assert "task" not in written and "lr" not in written.get("training", {}), owner.config_path.read_text()
     owner.start()
     owner.wait_for(lambda s: s.state == "training" and s.manifest_version == 1, 120, "training with version 1")
 
