@@ -28,6 +28,9 @@ class Verdict:
     ok: bool
     reason: str = ""
     kind: str = ""
+    unconfirmed: bool = False
+    """Judged against this node's own model alone: an offence only once another donor's state passes
+    where this one failed (two honest donors in a loss spike both score worse than a model from before it)."""
 
     @classmethod
     def good(cls) -> Verdict:
@@ -231,7 +234,8 @@ def check_candidate_loss(candidate: float, *, own: float | None, honest: Sequenc
     donor is no worse than it.  When reports disagree (one honest report among forged ones is enough)
     or there are none, our own model's loss is the reference.  A fresh node cannot judge by its own
     model (anything beats a random initialisation), so it needs the reports; forged ones can only
-    decide when no honest peer reports at all, and what they decide is a ban for a while.
+    decide when no honest peer reports at all, and what they decide is a ban for a while.  A verdict
+    by our own model is :attr:`Verdict.unconfirmed`: ours may be the outlier.
     """
     if not math.isfinite(candidate):
         return Verdict.bad("bad_model", f"the downloaded model's validation loss is {candidate}")
@@ -250,7 +254,8 @@ def check_candidate_loss(candidate: float, *, own: float | None, honest: Sequenc
     if not has_own:
         return Verdict.good()
     if candidate > own * slack + 1e-6:  # type: ignore[operator]
-        return Verdict.bad("bad_model", f"validation loss {candidate:.4f} is worse than our own model's {own:.4f}")
+        return Verdict(False, f"validation loss {candidate:.4f} is worse than our own model's {own:.4f}", "bad_model",
+                       unconfirmed=True)
     return Verdict.good()
 
 

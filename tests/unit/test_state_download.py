@@ -1,0 +1,69 @@
+"""Which donors a state download blames: a model judged only against our own is an offence only once
+another donor's model passes (every honest donor in a loss spike scores worse than a model from before it)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from p2ptrain.safeaverager import HardenedAveragerMixin
+from p2ptrain.statecheck import Verdict, check_candidate_loss
+
+OUR_LOSS = 3.39
+
+
+class Downloader(HardenedAveragerMixin):
+    """The mixin's download loop alone: no hivemind averager (nor its process) behind it."""
+
+
+class RecordingGate:
+    def __init__(self) -> None:
+        self.offences: list[tuple[str, str]] = []
+
+    def offend(self, peer: Any, kind: str, reason: str, **_: Any) -> None:
+        self.offences.append((str(peer), kind))
+
+
+def downloader(losses: dict[str, float]) -> tuple[Downloader, RecordingGate]:
+    """Donors answer in the given order, and each one's model scores its loss here against our own
+    model's (no peer reports)."""
+    averager = object.__new__(Downloader)
+    gate = RecordingGate()
+    averager._gate, averager._max_donors = gate, len(losses) + 1
+    averager._state_ban_seconds, averager._judgement_ban_seconds = float("inf"), 600.0
+    queue = list(losses)
+
+    def ask(tried: set[str], validator: Any, timeout: float) -> dict[str, Any] | None:
+        return {"failures": [], "donor": queue.pop(0), "metadata": {"epoch": 11}, "tensors": []} if queue else None
+
+    def validate(metadata: Any, tensors: Any, donor: str) -> Verdict:
+        return check_candidate_loss(losses[donor], own=OUR_LOSS, honest=[])
+
+    averager._ask_for_state = ask
+    averager.state_validator = validate
+    return averager, gate
+
+
+def test_donors_that_all_score_worse_than_our_model_are_not_adopted_and_not_blamed(caplog):
+    averager, gate = downloader({"QmHonestA": 4.24, "QmHonestB": 4.57})
+    with caplog.at_level(logging.INFO, logger="p2ptrain.safeaverager"):
+        assert averager.download_state(timeout=10) is None
+    assert gate.offences == [] and [peer for peer, _ in averager.last_download_rejections] == ["QmHonestA",
+                                                                                                "QmHonestB"]
+    assert "2 scored worse than our own model, and no donor better: nobody blamed" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_worse_model_is_an_offence_once_another_donor_serves_a_better_one():
+    averager, gate = downloader({"QmGarbage": 5.55, "QmHonest": 3.41})
+    download = averager.download_state(timeout=10)
+    assert download is not None and download.donor == "QmHonest"
+    assert gate.offences == [("QmGarbage", "bad_model")]
+
+
+@pytest.mark.parametrize("reports", [[3.1, 2.9, 3.05], []])
+def test_only_a_judgement_by_our_own_model_is_unconfirmed(reports):
+    verdict = check_candidate_loss(5.5, own=3.0, honest=reports)
+    assert not verdict.ok and verdict.kind == "bad_model" and verdict.unconfirmed == (not reports)
