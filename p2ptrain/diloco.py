@@ -35,6 +35,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +68,12 @@ from p2ptrain.safestate import diloco_state_validator
 from p2ptrain.soloround import SoloRounds
 from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
+from p2ptrain.waiting import WaitTimeout, wait_until
 
 logger = logging.getLogger(__name__)
 
+#: The stages of a round that has not found its group yet.
+_LOOKING = (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)
 _ALONE: dict[Any, Any] = {}  # what DiLoCoOptimizer._begin_average returns alone in the swarm (falsy, not None)
 
 
@@ -251,7 +255,7 @@ class DiLoCoOptimizer(DiLoCoState):
         """Start matchmaking shortly before the round clock's end (DHT time), so every peer looks for its group
         at once; not while the round in flight still looks for its own (hivemind would queue the two)."""
         flight = self._in_flight
-        looking = flight is not None and flight.control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)
+        looking = flight is not None and flight.control.stage in _LOOKING
         if self._scheduled is not None or looking or self._tracker.global_progress.num_peers < 2:
             return
         now = get_dht_time()
@@ -325,6 +329,8 @@ class DiLoCoOptimizer(DiLoCoState):
         """
         try:
             return control.result(timeout=self.cfg.averaging_timeout + self.cfg.matchmaking_time + 5.0)
+        except CancelledError:  # by flush, which has said so
+            pass
         except TimeoutError:
             control.cancel()
             logger.warning("DiLoCo round %d never ended: cancelled; applied the local pseudo-gradient",
@@ -396,7 +402,21 @@ class DiLoCoOptimizer(DiLoCoState):
         return self._rounds.latest()
 
     def flush(self) -> None:
-        """Wait for the round in flight (bounded by the averaging timeout) and apply it."""
+        """Land the round in flight before the node stops, so the final checkpoint holds it.
+
+        A round whose group has assembled is waited for (bounded by the averaging timeout).  One still
+        looking for its group gets two matchmaking windows, not the whole timeout: at a stop, the peers
+        it would have met may have stopped too (a node a round behind waited 10 s for nobody)."""
+        flight = self._in_flight
+        if flight is not None:
+            control = flight.control
+            try:
+                wait_until(lambda: control.done() or control.stage not in _LOOKING, 2 * self.cfg.matchmaking_time + 1.0,
+                           "group", interval=0.05)
+            except WaitTimeout:
+                logger.info("DiLoCo round %d found no group before the stop: applying the local pseudo-gradient",
+                            flight.epoch)
+                control.cancel()
         self._settle_round(block=True)
 
     def shutdown(self) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from types import SimpleNamespace
 from typing import Any
 
@@ -573,3 +576,46 @@ def test_without_peer_checks_a_round_s_received_share_is_still_measured(monkeypa
     figures = stats.rounds.figures()
     assert figures.rounds_partial == 1 and figures.rounds_ok == 0
     assert figures.last_received_fraction == pytest.approx(1 / 3)
+
+
+def test_at_a_stop_a_round_still_looking_for_its_group_gets_two_matchmaking_windows_not_the_timeout(
+        monkeypatch, caplog) -> None:
+    """A node that ended its round by the clock while its group never formed (its peers stopped first)
+    lands it as a failed round within two matchmaking windows, not the averaging timeout; one whose
+    group has assembled is waited for."""
+    from hivemind.averaging.control import AveragingStage
+
+    optimizer, averagers, micro_batch = _two_peer_optimizer(monkeypatch)
+    optimizer.cfg = optimizer.cfg.model_copy(update={"matchmaking_time": 0.2, "averaging_timeout": 60.0})
+    micro_batch()
+    [control] = averagers[0].controls
+    optimizer._tracker.ready_to_update_epoch = True  # the clock ends the round; the group is still looked for
+    micro_batch()
+    assert control.triggered and optimizer.local_epoch == 1 and not optimizer.round_settled.is_set()
+    cancelled: list[bool] = []
+
+    def cancel() -> None:
+        cancelled.append(True)
+        monkeypatch.setattr(control, "done", lambda: True)
+        monkeypatch.setattr(control, "result", lambda timeout=None: (_ for _ in ()).throw(CancelledError()),
+                            raising=False)
+
+    monkeypatch.setattr(control, "cancel", cancel)
+    began = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="p2ptrain"):
+        optimizer.flush()
+    assert time.monotonic() - began < 2.0 and cancelled and optimizer.round_settled.is_set()
+    assert optimizer.stats.rounds.figures().rounds_failed == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and r.name == "p2ptrain.diloco"] == [
+        "DiLoCo round 0 found no group before the stop: applying the local pseudo-gradient"]
+
+    # A round whose group has assembled lands as the swarm's.
+    optimizer._tracker.ready_to_update_epoch = False
+    micro_batch()
+    second = averagers[0].controls[-1]
+    second.stage = AveragingStage.AWAITING_TRIGGER
+    micro_batch()
+    second.stage = AveragingStage.RUNNING_ALLREDUCE
+    monkeypatch.setattr(second, "result", lambda timeout=None: {None: 0, "peer-b": 0}, raising=False)
+    optimizer.flush()
+    assert optimizer.round_settled.is_set() and optimizer.stats.rounds.figures().rounds_ok == 1
