@@ -25,7 +25,8 @@ outer momentum and round position from a peer and finishes the current round tog
 A downloaded state is checked before any of it is copied (:mod:`p2ptrain.statecheck`); with the
 peer checks (:class:`p2ptrain.defences.Defences`) the averager is hardened
 (:mod:`p2ptrain.diloco_averager`) and the round clock believes only identity-bound peers.
-It implements :class:`p2ptrain.swarm_optimizer.SwarmOptimizer`, the node's optimizer protocol.
+It implements :class:`p2ptrain.swarm_optimizer.SwarmOptimizer`, the node's optimizer protocol;
+state downloads and checkpoints are its base, :class:`p2ptrain.diloco_state.DiLoCoState`.
 """
 
 from __future__ import annotations
