@@ -14,16 +14,15 @@ subclass.  It overrides (in the averager's forked process unless noted):
   ``_download_state_from_donor`` (a new pipe target replacing ``_load_state_from_peers``), which skips
   gated peers and implausible donor priorities and aborts a stream as soon as it exceeds the byte bound,
   the tensor count or a tensor's shape; each state is then validated, a bad donor is banned and the next
-  one tried (a donor whose model merely scores worse than ours is banned only if a later donor's
-  passes: in a loss spike every honest donor does).  It returns ``(metadata, tensors)`` or None, and
-  never raises.
+  one tried (a state refused on an unconfirmed judgement, e.g. a model scoring worse than ours,
+  bans nobody: in a loss spike every honest donor's does).  It returns ``(metadata, tensors)`` or
+  None, and never raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import random
@@ -172,8 +171,7 @@ class HardenedAveragerMixin(CountingAveragerMixin):
             return None
         deadline = time.monotonic() + (timeout if timeout is not None else 300.0)
         tried: set[str] = set()
-        #: Donors whose models scored worse than ours and nothing else: offenders if another donor's passes.
-        suspects: list[tuple[str, Verdict]] = []
+        unconfirmed = 0  # states refused on a view, not a fact: nobody blamed
         for _ in range(self._max_donors):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -193,20 +191,17 @@ class HardenedAveragerMixin(CountingAveragerMixin):
                 verdict = validator(reply["metadata"], reply["tensors"], donor)
             if verdict.ok:
                 logger.info("state from %s passed every check", donor)
-                for suspect, judged in suspects:  # a better model was there to serve: theirs was a lie
-                    self._reject(suspect, dataclasses.replace(judged, unconfirmed=False))
                 self.last_download_source = (donor, reply["metadata"])
                 return StateDownload(donor, reply["metadata"], list(reply["tensors"]))
             if verdict.unconfirmed:
-                suspects.append((donor, verdict))
+                unconfirmed += 1
                 self.last_download_rejections.append((donor, verdict.reason))
-                logger.info("not adopting the state of %s yet: %s", donor, verdict.reason)
+                logger.info("not adopting the state of %s: %s (not blamed: a view, not a fact)", donor, verdict.reason)
             else:
                 self._reject(donor, verdict)
         if self.last_download_rejections:
             lied = self._lied
-            unsure = f"; {len(suspects)} scored worse than our own model, and no donor better: nobody blamed" \
-                if suspects else ""
+            unsure = f"; {unconfirmed} refused as worse than the reference, nobody blamed" if unconfirmed else ""
             logger.log(logging.WARNING if lied else logging.INFO, "no usable state among %d donor(s)%s%s; keeping "
                        "our own", len(self.last_download_rejections), f" ({lied} rejected as bad)" if lied else "",
                        unsure)

@@ -29,8 +29,8 @@ class Verdict:
     reason: str = ""
     kind: str = ""
     unconfirmed: bool = False
-    """Judged against this node's own model alone: an offence only once another donor's state passes
-    where this one failed (two honest donors in a loss spike both score worse than a model from before it)."""
+    """Refused on a view, not a fact (e.g. a model judged against our own, or one peer's report): the
+    donor is not blamed for it (in a loss spike every honest donor scores worse than a model from before it)."""
 
     @classmethod
     def good(cls) -> Verdict:
@@ -210,6 +210,11 @@ LOSS_AGREEMENT = 0.25
 #: swarm), and reports are published minutes apart.  Garbage is far off: constant parameters score
 #: ln(256) = 5.5 on the byte-level model against 1-3 for a trained one.
 LOSS_TOLERANCE = 0.2
+#: Agreeing reports it takes to call a donor's model bad as a fact (an offence) rather than a view.
+#: One peer's report may be stale or its own outlier, and our own model may be in a loss spike; an
+#: honest peer's model can score worse than a fresh one (6.13 against 5.31 in one demo run, in a
+#: spike its whole group shared), so a poor model alone does not make its donor a liar.
+LOSS_WITNESSES = 2
 
 
 def advertised_epoch(metadata: Any, priority: float | None, *, slack: int = 10) -> Verdict:
@@ -235,7 +240,8 @@ def check_candidate_loss(candidate: float, *, own: float | None, honest: Sequenc
     or there are none, our own model's loss is the reference.  A fresh node cannot judge by its own
     model (anything beats a random initialisation), so it needs the reports; forged ones can only
     decide when no honest peer reports at all, and what they decide is a ban for a while.  A verdict
-    by our own model is :attr:`Verdict.unconfirmed`: ours may be the outlier.
+    by our own model or by fewer than :data:`LOSS_WITNESSES` reports is :attr:`Verdict.unconfirmed`:
+    the state is refused, its donor not blamed.
     """
     if not math.isfinite(candidate):
         return Verdict.bad("bad_model", f"the downloaded model's validation loss is {candidate}")
@@ -249,8 +255,8 @@ def check_candidate_loss(candidate: float, *, own: float | None, honest: Sequenc
         trained = has_own and own <= median * (1 + agreement)  # type: ignore[operator]
         if trained and candidate <= own * slack + 1e-6:  # type: ignore[operator]
             return Verdict.good()
-        return Verdict.bad("bad_model", f"validation loss {candidate:.4f} is worse than the median of "
-                                        f"{len(reports)} peer(s)' reports {median:.4f}")
+        return Verdict(False, f"validation loss {candidate:.4f} is worse than the median of {len(reports)} peer(s)' "
+                              f"reports {median:.4f}", "bad_model", unconfirmed=len(reports) < LOSS_WITNESSES)
     if not has_own:
         return Verdict.good()
     if candidate > own * slack + 1e-6:  # type: ignore[operator]
