@@ -216,9 +216,9 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
     # the epoch boundary, nobody else is there or the epoch does not average parameters after all.
     # So gradient rounds are only pre-scheduled with someone to average with, and parameter rounds
     # (every average_state_every epochs, only a drift repair) are not pre-scheduled at all.  Nor is
-    # a round pre-scheduled while the last one still looks for its group: the averager would queue
-    # it behind that one, and groups would split (in a three-node swarm with short epochs, 51 of 67
-    # groups were pairs and every pre-scheduled round was queued; with this, none was).
+    # a round pre-scheduled while the last one still looks for its group (the averager would queue
+    # it behind that one); an epoch that reaches its end without a round of its own then begins one
+    # there (:meth:`_begin_averaging_gradients`).  docs/reliability.md has the measurements.
 
     def _maybe_schedule_gradient_averaging(self) -> None:
         previous = self.scheduled_grads
@@ -232,6 +232,11 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         return
 
     def _begin_averaging_gradients(self, grad_scaler: Any) -> bool:
+        last = self.scheduled_grads
+        if last is not None and (last.triggered or last.done()):
+            # The last epoch's round (still running in the background): hivemind would skip this
+            # epoch's round altogether ("Not using pre-scheduled group") and apply local gradients.
+            self.scheduled_grads = None
         # Credit (p2ptrain.credit): the epoch's samples, as hivemind weighs them in the round, go to
         # the round begun here; with no round they are the swarm's update only if nobody else trains.
         samples = int(self.grad_averager.local_samples_accumulated)

@@ -226,3 +226,23 @@ def test_a_gradient_round_is_not_pre_scheduled_while_the_last_one_still_looks_fo
     last.stage = AveragingStage.RUNNING_ALLREDUCE  # its group found: the next round may look for its own
     optimizer._maybe_schedule_gradient_averaging()
     assert scheduled == [15.0] and optimizer.scheduled_grads == "next"
+
+
+def test_an_epoch_whose_last_round_still_runs_begins_a_round_of_its_own():
+    """hivemind skips an epoch's round when the control it holds is the last epoch's, already triggered
+    ("Not using pre-scheduled group"), and applies local gradients: a fifth of the epochs in a three-node
+    swarm with short epochs. The epoch gets a round of its own instead."""
+    from p2ptrain.gradient import GradientOptimizer
+    from p2ptrain.swarmstats import SwarmStats
+
+    steps: list[object] = []
+    optimizer = object.__new__(GradientOptimizer)
+    optimizer._parent_pid = -1  # hivemind's __del__ shuts down an optimizer its process started
+    optimizer.tracker = SimpleNamespace(global_progress=SimpleNamespace(num_peers=3))
+    optimizer.grad_averager = SimpleNamespace(
+        local_samples_accumulated=64,
+        step=lambda control, reset_accumulators, wait: steps.append(control) or "this epoch's round")
+    optimizer.stats, optimizer._rounds_begun, optimizer.status_loglevel = SwarmStats(), 0, logging.DEBUG
+    optimizer.scheduled_grads = SimpleNamespace(triggered=True, done=lambda: False)  # the last epoch's
+    assert optimizer._begin_averaging_gradients(None) is True
+    assert steps == [None] and optimizer.scheduled_grads == "this epoch's round" and optimizer._rounds_begun == 1
