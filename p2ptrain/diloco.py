@@ -53,7 +53,7 @@ from p2ptrain.diloco_averager import averager_class
 from p2ptrain.diloco_state import DiLoCoState
 from p2ptrain.livetraining import retune
 from p2ptrain.microbatches import MicroBatches
-from p2ptrain.optim import ClippedAdamW, warmup_cosine, withdraw_progress
+from p2ptrain.optim import ClippedAdamW, looking_for_group, warmup_cosine, withdraw_progress
 from p2ptrain.outerstep import OuterStep
 from p2ptrain.robustreduce import ReduceRule, RoundReports
 from p2ptrain.robustreduce import RoundReport as ReducerReport
@@ -73,8 +73,6 @@ from p2ptrain.waiting import WaitTimeout, wait_until
 
 logger = logging.getLogger(__name__)
 
-#: The stages of a round that has not found its group yet.
-_LOOKING = (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)
 _ALONE: dict[Any, Any] = {}  # what DiLoCoOptimizer._begin_average returns alone in the swarm (falsy, not None)
 
 
@@ -256,7 +254,7 @@ class DiLoCoOptimizer(DiLoCoState):
         """Start matchmaking shortly before the round clock's end (DHT time), so every peer looks for its group
         at once; not while the round in flight still looks for its own (hivemind would queue the two)."""
         flight = self._in_flight
-        looking = flight is not None and flight.control.stage in _LOOKING
+        looking = flight is not None and looking_for_group(flight.control)
         if self._scheduled is not None or looking or self._tracker.global_progress.num_peers < 2:
             return
         now = get_dht_time()
@@ -412,8 +410,8 @@ class DiLoCoOptimizer(DiLoCoState):
         if flight is not None:
             control = flight.control
             try:
-                wait_until(lambda: control.done() or control.stage not in _LOOKING, 2 * self.cfg.matchmaking_time + 1.0,
-                           "group", interval=0.05)
+                wait_until(lambda: not looking_for_group(control), 2 * self.cfg.matchmaking_time + 1.0, "group",
+                           interval=0.05)
             except WaitTimeout:
                 logger.info("DiLoCo round %d found no group before the stop: applying the local pseudo-gradient",
                             flight.epoch)

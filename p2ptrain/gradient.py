@@ -35,7 +35,7 @@ from p2ptrain.config import TrainingSection
 from p2ptrain.defences import Defences
 from p2ptrain.livetraining import retune
 from p2ptrain.modelcheck import make_loss_check
-from p2ptrain.optim import warmup_cosine, withdraw_progress
+from p2ptrain.optim import looking_for_group, warmup_cosine, withdraw_progress
 from p2ptrain.pacedprogress import PacedProgressTracker
 from p2ptrain.robustprogress import RobustProgressTracker
 from p2ptrain.robustreduce import ReduceRule, RoundReports
@@ -45,9 +45,6 @@ from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
 from p2ptrain.swarmstats import SwarmStats
 
 logger = logging.getLogger(__name__)
-
-#: The stages of a round that has not found its group yet.
-_LOOKING = (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)
 
 
 class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
@@ -221,8 +218,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
     # there (:meth:`_begin_averaging_gradients`).  docs/reliability.md has the measurements.
 
     def _maybe_schedule_gradient_averaging(self) -> None:
-        previous = self.scheduled_grads
-        if previous is not None and not previous.done() and previous.stage in _LOOKING:
+        if self.scheduled_grads is not None and looking_for_group(self.scheduled_grads):
             return  # hivemind would queue this round behind the one still looking for its group
         if self.tracker.global_progress.num_peers < 2:
             return

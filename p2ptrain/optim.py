@@ -15,6 +15,7 @@ from typing import Any
 
 import hivemind
 import torch
+from hivemind.averaging.control import AveragingStage
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.utils import get_dht_time
 
@@ -33,6 +34,12 @@ def withdraw_progress(tracker: ProgressTracker) -> None:
     """
     tracker.dht.store(tracker.training_progress_key, subkey=tracker._local_public_key, value=None,
                       expiration_time=get_dht_time() + tracker.metadata_expiration, return_future=True)
+
+
+def looking_for_group(control: Any) -> bool:
+    """A hivemind averaging step that has not found its group yet.  A second step started meanwhile
+    is queued behind it by the averager ("Another look_for_group is already in progress")."""
+    return not control.done() and control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)
 
 
 def warmup_cosine(warmup: int, total: int, floor: float = 0.1) -> Callable[[int], float]:
