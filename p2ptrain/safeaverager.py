@@ -91,9 +91,10 @@ class HardenedAveragerMixin(CountingAveragerMixin):
         self._max_donors, self._state_ban_seconds = max_donors, state_ban_seconds
         self._judgement_ban_seconds = judgement_ban_seconds
         self._max_donor_priority, self._known_peers = max_donor_priority, known_peers
-        #: What the last download attempt rejected: (peer ID, reason); how many of them were offences.
+        #: What the last download attempt rejected: (peer ID, reason); how many of them were offences,
+        #: and how many were refused on an unconfirmed judgement (nobody blamed).
         self.last_download_rejections: list[tuple[str, str]] = []
-        self._lied = 0
+        self._lied = self._unconfirmed = 0
         #: Where the state that passed the last download's checks came from: (donor peer ID, its metadata).
         self.last_download_source: tuple[str, Any] | None = None
         super().__init__(*args, round_reports=round_reports, **kwargs)
@@ -163,7 +164,7 @@ class HardenedAveragerMixin(CountingAveragerMixin):
     def download_state(self, timeout: float | None = None) -> StateDownload | None:
         """Try donors one at a time until one's state passes the validator; ban the ones that lie."""
         self.last_download_rejections = []
-        self._lied = 0
+        self._lied = self._unconfirmed = 0
         self.last_download_source = None
         validator = self.state_validator
         if validator is None:
@@ -171,7 +172,6 @@ class HardenedAveragerMixin(CountingAveragerMixin):
             return None
         deadline = time.monotonic() + (timeout if timeout is not None else 300.0)
         tried: set[str] = set()
-        unconfirmed = 0  # states refused on a view, not a fact: nobody blamed
         for _ in range(self._max_donors):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -193,14 +193,9 @@ class HardenedAveragerMixin(CountingAveragerMixin):
                 logger.info("state from %s passed every check", donor)
                 self.last_download_source = (donor, reply["metadata"])
                 return StateDownload(donor, reply["metadata"], list(reply["tensors"]))
-            if verdict.unconfirmed:
-                unconfirmed += 1
-                self.last_download_rejections.append((donor, verdict.reason))
-                logger.info("not adopting the state of %s: %s (not blamed: a view, not a fact)", donor, verdict.reason)
-            else:
-                self._reject(donor, verdict)
+            self._reject(donor, verdict)
         if self.last_download_rejections:
-            lied = self._lied
+            lied, unconfirmed = self._lied, self._unconfirmed
             unsure = f"; {unconfirmed} refused as worse than the reference, nobody blamed" if unconfirmed else ""
             logger.log(logging.WARNING if lied else logging.INFO, "no usable state among %d donor(s)%s%s; keeping "
                        "our own", len(self.last_download_rejections), f" ({lied} rejected as bad)" if lied else "",
@@ -209,6 +204,10 @@ class HardenedAveragerMixin(CountingAveragerMixin):
 
     def _reject(self, peer: str, verdict: Verdict) -> None:
         self.last_download_rejections.append((peer, verdict.reason))
+        if verdict.unconfirmed:  # refused on a view, not a fact: nobody blamed
+            self._unconfirmed += 1
+            logger.info("not adopting the state of %s: %s (not blamed: a view, not a fact)", peer, verdict.reason)
+            return
         self._lied += bool(verdict.kind)
         if verdict.kind and self._gate is not None:
             judged = verdict.kind in _JUDGEMENTS

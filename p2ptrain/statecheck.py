@@ -37,8 +37,8 @@ class Verdict:
         return cls(True)
 
     @classmethod
-    def bad(cls, kind: str, reason: str) -> Verdict:
-        return cls(False, reason, kind)
+    def bad(cls, kind: str, reason: str, *, unconfirmed: bool = False) -> Verdict:
+        return cls(False, reason, kind, unconfirmed)
 
     @classmethod
     def refuse(cls, reason: str) -> Verdict:
@@ -255,13 +255,14 @@ def check_candidate_loss(candidate: float, *, own: float | None, honest: Sequenc
         trained = has_own and own <= median * (1 + agreement)  # type: ignore[operator]
         if trained and candidate <= own * slack + 1e-6:  # type: ignore[operator]
             return Verdict.good()
-        return Verdict(False, f"validation loss {candidate:.4f} is worse than the median of {len(reports)} peer(s)' "
-                              f"reports {median:.4f}", "bad_model", unconfirmed=len(reports) < LOSS_WITNESSES)
+        return Verdict.bad("bad_model", f"validation loss {candidate:.4f} is worse than the median of "
+                                        f"{len(reports)} peer(s)' reports {median:.4f}",
+                           unconfirmed=len(reports) < LOSS_WITNESSES)
     if not has_own:
         return Verdict.good()
     if candidate > own * slack + 1e-6:  # type: ignore[operator]
-        return Verdict(False, f"validation loss {candidate:.4f} is worse than our own model's {own:.4f}", "bad_model",
-                       unconfirmed=True)
+        return Verdict.bad("bad_model", f"validation loss {candidate:.4f} is worse than our own model's {own:.4f}",
+                           unconfirmed=True)
     return Verdict.good()
 
 
