@@ -296,17 +296,20 @@ class TrainingSection(_Section):
     """DiLoCo mode: inner AdamW steps (H) per outer round, for the swarm's fastest peer. A round ends
     for every peer at the same time, once the swarm has processed inner_steps x inner_batch_size
     sequences (800 with the defaults, 25 x 32) for every peer of the fastest one's speed (a peer at a
-    quarter of it counts a quarter): the fastest peer makes about inner_steps inner steps, slower ones
-    proportionally fewer, each weighted by its samples. Pick it so one round takes at least ~30x the all-reduce time
-    of the model on the slowest peer's link (e.g. 20 s+ on home links). A config written when inner
+    quarter of it counts a quarter): every peer makes about inner_steps inner steps, a slower one of
+    fewer sequences each (see inner_batch_size), and each is weighted by its samples. Pick it so one
+    round takes at least ~30x the all-reduce time of the model on the slowest peer's link (e.g. 20 s+
+    on home links). A config written when inner
     steps were one micro-batch (inner_batch_size 0 meant batch_size) makes rounds 4x as long now:
     divide its inner_steps by 4, or set inner_batch_size to batch_size."""
 
     inner_batch_size: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
-    """DiLoCo mode: sequences per inner AdamW step, accumulated over micro-batches of batch_size (a
-    multiple of batch_size); larger batches pay the optimizer step less often. 0: 4 x batch_size
-    (32 with the default batch_size: 0.96 of ideal throughput measured, against 0.86 for
-    one-micro-batch steps)."""
+    """DiLoCo mode: sequences per inner AdamW step of the swarm's fastest peer, accumulated over
+    micro-batches of batch_size (a multiple of batch_size); larger batches pay the optimizer step
+    less often. 0: 4 x batch_size (32 with the default batch_size: 0.96 of ideal throughput
+    measured, against 0.86 for one-micro-batch steps). A slower peer takes fewer micro-batches per
+    inner step, in proportion to its speed (at least one), so that it makes as many inner steps a
+    round as the fastest peer."""
 
     outer_lr: Annotated[float, Field(gt=0, le=100)] = 0.7
     """DiLoCo mode: learning rate of the outer SGD step (its gradient: the outer parameters less the

@@ -61,6 +61,7 @@ from p2ptrain.roundclock import (
     RobustRoundTracker,
     SwarmRoundTracker,
     met_the_next_round,
+    micro_batches_per_inner_step,
     schedule_position,
     set_schedule_position,
 )
@@ -113,6 +114,7 @@ class DiLoCoOptimizer(DiLoCoState):
         #: Micro-batches per inner AdamW step (inner_batch_size / batch_size).
         self._accumulate = max(1, cfg.inner_batch // cfg.batch_size)
         self._micro = MicroBatches(self.params, self._accumulate)
+        self._told_inner_batch = False
         self.inner_step, self.samples_this_round = 0, 0
         self._local_epoch = 0
         self._scheduled: Any = None
@@ -211,6 +213,7 @@ class DiLoCoOptimizer(DiLoCoState):
         if self._tracker.global_progress.num_peers >= 2:
             self.solo.saw_company(self.local_epoch)
         self._settle_round(block=False)
+        self._size_inner_batch()
         inner_batch_full = self._micro.add()
         if self._tracker.global_epoch > self.local_epoch + 1:
             # Rounds behind: ours could average with nobody. Catch up first (a download, retried now and then).
@@ -242,6 +245,20 @@ class DiLoCoOptimizer(DiLoCoState):
         scheduled = self._scheduled
         return self._tracker.ready_to_update_epoch or (
             scheduled is not None and scheduled.stage == AveragingStage.AWAITING_TRIGGER)
+
+    def _size_inner_batch(self) -> None:
+        """Scale the next inner batch to this peer's share of the swarm's pace, so that it too makes about
+        ``inner_steps`` inner steps a round (:func:`p2ptrain.roundclock.micro_batches_per_inner_step`)."""
+        per_step = micro_batches_per_inner_step(self._accumulate, self._tracker.performance_ema.samples_per_second,
+                                                self._tracker.pace)
+        if per_step != self._micro.per_step and self._micro.count == 0:
+            # Said once at INFO; a peer near a boundary moves between two sizes every few rounds.
+            log = logger.debug if self._told_inner_batch else logger.info
+            self._told_inner_batch = True
+            log("DiLoCo: inner steps of %d sequences (%d configured): this peer trains at %.0f%% of the swarm's pace",
+                per_step * self.cfg.batch_size, self._accumulate * self.cfg.batch_size,
+                100.0 * min(1.0, self._tracker.performance_ema.samples_per_second / max(self._tracker.pace, 1e-9)))
+        self._micro.resize(per_step)
 
     def _inner_step(self) -> None:
         self._micro.load_mean()

@@ -18,6 +18,11 @@ class MicroBatches:
         self.count = 0
         self._sums: list[torch.Tensor] | None = None
 
+    def resize(self, per_step: int) -> None:
+        """Micro-batches per inner step from the next inner step on (an inner batch under way keeps its size)."""
+        if self.count == 0:
+            self.per_step = max(1, per_step)
+
     @torch.no_grad()
     def add(self) -> bool:
         """Take the current micro-batch's gradients; True once ``per_step`` of them are in."""

@@ -9,8 +9,10 @@ speed* (:func:`effective_peers`): a round lasts about as long as ``inner_steps``
 fastest peer, whoever else is in the swarm.  Every peer reports its samples and its rate through
 hivemind's progress tracker, every peer sees the same swarm totals and the same estimated end
 time (in DHT time), and every peer stops its inner steps then.  The fastest peer does about
-``inner_steps`` inner steps, a slower one proportionally fewer, and the all-reduce weights each
-contribution by its samples.  With equal peers it is the classic fixed-H DiLoCo.
+``inner_steps`` inner steps of ``inner_batch_size``; a slower one trains proportionally fewer
+samples, in smaller inner steps (:func:`micro_batches_per_inner_step`), so it too makes about
+``inner_steps`` of them; the all-reduce weights each contribution by its samples.  With equal
+peers it is the classic fixed-H DiLoCo.
 
 Why the fastest peer's pace: with the round counted per *average* peer, a peer at a quarter of
 the speed doubled a two-peer round's samples while adding a quarter to the swarm's rate, so the
@@ -41,17 +43,44 @@ logger = logging.getLogger(__name__)
 SPREAD = 4.0
 
 
+def _measured(rates: Sequence[float]) -> list[float]:
+    return [rate for rate in rates if math.isfinite(rate) and rate > 0]
+
+
+def swarm_pace(rates: Sequence[float]) -> float:
+    """The rate a round is paced by: the fastest measured rate, at most :data:`SPREAD` x the lower
+    median; 0.0 while no peer has measured its rate."""
+    known = _measured(rates)
+    return min(max(known), SPREAD * statistics.median_low(known)) if known else 0.0
+
+
 def effective_peers(rates: Sequence[float]) -> float:
     """How many peers of the fastest one's speed the swarm is worth: the sum of ``rate / pace``,
-    each at most 1, where the pace is the fastest rate (bounded by :data:`SPREAD` x the lower
-    median).  A peer that has not measured its rate yet (0, or not a number) counts as a whole
-    peer, as do all of them when none has; never less than 1."""
-    known = [rate for rate in rates if math.isfinite(rate) and rate > 0]
+    each at most 1 (:func:`swarm_pace`).  A peer that has not measured its rate yet (0, or not a
+    number) counts as a whole peer, as do all of them when none has; never less than 1."""
+    known = _measured(rates)
     unknown = len(rates) - len(known)
     if not known:
         return float(max(1, unknown))
-    pace = min(max(known), SPREAD * statistics.median_low(known))
+    pace = swarm_pace(known)
     return max(1.0, unknown + sum(min(1.0, rate / pace) for rate in known))
+
+
+def micro_batches_per_inner_step(configured: int, own_rate: float, pace: float) -> int:
+    """How many micro-batches this peer's inner step takes: the configured number scaled by its share
+    of the swarm's pace, rounded up (a peer within 5% of the pace keeps the configured size), at
+    least one; the configured number while either rate is unknown.
+
+    Every peer then makes about ``inner_steps`` inner steps a round, however fast.  With the
+    configured inner batch, a peer at a quarter of the pace made a quarter of the steps, and the
+    sample-weighted average of a five-step trajectory with a twenty-five-step one shortened the fast
+    peer's outer step: a swarm with such a peer reached the fast peer's solo loss about 5% later
+    than that peer alone (``benchmarks.hetero``).  With inner steps of one micro-batch, its shorter
+    but as many steps, it reached it 6% sooner (docs/benchmarks.md).
+    """
+    if configured <= 1 or not (math.isfinite(own_rate) and own_rate > 0) or not (math.isfinite(pace) and pace > 0):
+        return max(1, configured)
+    return max(1, min(configured, math.ceil(configured * own_rate / pace - 0.05)))
 
 
 class _RoundTarget:
@@ -69,7 +98,11 @@ class _RoundTarget:
         self.per_peer_samples = per_peer_samples
         super().__init__(*args, target_batch_size=per_peer_samples, **kwargs)  # type: ignore[call-arg]
 
+    #: The swarm's pace (:func:`swarm_pace`) at the last reading: this peer sizes its inner steps by it.
+    pace: float = 0.0
+
     def _set_round_target(self, rates: Sequence[float]) -> None:
+        self.pace = swarm_pace(rates)
         self.target_batch_size = max(self.per_peer_samples, round(self.per_peer_samples * effective_peers(rates)))
 
 

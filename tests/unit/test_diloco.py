@@ -100,6 +100,8 @@ class _NoSwarm:
     ready_to_update_epoch = False
     global_progress = SimpleNamespace(num_peers=1, samples_accumulated=0)
     estimated_next_update_time = float("inf")
+    pace = 0.0  # no rate measured yet: inner steps of the configured size
+    performance_ema = SimpleNamespace(samples_per_second=0.0)
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         pass
@@ -219,6 +221,33 @@ def _two_peer_optimizer(monkeypatch, inner_batch_size: int = 8) -> tuple[Any, li
         optimizer.zero_grad()
 
     return optimizer, averagers, micro_batch
+
+
+def test_a_peer_at_a_quarter_of_the_swarm_s_pace_steps_every_micro_batch_and_a_fast_one_every_four(
+        monkeypatch, caplog) -> None:
+    """A slower peer trains fewer samples a round; in smaller inner steps it still makes about as many of
+    them as the fastest peer.  The size follows the measured rates, and changes only between inner steps."""
+    optimizer, averagers, micro_batch = _two_peer_optimizer(monkeypatch, inner_batch_size=32)
+    tracker = optimizer._tracker
+    tracker.pace, tracker.performance_ema = 100.0, SimpleNamespace(samples_per_second=97.0)
+    for _ in range(4):
+        micro_batch()
+    assert optimizer.inner_step == 1  # near the pace: the configured four micro-batches
+    tracker.performance_ema.samples_per_second = 25.0
+    with caplog.at_level(logging.DEBUG, logger="p2ptrain.diloco"):
+        for _ in range(3):
+            micro_batch()
+    assert optimizer.inner_step == 4  # a step per micro-batch
+    said = [r for r in caplog.records if "inner steps of 8 sequences (32 configured)" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO and "25% of the swarm's pace" in said[0].getMessage()
+    tracker.performance_ema.samples_per_second = 50.0
+    micro_batch()
+    assert optimizer.inner_step == 4 and optimizer._micro.per_step == 2
+    tracker.performance_ema.samples_per_second = 25.0
+    micro_batch()  # an inner batch under way keeps its size
+    assert optimizer.inner_step == 5 and optimizer._micro.per_step == 2
+    micro_batch()
+    assert optimizer.inner_step == 6 and optimizer._micro.per_step == 1
 
 
 def test_a_peer_ends_its_round_when_its_group_has_assembled_whatever_its_clock_says(monkeypatch) -> None:

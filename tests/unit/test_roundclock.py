@@ -14,8 +14,10 @@ from p2ptrain.roundclock import (
     SwarmRoundTracker,
     effective_peers,
     group_round,
+    micro_batches_per_inner_step,
     schedule_position,
     set_schedule_position,
+    swarm_pace,
 )
 from tests.support.trackerdht import TrackerDht
 
@@ -58,6 +60,29 @@ def test_effective_peers_count_unmeasured_peers_whole_and_bound_a_boastful_one()
     # (the pace is at most SPREAD x the lower median rate), so rounds shrink by that factor at most.
     assert effective_peers([10.0, 10.0, 1e7]) == pytest.approx(1 + 2 / SPREAD)
     assert effective_peers([10.0, 1e7]) == pytest.approx(1 + 1 / SPREAD)
+
+
+def test_the_pace_is_the_fastest_measured_rate_bounded_by_the_lower_median_and_kept_by_the_tracker() -> None:
+    assert swarm_pace([]) == swarm_pace([0.0, float("nan")]) == 0.0
+    assert swarm_pace([20.0, 5.0, 0.0]) == 20.0
+    assert swarm_pace([10.0, 10.0, 1e7]) == SPREAD * 10.0
+    tracker = _tracker()
+    tracker._parse_swarm_progress_data(_entries((10.0, False), (2.5, False)))
+    assert tracker.pace == 10.0
+
+
+def test_inner_steps_shrink_with_a_peer_s_share_of_the_pace_to_one_micro_batch() -> None:
+    assert micro_batches_per_inner_step(4, 100.0, 100.0) == 4
+    assert micro_batches_per_inner_step(4, 96.0, 100.0) == 4  # within 5% of the pace: as configured
+    assert micro_batches_per_inner_step(4, 90.0, 100.0) == 4  # rounded up: never more steps than the fastest
+    assert micro_batches_per_inner_step(4, 50.0, 100.0) == 2
+    assert micro_batches_per_inner_step(4, 25.0, 100.0) == 1
+    assert micro_batches_per_inner_step(4, 1.0, 100.0) == 1
+    assert micro_batches_per_inner_step(4, 400.0, 100.0) == 4  # faster than a bounded pace
+    assert micro_batches_per_inner_step(8, 30.0, 100.0) == 3
+    for own, pace in ((0.0, 100.0), (float("nan"), 100.0), (50.0, 0.0), (50.0, float("inf"))):
+        assert micro_batches_per_inner_step(4, own, pace) == 4  # a rate not measured: as configured
+    assert micro_batches_per_inner_step(1, 10.0, 100.0) == 1
 
 
 def test_paused_peers_withdrawn_entries_do_not_count_and_the_target_shrinks_back() -> None:
