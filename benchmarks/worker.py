@@ -187,10 +187,15 @@ def swarm_model_loss(runner: Runner, task: Any) -> float:
             param.copy_(value)
 
 
-def model_version(runner: Runner) -> int:
-    """Changes whenever the swarm's model does: DiLoCo's outer steps applied, else the epoch."""
+def model_version(runner: Runner, params: list[torch.Tensor]) -> tuple[int, float]:
+    """Changes whenever the swarm's model does: DiLoCo's outer steps applied; in the other modes the
+    epoch and a checksum of the parameters, which change only at an optimizer step.  The epoch alone
+    is not enough: hivemind applies an overlapped (delayed) optimizer step up to an epoch after the
+    epoch's number moves, and a validation at the number's change then measured the model before it."""
     outer = getattr(runner.opt, "outer", None)
-    return int(outer.steps_applied) if outer is not None else runner.epoch()
+    if outer is not None:
+        return int(outer.steps_applied), 0.0
+    return runner.epoch(), float(sum(float(p.detach().float().sum()) for p in params))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -216,7 +221,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         barrier(run_dir, "ready", args.rank, args.world)
         train_time, seqs = 0.0, 0
         curve.append((0.0, 0, evaluate(False)))
-        version, last_eval = model_version(runner), 0.0
+        params = list(task.model.parameters())
+        version, last_eval = model_version(runner, params), 0.0
         # A mode slower than the cap stops early (and reports fewer sequences): every run stays bounded.
         step_seconds: list[float] = []
         # --cpu-percent: a slow peer, held to a share of one core the way a volunteer's node holds
@@ -238,9 +244,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 runner.opt.flush()
                 train_time += time.perf_counter() - started
             if args.eval_on_change:
-                changed = model_version(runner) != version
-                if done or (changed and train_time - last_eval >= args.eval_min_gap):
-                    version, last_eval = model_version(runner), train_time
+                current = model_version(runner, params)
+                if done or (current != version and train_time - last_eval >= args.eval_min_gap):
+                    version, last_eval = current, train_time
                     curve.append((train_time, seqs, evaluate(True)))
             elif seqs % args.eval_every == 0 or done:
                 curve.append((train_time, seqs, evaluate(done)))

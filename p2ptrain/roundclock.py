@@ -74,9 +74,11 @@ def micro_batches_per_inner_step(configured: int, own_rate: float, pace: float) 
     Every peer then makes about ``inner_steps`` inner steps a round, however fast.  With the
     configured inner batch, a peer at a quarter of the pace made a quarter of the steps, and the
     sample-weighted average of a five-step trajectory with a twenty-five-step one shortened the fast
-    peer's outer step: a swarm with such a peer reached the fast peer's solo loss about 5% later
-    than that peer alone (``benchmarks.hetero``).  With inner steps of one micro-batch, its shorter
-    but as many steps, it reached it 6% sooner (docs/benchmarks.md).
+    peer's outer step: a swarm with such a peer reached the fast peer's solo loss no sooner than that
+    peer alone (``benchmarks.hetero``: median time ratios 0.99-1.10 over five runs).  With inner
+    steps of one micro-batch, as many as the fast peer's, it reached it 3-6% sooner (0.943 and 0.973;
+    docs/benchmarks.md).  Rounded up, with a 5% margin: the fastest peer's own rate, measured live,
+    reads a little below the pace it published, and must keep the configured size.
     """
     if configured <= 1 or not (math.isfinite(own_rate) and own_rate > 0) or not (math.isfinite(pace) and pace > 0):
         return max(1, configured)
