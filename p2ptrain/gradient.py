@@ -72,6 +72,10 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         #: Rounds begun (written by the training thread) and ended (by hivemind's background step):
         #: one counter per writer, so reading both needs no lock.
         self._rounds_begun = self._rounds_ended = 0
+        #: The epoch of the round begun last, and the last epoch whose round averaged with another peer
+        #: (written by hivemind's background step): a peer whose previous epoch averaged holds the
+        #: swarm's parameters, and one epoch behind it joins the swarm's round instead of downloading.
+        self._round_epoch, self._averaged_epoch = -1, -1
         super().__init__(*args, **kwargs)
         self._payload_bytes = wire_bytes(sum(p.numel() for p in self._parameters()), wire_format)
         self._bound_state_download()
@@ -205,7 +209,32 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         # from every step to a download that is not retried yet: that would stall the node.
         if time.monotonic() - self._last_failed_sync < self._retry_sync_after:
             return False
+        if self._joins_the_swarm_s_round():
+            return False
         return super()._should_load_state_from_peers()
+
+    def _joins_the_swarm_s_round(self) -> bool:
+        """One epoch behind at hivemind's once-an-epoch exact check, with the last epoch averaged: end
+        this epoch now, in the swarm's round for it, instead of downloading the state.
+
+        Peers read the swarm's progress from their own views, a second or so apart, so one ends an
+        epoch before another; hivemind then has the other download the whole state, throwing away
+        the gradients of the epoch it had nearly finished, while the first peer's round waits for a
+        group (``benchmarks.hetero``: a slow peer ended the first epochs a second early and the fast
+        peer lost one in two of three runs).  With its previous epoch averaged, this peer holds the
+        parameters the swarm's round is for: hivemind's tracker already calls the epoch over (the
+        swarm is past it), and its round joins the others'.  Further behind, or out of step, it
+        downloads as before.
+        """
+        tracker = self.tracker
+        if not (self._should_check_synchronization_on_update and tracker.fetched_global_progress_this_epoch.is_set()):
+            return False
+        epoch = self.local_epoch
+        if tracker.global_epoch != epoch + 1 or self._averaged_epoch != epoch - 1:
+            return False
+        self._should_check_synchronization_on_update = False  # the check is spent for this epoch
+        logger.debug("the swarm ended epoch %d first: ending ours with its round, no download", epoch)
+        return True
 
     # Cancelling a round while it is still looking for a group can leave hivemind's matchmaking
     # broken for good ("aclose(): asynchronous generator is already running"; every later round
@@ -236,6 +265,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         # Credit (p2ptrain.credit): the epoch's samples, as hivemind weighs them in the round, go to
         # the round begun here; with no round they are the swarm's update only if nobody else trains.
         samples = int(self.grad_averager.local_samples_accumulated)
+        self._round_epoch = self.local_epoch
         began = bool(super()._begin_averaging_gradients(grad_scaler))
         self.stats.epoch_closed(samples, round_started=began, alone=self.tracker.global_progress.num_peers <= 1)
         self._rounds_begun += began
@@ -264,6 +294,8 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
             measured = self._rounds.latest() if self._rounds is not None else None
         if ok and measured is not None:
             group_size, received = measured.group_size, measured.averaged_fraction
+        if ok and group_size >= 2:
+            self._averaged_epoch = self._round_epoch
         report = RoundReport(ok=ok, duration=time.perf_counter() - started, group_size=group_size,
                              peers_online=self.tracker.global_progress.num_peers, received_fraction=received)
         self.stats.record_round(report, self._payload_bytes)

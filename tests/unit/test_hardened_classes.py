@@ -243,6 +243,42 @@ def test_an_epoch_whose_last_round_still_runs_begins_a_round_of_its_own():
         local_samples_accumulated=64,
         step=lambda control, reset_accumulators, wait: steps.append(control) or "this epoch's round")
     optimizer.stats, optimizer._rounds_begun, optimizer.status_loglevel = SwarmStats(), 0, logging.DEBUG
+    optimizer.state_averager = SimpleNamespace(local_epoch=7)
     optimizer.scheduled_grads = SimpleNamespace(triggered=True, done=lambda: False)  # the last epoch's
     assert optimizer._begin_averaging_gradients(None) is True
     assert steps == [None] and optimizer.scheduled_grads == "this epoch's round" and optimizer._rounds_begun == 1
+    assert optimizer._round_epoch == 7  # the epoch the round is for, once it averages (see below)
+
+
+def test_one_epoch_behind_with_the_last_epoch_averaged_joins_the_swarm_s_round_instead_of_downloading():
+    """Peers end an epoch a second or so apart; hivemind's once-an-epoch exact check then has the later
+    one download the whole state, throwing its epoch's gradients away (a fast peer lost one epoch in two
+    of three heterogeneous runs).  A peer whose last epoch averaged holds the swarm's parameters: it
+    ends its epoch with the swarm's round instead.  Further behind, or not averaged, it downloads."""
+    import threading
+
+    from p2ptrain.gradient import GradientOptimizer
+
+    optimizer = object.__new__(GradientOptimizer)
+    optimizer._parent_pid = -1  # hivemind's __del__ shuts down an optimizer its process started
+    fetched = threading.Event()
+    optimizer.tracker = SimpleNamespace(global_epoch=5, fetched_global_progress_this_epoch=fetched)
+    optimizer.state_averager = SimpleNamespace(local_epoch=4)
+    optimizer._last_failed_sync, optimizer._retry_sync_after = -math.inf, 30.0
+
+    def check(averaged: int, swarm: int) -> bool:
+        optimizer._averaged_epoch, optimizer.tracker.global_epoch = averaged, swarm
+        optimizer._should_check_synchronization_on_update = True
+        return optimizer._should_load_state_from_peers()
+
+    fetched.set()
+    assert check(averaged=3, swarm=5) is False  # one behind, epoch 3 averaged: join the round
+    assert optimizer._should_check_synchronization_on_update is False  # the exact check is spent
+    assert optimizer._should_load_state_from_peers() is False  # and hivemind's own rule: not two behind
+    assert check(averaged=2, swarm=5) is True  # the last epoch did not average: our parameters may differ
+    assert check(averaged=-1, swarm=5) is True  # a newcomer never averaged: download
+    assert check(averaged=3, swarm=6) is True  # two behind
+    assert check(averaged=3, swarm=4) is False  # level: nothing to do
+    fetched.clear()
+    assert check(averaged=3, swarm=5) is False  # the swarm's progress not read yet this epoch
+    assert optimizer._should_check_synchronization_on_update is True
