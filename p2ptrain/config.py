@@ -299,9 +299,9 @@ class TrainingSection(_Section):
     quarter of it counts a quarter): every peer makes about inner_steps inner steps, a slower one of
     fewer sequences each (see inner_batch_size), and each is weighted by its samples. Pick it so one
     round takes at least ~30x the all-reduce time of the model on the slowest peer's link (e.g. 20 s+
-    on home links). A config written when inner
-    steps were one micro-batch (inner_batch_size 0 meant batch_size) makes rounds 4x as long now:
-    divide its inner_steps by 4, or set inner_batch_size to batch_size."""
+    on home links). A config written when inner steps were one micro-batch (inner_batch_size 0 meant
+    batch_size) makes rounds 4x as long now: divide its inner_steps by 4, or set inner_batch_size to
+    batch_size."""
 
     inner_batch_size: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
     """DiLoCo mode: sequences per inner AdamW step of the swarm's fastest peer, accumulated over

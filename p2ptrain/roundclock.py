@@ -76,8 +76,8 @@ def micro_batches_per_inner_step(configured: int, own_rate: float, pace: float) 
     sample-weighted average of a five-step trajectory with a twenty-five-step one shortened the fast
     peer's outer step: a swarm with such a peer reached the fast peer's solo loss no sooner than that
     peer alone (``benchmarks.hetero``: median time ratios 0.99-1.10 over five runs).  With inner
-    steps of one micro-batch, as many as the fast peer's, it reached it 3-6% sooner (0.943 and 0.973;
-    docs/benchmarks.md).  Rounded up, with a 5% margin: the fastest peer's own rate, measured live,
+    steps of one micro-batch, as many as the fast peer's, it reached it 2-6% sooner (medians 0.943,
+    0.973 and 0.983; docs/benchmarks.md).  Rounded up, with a 5% margin: the fastest peer's own rate, measured live,
     reads a little below the pace it published, and must keep the configured size.
     """
     if configured <= 1 or not (math.isfinite(own_rate) and own_rate > 0) or not (math.isfinite(pace) and pace > 0):
