@@ -249,15 +249,15 @@ class DiLoCoOptimizer(DiLoCoState):
     def _size_inner_batch(self) -> None:
         """Scale the next inner batch to this peer's share of the swarm's pace, so that it too makes about
         ``inner_steps`` inner steps a round (:func:`p2ptrain.roundclock.micro_batches_per_inner_step`)."""
-        per_step = micro_batches_per_inner_step(self._accumulate, self._tracker.performance_ema.samples_per_second,
-                                                self._tracker.pace)
+        own_rate, pace = self._tracker.performance_ema.samples_per_second, self._tracker.pace
+        per_step = micro_batches_per_inner_step(self._accumulate, own_rate, pace)
         if per_step != self._micro.per_step and self._micro.count == 0:
             # Said once at INFO; a peer near a boundary moves between two sizes every few rounds.
             log = logger.debug if self._told_inner_batch else logger.info
             self._told_inner_batch = True
             log("DiLoCo: inner steps of %d sequences (%d configured): this peer trains at %.0f%% of the swarm's pace",
                 per_step * self.cfg.batch_size, self._accumulate * self.cfg.batch_size,
-                100.0 * min(1.0, self._tracker.performance_ema.samples_per_second / max(self._tracker.pace, 1e-9)))
+                100.0 * min(1.0, own_rate / max(pace, 1e-9)))
         self._micro.resize(per_step)
 
     def _inner_step(self) -> None:

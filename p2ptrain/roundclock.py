@@ -77,8 +77,9 @@ def micro_batches_per_inner_step(configured: int, own_rate: float, pace: float) 
     peer's outer step: a swarm with such a peer reached the fast peer's solo loss no sooner than that
     peer alone (``benchmarks.hetero``: median time ratios 0.99-1.10 over five runs).  With inner
     steps of one micro-batch, as many as the fast peer's, it reached it 2-6% sooner (medians 0.943,
-    0.973 and 0.983; docs/benchmarks.md).  Rounded up, with a 5% margin: the fastest peer's own rate, measured live,
-    reads a little below the pace it published, and must keep the configured size.
+    0.973 and 0.983; docs/benchmarks.md).  Rounded up, with a 5% margin: the fastest peer's own
+    rate, measured live, reads a little below the pace it published, and must keep the configured
+    size.
     """
     if configured <= 1 or not (math.isfinite(own_rate) and own_rate > 0) or not (math.isfinite(pace) and pace > 0):
         return max(1, configured)
@@ -95,13 +96,12 @@ class _RoundTarget:
     """
 
     target_batch_size: int
+    #: The swarm's pace (:func:`swarm_pace`) at the last reading: this peer sizes its inner steps by it.
+    pace: float = 0.0
 
     def __init__(self, *args: Any, per_peer_samples: int, **kwargs: Any) -> None:
         self.per_peer_samples = per_peer_samples
         super().__init__(*args, target_batch_size=per_peer_samples, **kwargs)  # type: ignore[call-arg]
-
-    #: The swarm's pace (:func:`swarm_pace`) at the last reading: this peer sizes its inner steps by it.
-    pace: float = 0.0
 
     def _set_round_target(self, rates: Sequence[float]) -> None:
         self.pace = swarm_pace(rates)
