@@ -43,6 +43,7 @@ test: venv system-deps
 
 lint: venv
 	$(VENV)/bin/ruff check p2ptrain daemon tui tests benchmarks
+	$(PY) -m tests.support.lint_imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -22,8 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
-from p2ptrain.localswarm import LocalNode
-from p2ptrain.nodeclient import NodeClient, NodeError
+from p2ptrain.client.http import NodeClient, NodeError
+from p2ptrain.local.swarm import LocalNode
 from p2ptrain.status import StatusSnapshot
 from p2ptrain.waiting import wait_until
 

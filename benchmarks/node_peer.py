@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.config import load_config
+from p2ptrain.config.schema import load_config
 from p2ptrain.daemon.hooks import NodeHooks, SwarmPresence
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.service import ServiceHooks
 from p2ptrain.daemon.systemd import SystemdNotifier
-from p2ptrain.roundstats import RoundFigures
+from p2ptrain.optim.round_stats import RoundFigures
 from p2ptrain.waiting import WaitTimeout, wait_until
 
 #: How long a peer waits for the others before it gives up (the harness kills it later anyway).

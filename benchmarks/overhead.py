@@ -28,9 +28,9 @@ from statistics import mean
 from typing import Any
 
 from benchmarks.peers import kill_group, wait_for_peers
+from p2ptrain.client.http import NodeClient, NodeError
 from p2ptrain.daemon.auth import TOKEN_FILE
-from p2ptrain.localswarm import local_node_config
-from p2ptrain.nodeclient import NodeClient, NodeError
+from p2ptrain.local.swarm import local_node_config
 
 REPO = Path(__file__).resolve().parent.parent
 #: What Prometheus reads from every node, and what ``p2ptrain top`` reads from the node it watches.

@@ -25,7 +25,7 @@ from benchmarks import overhead
 from benchmarks.netns import ShapedNet, netns_unavailable, shaped_network
 from benchmarks.peers import kill_group, wait_for_peers
 from benchmarks.report import add_ratios, markdown_table, summarize
-from p2ptrain.compression import wire_bytes
+from p2ptrain.averaging.compression import wire_bytes
 
 ALL_MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco")
 SHAPED_MODES = ("ddp", "diloco")  # add p2p_grad with --shaped-modes (about +150 s)

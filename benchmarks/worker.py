@@ -5,8 +5,8 @@ through multiprocessing's spawn (hivemind forks helpers).  Peers meet through fi
 (the first peer's DHT address, start/finish barriers), so no port is guessed twice.
 
 p2ptrain's modes run what a node runs by default: the optimizer built by
-:func:`p2ptrain.optim.build_optimizer` with the peer checks of
-:meth:`p2ptrain.defences.Defences.from_config` (``--peer-checks off``: plain hivemind, trusting
+:func:`p2ptrain.optim.build.build_optimizer` with the peer checks of
+:meth:`p2ptrain.optim.defences.Defences.from_config` (``--peer-checks off``: plain hivemind, trusting
 every peer) and the node's validation pass for the state check.  The validation curve is taken
 every ``--eval-every`` sequences, or with ``--eval-on-change`` each time the swarm's model changes
 (DiLoCo: each landed round; gradient mode: each epoch); validating never counts as training time,
@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
-from p2ptrain.config import SwarmSection, TaskSection, TrainingSection
-from p2ptrain.cpushare import CpuShare, process_cpu
-from p2ptrain.defences import Defences, evaluate_fn
-from p2ptrain.optim import ClippedAdamW, build_optimizer
+from p2ptrain.config.schema import SwarmSection, TaskSection, TrainingSection
+from p2ptrain.daemon.cpushare import CpuShare, process_cpu
+from p2ptrain.optim.build import build_optimizer
+from p2ptrain.optim.defences import Defences, evaluate_fn
+from p2ptrain.optim.inner import ClippedAdamW
+from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.proc import cpu_seconds, descendants
-from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks.loader import build_task
 from p2ptrain.waiting import wait_until
 

@@ -17,19 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.checkpoint import CheckpointStore
-from p2ptrain.config import ConfigError, NodeConfig
+from p2ptrain.config.schema import ConfigError, NodeConfig
 from p2ptrain.daemon.checkpointer import Checkpointer
 from p2ptrain.daemon.faults import with_faults
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.defences import evaluate_fn
-from p2ptrain.fingerprint import model_fingerprint
-from p2ptrain.manifest_source import fetch_before_join
-from p2ptrain.optim import bandwidth_hint, build_optimizer
-from p2ptrain.ownedrun import RunKeeper, RunPlan, fetch_readmitting, prepare_run, settle
-from p2ptrain.rejoin import Rejoiner
-from p2ptrain.rollback import NonFiniteRollback
-from p2ptrain.swarm import (
+from p2ptrain.model.checkpoint import CheckpointStore
+from p2ptrain.model.fingerprint import model_fingerprint
+from p2ptrain.optim.build import bandwidth_hint, build_optimizer
+from p2ptrain.optim.defences import evaluate_fn
+from p2ptrain.optim.protocol import SwarmOptimizer
+from p2ptrain.optim.rollback import NonFiniteRollback
+from p2ptrain.optim.swarm_stats import SwarmStats
+from p2ptrain.optim.trainer import Trainer
+from p2ptrain.swarm.dht import (
     FingerprintMismatch,
     PeersRefused,
     claim_fingerprint,
@@ -39,11 +39,11 @@ from p2ptrain.swarm import (
     stop_stale_daemons,
     visible_maddrs,
 )
-from p2ptrain.swarm_optimizer import SwarmOptimizer
-from p2ptrain.swarmstats import SwarmStats
+from p2ptrain.swarm.manifest_source import fetch_before_join
+from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan, fetch_readmitting, prepare_run, settle
+from p2ptrain.swarm.rejoin import Rejoiner
 from p2ptrain.tasks.base import Task
 from p2ptrain.tasks.loader import build_task
-from p2ptrain.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class NodeBuilder:
         """The one-line join: the run's manifest fetched from the swarm and settled into the plan
         before the node writes anything, so a config it contradicts leaves the state dir untouched.
         A node its kept manifest excluded looks for a newer version that readmits it
-        (:func:`p2ptrain.ownedrun.fetch_readmitting`)."""
+        (:func:`p2ptrain.swarm.ownedrun.fetch_readmitting`)."""
         return fetch_readmitting(plan, initial_peers, stopper.is_set,
                                  lambda plan: self._fetch_manifest(plan, initial_peers, stopper))
 
@@ -179,7 +179,7 @@ class NodeBuilder:
         ``live_peers`` names the peers training now: the data is shared out among them. In an owned
         run (``run``) the model must match the manifest's fingerprint, and the averagers take part
         only with the peers its admission gate admits.  ``defences`` are the node's peer checks
-        (:class:`p2ptrain.defences.Defences`; None: off).  ``wait`` is the node's stop event's wait.
+        (:class:`p2ptrain.optim.defences.Defences`; None: off).  ``wait`` is the node's stop event's wait.
         """
         task = build_task(config.task, config.training, peer_seed(swarm.peer_id), peer_id=swarm.peer_id,
                           live_peers=live_peers, cache_dir=config.task.cache_dir or swarm.state_dir / "data-cache")

@@ -1,7 +1,7 @@
 """The node's checkpoints: what goes into one, writing it without stopping training on a failure,
 and resuming from the newest one that belongs to this model.
 
-The store (``p2ptrain.checkpoint``) makes writes atomic and falls back past corrupt files; this
+The store (``p2ptrain.model.checkpoint``) makes writes atomic and falls back past corrupt files; this
 module decides the layout and counts the outcomes for the status snapshot.
 """
 
@@ -11,9 +11,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from p2ptrain.checkpoint import CheckpointError, CheckpointStore
-from p2ptrain.config import ConfigError
+from p2ptrain.config.schema import ConfigError
 from p2ptrain.daemon.snapshot import CheckpointFigures
+from p2ptrain.model.checkpoint import CheckpointError, CheckpointStore
 
 logger = logging.getLogger(__name__)
 

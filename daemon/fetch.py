@@ -7,7 +7,7 @@ tensors are checked for count, shape, size and finite values, its epoch against 
 peers report in their signed records, and its model's validation loss here.  It publishes
 nothing (no peer record, no progress entry, no fingerprint), trains on nothing and serves no
 state, so the swarm never counts it or waits for it.  Only a state that was adopted is written,
-with :func:`p2ptrain.export.write_export`; the model card names the donor and the epoch, and gives the
+with :func:`p2ptrain.model.export.write_export`; the model card names the donor and the epoch, and gives the
 samples and contributors the run's peer records claim (bounded, and said to be their claims).
 
 Exit codes: 0 written; 1 OUT_DIR cannot be used (it exists: ``--force``) or cannot be written;
@@ -34,15 +34,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from p2ptrain.config import DAY, ConfigError, NodeConfig, load_config, parse_multiaddr
+from p2ptrain.config.schema import DAY, ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.builder import ClientParts, JoinedSwarm, NodeBuilder
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
-from p2ptrain.manifest_source import SourceUnavailable
-from p2ptrain.ownedrun import apply_run_flags
-from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, PeersRefused, SwarmError
-from p2ptrain.swarm_optimizer import SwarmOptimizer
-from p2ptrain.swarmcredit import credited_view, epoch_samples_bound
+from p2ptrain.model.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
+from p2ptrain.optim.protocol import SwarmOptimizer
+from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, IdentityLock, PeersRefused, SwarmError
+from p2ptrain.swarm.manifest_source import SourceUnavailable
+from p2ptrain.swarm.ownedrun import apply_run_flags
+from p2ptrain.trust.swarm_credit import credited_view, epoch_samples_bound
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class RecordReader:
         self._publisher: Any = None
 
     def validators(self, run_id: str) -> list[Any]:
-        from p2ptrain.records import record_validators
+        from p2ptrain.swarm.records import record_validators
 
         self._validators = record_validators(run_id)
         return self._validators
@@ -183,8 +183,8 @@ class Fetcher:
 
     def _fetch(self, config: NodeConfig, plan: Any, state_dir: Path, out_dir: Path, force: bool,
                torch_copy: bool) -> int:
-        from p2ptrain.defences import Defences
-        from p2ptrain.swarmstats import SwarmStats
+        from p2ptrain.optim.defences import Defences
+        from p2ptrain.optim.swarm_stats import SwarmStats
 
         # The gate and round reports live in memory shared with the averagers' processes: made first.
         defences = Defences.from_config(config.swarm)
@@ -204,7 +204,7 @@ class Fetcher:
         self._settle(parts.optimizer, evidence.records_seen)
         donor, epoch = self._download(parts)
 
-        from p2ptrain.defences import evaluate_fn
+        from p2ptrain.optim.defences import evaluate_fn
 
         val_loss = evaluate_fn(parts.task)()
         run_ref = str(plan.ref) if plan is not None else run_id
@@ -281,7 +281,7 @@ def swarm_credit(view: Any, samples_per_epoch: int) -> dict[str, int | None]:
     """The card's samples and contributors from the run's peer records (``CardInfo`` keywords).
 
     Each record's ``samples_contributed`` is its peer's claim about itself: it is credited at most what
-    the run allows a peer (:func:`p2ptrain.swarmcredit.credited_view`), and the card says how many
+    the run allows a peer (:func:`p2ptrain.trust.swarm_credit.credited_view`), and the card says how many
     records the figures come from.  No record read: nothing recorded (the card says so).
     """
     if not view.peers:
@@ -296,7 +296,7 @@ def last_download_source(optimizer: SwarmOptimizer) -> tuple[str, Any] | None:
     """(donor peer ID, metadata) of the state the optimizer's hardened state averager last accepted.
 
     The state averager is ``state_averager`` in gradient mode and ``averager`` in DiLoCo mode; both
-    are :class:`p2ptrain.safeaverager.HardenedAveragerMixin` classes, which remember the donor.
+    are :class:`p2ptrain.averaging.hardened.HardenedAveragerMixin` classes, which remember the donor.
     """
     for name in ("state_averager", "averager"):
         source = getattr(getattr(optimizer, name, None), "last_download_source", None)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.config import NodeConfig
+from p2ptrain.config.schema import NodeConfig
 from p2ptrain.daemon.control import ControlQueue
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.status import LatestSnapshot, PauseReason, SwarmView
@@ -38,7 +38,7 @@ class SwarmPresence:
     dht: Any
     run_id: str
     peer_id: str
-    #: The node's :class:`p2ptrain.evidence.PeerEvidence` (None: its peer checks are off); the peer
+    #: The node's :class:`p2ptrain.trust.evidence.PeerEvidence` (None: its peer checks are off); the peer
     #: records read are handed to it.
     evidence: Any = None
 

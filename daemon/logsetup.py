@@ -5,7 +5,7 @@ Under systemd, stderr is connected to the journal and ``$JOURNAL_STREAM`` names 
 works) and carry no timestamp (journald adds its own).  Anywhere else: a human format with
 timestamps.  hivemind installs its own coloured handler on the ``hivemind`` logger and stops
 propagation; we switch it to ``"nowhere"`` so hivemind's records flow through our one handler.
-There, :class:`~p2ptrain.logsfilter.SwarmNoiseFilter` turns hivemind's and asyncio's records into
+There, :class:`~p2ptrain.daemon.logsfilter.SwarmNoiseFilter` turns hivemind's and asyncio's records into
 DEBUG records (shown with ``--log-level debug``) and logs a periodic count of what it hid.  Forked
 helper processes (hivemind's DHT and averagers) inherit all of this at fork time.
 """
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Literal, TextIO
 
-from p2ptrain.logsfilter import DEMOTED_FROM, SwarmNoiseFilter, level_name
+from p2ptrain.daemon.logsfilter import DEMOTED_FROM, SwarmNoiseFilter, level_name
 
 LogFormat = Literal["auto", "human", "journal"]
 
@@ -65,7 +65,7 @@ class JournalFormatter(logging.Formatter):
 
 
 class HumanFormatter(logging.Formatter):
-    """``2024-05-01 12:00:00.123 WARNING p2ptrain.swarm: message`` for terminals and files."""
+    """``2024-05-01 12:00:00.123 WARNING p2ptrain.swarm.dht: message`` for terminals and files."""
 
     def __init__(self) -> None:
         super().__init__(datefmt="%Y-%m-%d %H:%M:%S")

@@ -14,16 +14,16 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-from p2ptrain.config import NodeConfig
-from p2ptrain.cpushare import CpuShare
+from p2ptrain.config.schema import NodeConfig
 from p2ptrain.daemon.control import Command, ControlQueue
+from p2ptrain.daemon.cpushare import CpuShare
 from p2ptrain.daemon.hooks import NodeHooks
 from p2ptrain.daemon.snapshot import StatusBoard
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.roundstats import RoundStats
+from p2ptrain.optim.protocol import SwarmOptimizer
+from p2ptrain.optim.round_stats import RoundStats
+from p2ptrain.optim.trainer import StepStats
 from p2ptrain.status import NodeState, PauseReason
-from p2ptrain.swarm_optimizer import SwarmOptimizer
-from p2ptrain.trainer import StepStats
 
 logger = logging.getLogger(__name__)
 

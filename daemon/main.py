@@ -19,7 +19,7 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
-from p2ptrain.config import ConfigError, NodeConfig, load_config, parse_multiaddr
+from p2ptrain.config.schema import ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.children import tie_children_to_this_process
 from p2ptrain.daemon.control import Command, ControlRequest
 from p2ptrain.daemon.logbuffer import LogRing
@@ -27,7 +27,7 @@ from p2ptrain.daemon.logsetup import configure_logging
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.service import ServiceHooks
 from p2ptrain.daemon.systemd import SystemdNotifier
-from p2ptrain.ownedrun import apply_run_flags
+from p2ptrain.swarm.ownedrun import apply_run_flags
 
 logger = logging.getLogger("p2ptrain.daemon")
 

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from p2ptrain.config import EX_CONFIG, ConfigError, NodeConfig
-from p2ptrain.cpushare import CpuShare, default_cpu_source
+from p2ptrain.config.schema import EX_CONFIG, ConfigError, NodeConfig
 from p2ptrain.daemon.builder import JoinedSwarm, NodeBuilder, TrainingParts
 from p2ptrain.daemon.control import ControlQueue
+from p2ptrain.daemon.cpushare import CpuShare, default_cpu_source
 from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.loop import PAUSED_WAIT, TrainingLoop
@@ -35,14 +35,14 @@ from p2ptrain.daemon.shutdown import close_within_deadline, land_round_in_flight
 from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures, data_figures
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.daemon.sync import sync_with_swarm
-from p2ptrain.defences import Defences
 from p2ptrain.errors import error_line
-from p2ptrain.manifest_source import SourceUnavailable
-from p2ptrain.ownedrun import RunKeeper, RunPlan
+from p2ptrain.optim.defences import Defences
+from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
-from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
-from p2ptrain.swarmcredit import epoch_samples_bound
-from p2ptrain.swarmstats import SwarmStats
+from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
+from p2ptrain.swarm.manifest_source import SourceUnavailable
+from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan
+from p2ptrain.trust.swarm_credit import epoch_samples_bound
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Node:
         self.board.cpu = self.cpu_share.figures
         self.plan: RunPlan | None = None
         self.keeper: RunKeeper | None = None
-        #: The peer checks (p2ptrain.defences.Defences), built before anything forks; None when off.
+        #: The peer checks (p2ptrain.optim.defences.Defences), built before anything forks; None when off.
         self.defences: Defences | None = None
         self.swarm: JoinedSwarm | None = None
         self.parts: TrainingParts | None = None

@@ -11,8 +11,8 @@ import argparse
 import sys
 from typing import Any
 
-from p2ptrain.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
-from p2ptrain.nodeclient import NodeAuthError, NodeClient, NodeError, NodeUnreachable
+from p2ptrain.client.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
+from p2ptrain.client.http import NodeAuthError, NodeClient, NodeError, NodeUnreachable
 
 EX_REFUSED = 1  # the node answered but did not accept the command
 EX_NOINPUT = 66  # the --config file cannot be read

@@ -13,9 +13,9 @@ import threading
 import time
 from typing import Any
 
-from p2ptrain.evidence import PeerEvidence
-from p2ptrain.records import RecordBook
 from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
+from p2ptrain.swarm.records import RecordBook
+from p2ptrain.trust.evidence import PeerEvidence
 
 logger = logging.getLogger(__name__)
 

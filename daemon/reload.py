@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from p2ptrain.config import NodeConfig
+from p2ptrain.config.schema import NodeConfig
 
 #: Dotted fields (or whole sections, ending in ".") the node applies without restarting.
 RELOADABLE = ("node.log_level", "swarm.initial_peers", "training.threads", "training.max_epochs", "volunteer.")

@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from p2ptrain.config import EX_CONFIG, ConfigError, NodeConfig, TrainingSection
-from p2ptrain.invite import Invite, warn_ahead, when
-from p2ptrain.manifest import Manifest
-from p2ptrain.manifest_updates import Offer, classify
-from p2ptrain.swarm_optimizer import SwarmOptimizer
+from p2ptrain.config.schema import EX_CONFIG, ConfigError, NodeConfig, TrainingSection
+from p2ptrain.optim.protocol import SwarmOptimizer
+from p2ptrain.run.invite import Invite, warn_ahead, when
+from p2ptrain.run.manifest import Manifest
+from p2ptrain.run.updates import Offer, classify
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ _WARN_EVERY = 60.0
 
 
 class RunKeeping(Protocol):
-    """What the follower needs from ``p2ptrain.ownedrun.RunKeeper``."""
+    """What the follower needs from ``p2ptrain.swarm.ownedrun.RunKeeper``."""
 
     @property
     def manifest(self) -> Manifest | None: ...

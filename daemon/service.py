@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.config import ApiSection, ConfigError, NodeConfig, load_config
+from p2ptrain.config.schema import ApiSection, ConfigError, NodeConfig, load_config
 from p2ptrain.daemon.api import ApiServer
 from p2ptrain.daemon.auth import load_or_create_token
 from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
@@ -19,11 +19,11 @@ from p2ptrain.daemon.logsetup import set_log_level
 from p2ptrain.daemon.record_publisher import RecordPublisher
 from p2ptrain.daemon.reload import merge_reloadable, reloadable_changes
 from p2ptrain.daemon.systemd import SystemdNotifier
+from p2ptrain.daemon.volunteer import VolunteerPolicy, os_load_source, own_rss_bytes
 from p2ptrain.metrics import build_registry
-from p2ptrain.ownedrun import keep_run_settings
-from p2ptrain.records import record_validators
 from p2ptrain.status import LatestSnapshot, PauseReason, SwarmView
-from p2ptrain.volunteer import VolunteerPolicy, os_load_source, own_rss_bytes
+from p2ptrain.swarm.ownedrun import keep_run_settings
+from p2ptrain.swarm.records import record_validators
 
 logger = logging.getLogger(__name__)
 

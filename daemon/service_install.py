@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2ptrain.config_template import render_template
+from p2ptrain.config.template import render_template
 from p2ptrain.daemon.units import SYSUSERS, render_unit
 
 EX_USAGE = 64

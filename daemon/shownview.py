@@ -17,15 +17,15 @@ def shown_view(view: SwarmView, *, gate: Any, defences: Any, own: StatusSnapshot
     """(the view to show, how many records the run's admission ``gate`` dropped).
 
     ``gate`` is an owned run's admission gate (None: every peer is admitted); ``defences`` the
-    node's :class:`p2ptrain.defences.Defences` (None: peer checks off, records shown as they are)."""
+    node's :class:`p2ptrain.optim.defences.Defences` (None: peer checks off, records shown as they are)."""
     dropped = 0
     if gate is not None:
-        from p2ptrain.admission import filter_view
+        from p2ptrain.trust.admission import filter_view
 
         view, dropped = filter_view(view, gate.is_admitted)
     if defences is None:
         return view, dropped
-    from p2ptrain.evidence import trusted_view
+    from p2ptrain.trust.evidence import trusted_view
 
     view, _ = trusted_view(view, own_peer=own.peer_id, own_epoch=own.local_epoch,
                            own_rate=own.local_samples_per_second, met=defences.evidence.met_peers(),

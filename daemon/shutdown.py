@@ -14,9 +14,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from p2ptrain.optim.protocol import SwarmOptimizer
+from p2ptrain.optim.round_stats import RoundStats
 from p2ptrain.proc import descendants, signal_all
-from p2ptrain.roundstats import RoundStats
-from p2ptrain.swarm_optimizer import SwarmOptimizer
 
 logger = logging.getLogger(__name__)
 

@@ -15,16 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from p2ptrain import __version__
-from p2ptrain.cpushare import CpuShareFigures
-from p2ptrain.credit import CreditFigures
+from p2ptrain.daemon.cpushare import CpuShareFigures
 from p2ptrain.daemon.history import LossCurve
 from p2ptrain.daemon.smoothing import Ema, WindowRate
-from p2ptrain.peergate import OffenceFigures, no_offences
-from p2ptrain.roundstats import RoundFigures
+from p2ptrain.optim.protocol import GlobalProgress
+from p2ptrain.optim.round_stats import RoundFigures
+from p2ptrain.optim.swarm_stats import SwarmStatsView
 from p2ptrain.status import LatestSnapshot, NodeState, PauseReason, Reachability, StatusSnapshot, SwarmView
-from p2ptrain.swarm_optimizer import GlobalProgress
-from p2ptrain.swarmcredit import credited_view
-from p2ptrain.swarmstats import SwarmStatsView
+from p2ptrain.trust.credit import CreditFigures
+from p2ptrain.trust.peergate import OffenceFigures, no_offences
+from p2ptrain.trust.swarm_credit import credited_view
 
 #: State changes are the node's story: their log lines carry the node's name, wherever they are made.
 state_logger = logging.getLogger("p2ptrain.daemon.node")

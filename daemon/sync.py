@@ -4,7 +4,7 @@ In DiLoCo mode a node restarted from its own checkpoint one round behind the swa
 round instead (the optimizer's ``join_next_round``): no download at all.
 
 The swarm's epoch comes from ``optimizer.global_progress()``, which already prefers what several
-peers agree on (``p2ptrain.robustprogress``); the wait for it is bounded and watches the stopper.
+peers agree on (``p2ptrain.averaging.robust_progress``); the wait for it is bounded and watches the stopper.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.swarm_optimizer import SwarmOptimizer
+from p2ptrain.optim.protocol import SwarmOptimizer
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The configuration error, its exit code and the one line both are shown as, with no dependencies.
 
-Kept apart from :mod:`p2ptrain.config` (which needs pydantic) so that the CLI's front door can
+Kept apart from :mod:`p2ptrain.config.schema` (which needs pydantic) so that the CLI's front door can
 catch :class:`ConfigError` without paying for pydantic's import on every command (``p2ptrain top``
-must start fast).  :mod:`p2ptrain.config` re-exports both names.
+must start fast).  :mod:`p2ptrain.config.schema` re-exports both names.
 """
 
 from __future__ import annotations

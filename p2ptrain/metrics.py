@@ -24,7 +24,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from p2ptrain import health
-from p2ptrain.peergate import OFFENCE_KINDS
 from p2ptrain.status import (
     RECEIVED_FRACTION_BUCKETS,
     ROUND_DURATION_BUCKETS,
@@ -34,6 +33,7 @@ from p2ptrain.status import (
     StatusSnapshot,
     SwarmView,
 )
+from p2ptrain.trust.peergate import OFFENCE_KINDS
 
 _P = "p2ptrain_"
 
@@ -195,7 +195,7 @@ class P2PTrainCollector(Collector):
 
 def _credit(s: StatusSnapshot, swarm: SwarmView) -> Iterator[Metric]:
     """Contribution and data coverage: this node's own counters, and the swarm's figures over its
-    records (each peer's claim bounded, see p2ptrain.swarmcredit); per-peer detail is in the JSON API."""
+    records (each peer's claim bounded, see p2ptrain.trust.swarm_credit); per-peer detail is in the JSON API."""
     yield _counter("samples_contributed", "Samples of this node's epochs that went into the swarm's model "
                    "(averaged with another peer, or trained alone).", s.samples_contributed_total)
     yield _counter("samples_not_averaged", "Samples of this node's epochs whose averaging round failed "

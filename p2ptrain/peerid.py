@@ -1,7 +1,6 @@
-"""libp2p peer IDs as users type them: a cheap shape check, stdlib only.
+"""libp2p peer IDs as users type them: a cheap shape check and the base58 text form, stdlib only.
 
-The CLI and the manifest check peer IDs without loading hivemind; the DHT authorizer derives a
-peer's ID from its public key with hivemind's own encoding (see :mod:`p2ptrain.dhtauth`).
+The CLI, the manifest and the peer gate handle peer IDs without loading hivemind.
 """
 
 from __future__ import annotations
@@ -12,7 +11,19 @@ from p2ptrain.errors import ConfigError
 
 #: base58btc of a multihash: "Qm..." (sha2-256 of an RSA key, what hivemind 1.1.12 generates) or
 #: "12D3KooW..." / "1..." (identity multihash of an Ed25519 key).
-_PEER_ID_RE = re.compile(r"[1-9A-HJ-NP-Za-km-z]{32,64}")
+_BASE58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_PEER_ID_RE = re.compile(f"[{_BASE58_ALPHABET}]{{32,64}}")
+
+
+def base58(raw: bytes) -> str:
+    """The base58btc text of a peer ID's bytes (its multihash), as libp2p and hivemind print it."""
+    number = int.from_bytes(raw, "big")
+    digits = []
+    while number:
+        number, rest = divmod(number, 58)
+        digits.append(_BASE58_ALPHABET[rest])
+    leading_zeros = len(raw) - len(raw.lstrip(b"\0"))
+    return "1" * leading_zeros + "".join(reversed(digits))
 
 
 def is_peer_id(text: object) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 #: 3: ``averaging_rounds_ok_total`` counts only rounds that averaged the whole swarm online with
-#: (near) all parts received, as this node's reducer measured them (see :mod:`p2ptrain.roundstats`);
+#: (near) all parts received, as this node's reducer measured them (see :mod:`p2ptrain.optim.round_stats`);
 #: in 2 a group of half the peers online was enough and the received share was not measured; in 1
 #: it counted every completed round.
 SCHEMA_VERSION = 3
@@ -83,7 +83,7 @@ def _from_dict(cls: type[_T], data: dict[str, Any]) -> _T:
 
 @dataclass(frozen=True)
 class PeerRecord:
-    """What one node says about itself in the DHT (signed by its key; see ``p2ptrain.records``)."""
+    """What one node says about itself in the DHT (signed by its key; see ``p2ptrain.swarm.records``)."""
 
     peer_id: str = ""
     version: str = ""
@@ -97,7 +97,7 @@ class PeerRecord:
     pause_reason: str = ""
     #: Unix time the record was published (filled by the publisher).
     published_at: float = 0.0
-    #: Samples of this node's epochs that went into the swarm's model (see :mod:`p2ptrain.credit`);
+    #: Samples of this node's epochs that went into the swarm's model (see :mod:`p2ptrain.trust.credit`);
     #: in a swarm view, the claim as credited (capped at what the run allows for its epoch).
     samples_contributed: int = 0
     #: The node's place in its data stream: its pass over the shards, shards read through this pass and
@@ -132,7 +132,7 @@ class PeerRecord:
 
 @dataclass(frozen=True)
 class OffenderEntry:
-    """A peer this node caught misbehaving (``p2ptrain.peergate``): what it did, when, and whether it is
+    """A peer this node caught misbehaving (``p2ptrain.trust.peergate``): what it did, when, and whether it is
     excluded from this node's groups and donor lists right now."""
 
     peer_id: str = ""
@@ -161,7 +161,7 @@ class SwarmView:
     peers: tuple[PeerRecord, ...] = ()
     swarm_samples_per_second: float = 0.0
     global_epoch: int = 0
-    #: Credit and coverage over the records (:func:`p2ptrain.swarmcredit.credited_view`): the peers'
+    #: Credit and coverage over the records (:func:`p2ptrain.trust.swarm_credit.credited_view`): the peers'
     #: samples contributed as credited, the swarm's pass over the data (the lower median of the peers'
     #: passes), the share of that pass and of the one before that the peers report read (None: no
     #: sharded data in view, or no pass before), and the shard count they agree on.
@@ -232,7 +232,7 @@ class StatusSnapshot:
     loss: float | None = None
     val_loss: float | None = None
     #: Rounds that completed AND averaged a meaningful share of the swarm ("full" rounds; the rule is
-    #: :func:`p2ptrain.roundstats.classify`).  Schema 1: every completed round.
+    #: :func:`p2ptrain.optim.round_stats.classify`).  Schema 1: every completed round.
     averaging_rounds_ok_total: int = 0
     averaging_rounds_failed_total: int = 0
     #: Durations of every finished averaging round so far (seconds), newest last, capped in length.
@@ -275,7 +275,7 @@ class StatusSnapshot:
     cpu_used_percent: float | None = None
     #: Seconds the node idled between steps to stay within cpu_limit_percent.
     cpu_idle_seconds_total: float = 0.0
-    #: Credit (:mod:`p2ptrain.credit`): samples of this node's epochs that went into the swarm's model,
+    #: Credit (:mod:`p2ptrain.trust.credit`): samples of this node's epochs that went into the swarm's model,
     #: and those of epochs whose round failed (applied on this node only); restored from checkpoints.
     samples_contributed_total: int = 0
     samples_not_averaged_total: int = 0
@@ -308,7 +308,7 @@ class StatusSnapshot:
     invite_expires_at: float = 0.0
     #: Whether this node checks what peers send (swarm.peer_checks); False: it trusts every peer.
     peer_checks: bool = False
-    #: Offences by peers since start, by kind (see p2ptrain.peergate.OFFENCE_KINDS), and in total.
+    #: Offences by peers since start, by kind (see p2ptrain.trust.peergate.OFFENCE_KINDS), and in total.
     peer_offenses_by_kind: dict[str, int] = field(default_factory=dict)
     peer_offenses_total: int = 0
     #: Peers excluded from this node's groups and donor lists right now.

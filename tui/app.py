@@ -24,8 +24,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from p2ptrain.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
-from p2ptrain.nodeclient import NodeClient, NodeError, NodeUnreachable
+from p2ptrain.client.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
+from p2ptrain.client.http import NodeClient, NodeError, NodeUnreachable
 from p2ptrain.status import SCHEMA_VERSION, StatusSnapshot, SwarmView
 from p2ptrain.tui.widgets.contributors import ContributorsPanel
 from p2ptrain.tui.widgets.dialogs import ConfirmScreen, HelpScreen
@@ -34,7 +34,7 @@ from p2ptrain.tui.widgets.logs import LocalTime, LogPane
 from p2ptrain.tui.widgets.node import History, NodePanel
 from p2ptrain.tui.widgets.swarm import SwarmPanel
 
-EX_CONFIG = 78  # same code as p2ptrain.config.EX_CONFIG, without importing pydantic
+EX_CONFIG = 78  # same code as p2ptrain.config.schema.EX_CONFIG, without importing pydantic
 HISTORY_POINTS = 60
 MAX_BACKOFF = 5.0
 

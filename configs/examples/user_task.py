@@ -27,7 +27,7 @@ Two optional hooks make the trained model usable from the shell: ``sample(model,
 and ``evaluate(model, data_path)`` for ``p2ptrain eval`` (named metrics, ``"loss"`` among them).
 An exception in a hook is shown as one line.
 
-Raise ``p2ptrain.config.ConfigError("task.options.<key>: ...")`` for bad options: the node then
+Raise ``p2ptrain.config.schema.ConfigError("task.options.<key>: ...")`` for bad options: the node then
 prints that one line and exits with code 78.
 """
 
@@ -38,7 +38,7 @@ import math
 import torch
 from torch import nn
 
-from p2ptrain.config import ConfigError
+from p2ptrain.config.schema import ConfigError
 from p2ptrain.tasks import IndexedStream, SampleRequest, Task, TaskContext, stable_seed
 
 VALIDATION_BATCHES = 4

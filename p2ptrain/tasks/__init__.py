@@ -1,7 +1,17 @@
-"""Training tasks: the model, data and loss one run trains (built-in ``bytelm`` or a user task)."""
+"""Training tasks: the model, data and loss one run trains (built-in ``bytelm`` or a user task).
+
+- ``base``      the task interface a run needs: model, batches, loss, sampling
+- ``bytelm``    the built-in byte-level causal transformer LM
+- ``generate``  sampling from the byte-level LM, and its loss, bits per byte, perplexity
+- ``loader``    the ``[task]`` config turned into a :class:`Task` (built-in or a user entrypoint)
+
+User tasks import ``p2ptrain.tasks.base``; exports name ``p2ptrain.tasks.bytelm.ByteLM``: both
+paths are kept stable.  May import: torch, :mod:`p2ptrain.data`, :mod:`p2ptrain.config`.
+"""
 
 from __future__ import annotations
 
+from p2ptrain.data.corpus import stable_seed
 from p2ptrain.tasks.base import (
     Batch,
     BatchStream,
@@ -12,7 +22,6 @@ from p2ptrain.tasks.base import (
     Task,
     TaskContext,
 )
-from p2ptrain.tasks.corpus import stable_seed
 from p2ptrain.tasks.loader import build_task
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from p2ptrain.config import TaskSection
+    from p2ptrain.config.schema import TaskSection
 
 Batch = Any
 """Whatever ``loss_fn`` accepts: a tensor, a tuple of tensors, a dict... The trainer passes it through."""

@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from p2ptrain.data.text import build_text_data, make_fetcher, text_batches
 from p2ptrain.tasks.base import Task, TaskContext
-from p2ptrain.tasks.data import build_text_data, make_fetcher, text_batches
 from p2ptrain.tasks.generate import VOCAB_SIZE, lm_metrics, sample_bytes
 
 if TYPE_CHECKING:
-    from p2ptrain.config import TaskSection
+    from p2ptrain.config.schema import TaskSection
 
 
 class Block(nn.Module):

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from p2ptrain.config import ConfigError
+from p2ptrain.config.schema import ConfigError
 from p2ptrain.tasks.base import BatchStream, Task, TaskContext
 from p2ptrain.tasks.bytelm import build_bytelm
 
 if TYPE_CHECKING:
-    from p2ptrain.config import TaskSection, TrainingSection
+    from p2ptrain.config.schema import TaskSection, TrainingSection
 
 
 def build_task(

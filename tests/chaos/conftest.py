@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.localswarm import LocalNode
+from p2ptrain.local.swarm import LocalNode
 
 REPO = Path(__file__).resolve().parents[2]
 

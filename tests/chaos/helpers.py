@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.localswarm import LocalNode
+from p2ptrain.local.swarm import LocalNode
 from p2ptrain.status import StatusSnapshot
 from tests.support.processes import descendants
 

@@ -60,12 +60,12 @@ from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPublicKey
 
-from p2ptrain.config import NodeConfig, load_config
-from p2ptrain.fingerprint import model_fingerprint
-from p2ptrain.identity import NodeIdentity
-from p2ptrain.optim import ClippedAdamW, warmup_cosine
-from p2ptrain.recordcheck import binding_message
-from p2ptrain.records import peers_key
+from p2ptrain.config.schema import NodeConfig, load_config
+from p2ptrain.model.fingerprint import model_fingerprint
+from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
+from p2ptrain.swarm.identity import NodeIdentity
+from p2ptrain.swarm.recordcheck import binding_message
+from p2ptrain.swarm.records import peers_key
 from p2ptrain.tasks.loader import build_task
 
 ATTACKS = ("donor", "freeze", "fingerprint", "scaled", "nonfinite", "records")

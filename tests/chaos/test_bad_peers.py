@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from p2ptrain.checkpoint import CheckpointStore
+from p2ptrain.model.checkpoint import CheckpointStore
 from p2ptrain.waiting import wait_until
 from tests.chaos.conftest import REPO
 from tests.chaos.helpers import log_text, training

@@ -19,8 +19,8 @@ import time
 import pytest
 import torch
 
-from p2ptrain.checkpoint import CheckpointStore
-from p2ptrain.config import NodeConfig
+from p2ptrain.config.schema import NodeConfig
+from p2ptrain.model.checkpoint import CheckpointStore
 from p2ptrain.tasks.loader import build_task
 from tests.chaos.conftest import AVERAGING_TIMEOUT, TINY_TASK
 from tests.chaos.helpers import rss_bytes, statuses, training

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from p2ptrain.checkpoint import CheckpointStore
+from p2ptrain.model.checkpoint import CheckpointStore
 from p2ptrain.waiting import wait_until
 from tests.chaos.conftest import AVERAGING_TIMEOUT
 from tests.chaos.helpers import statuses, training

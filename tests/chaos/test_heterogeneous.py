@@ -16,9 +16,9 @@ import time
 import pytest
 import torch
 
-from p2ptrain.checkpoint import CheckpointStore
-from p2ptrain.config import parse_config
-from p2ptrain.models import consensus_weights
+from p2ptrain.config.schema import parse_config
+from p2ptrain.model.checkpoint import CheckpointStore
+from p2ptrain.model.load import consensus_weights
 from p2ptrain.tasks.loader import build_task
 from p2ptrain.waiting import WaitTimeout, wait_until
 from tests.chaos.conftest import TINY_TASK

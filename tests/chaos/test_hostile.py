@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2ptrain.checkpoint import CheckpointStore
-from p2ptrain.config import load_config
-from p2ptrain.localswarm import LocalNode
+from p2ptrain.config.schema import load_config
+from p2ptrain.local.swarm import LocalNode
+from p2ptrain.model.checkpoint import CheckpointStore
 from p2ptrain.status import StatusSnapshot
 from p2ptrain.waiting import wait_until
 from tests.chaos.conftest import REPO
@@ -157,8 +157,8 @@ def baseline_ceiling(node: LocalNode, epoch: int) -> float:
 def final_val_loss(node: LocalNode) -> tuple[int, float]:
     """(epoch, validation loss) of the node's final checkpoint, evaluated here on the shared validation
     batches (every node evaluates the same ones)."""
+    from p2ptrain.optim.trainer import validation_loss
     from p2ptrain.tasks.loader import build_task
-    from p2ptrain.trainer import validation_loss
 
     state = CheckpointStore(node.state_dir / "checkpoints", keep=100).load_latest()
     assert state is not None, node.name

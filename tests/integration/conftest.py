@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.localswarm import LocalNode
+from p2ptrain.local.swarm import LocalNode
 
 #: Small and quick: epochs every few seconds on two shared cores.
 FAST_TRAINING = {"target_batch_size": 48, "batch_size": 8, "validate_every": 5.0}

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from p2ptrain.nodeclient import NodeClient
+from p2ptrain.client.http import NodeClient
 from p2ptrain.waiting import wait_until
 from tests.integration.conftest import TINY_TASK
 from tests.support.nodeapi import node_token

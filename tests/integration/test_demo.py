@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from p2ptrain import demo
-from p2ptrain.cli import main
+from p2ptrain.cli import demo
+from p2ptrain.cli.main import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from p2ptrain.checkpoint import CheckpointStore
-from p2ptrain.config import TaskSection, TrainingSection
-from p2ptrain.localrun import create_local_run
-from p2ptrain.models import build_model, consensus_weights
+from p2ptrain.config.schema import TaskSection, TrainingSection
+from p2ptrain.local.run import create_local_run
+from p2ptrain.model.checkpoint import CheckpointStore
+from p2ptrain.model.load import build_model, consensus_weights
 from p2ptrain.tasks.bytelm import ByteLM
 from tests.integration.conftest import FAST_TRAINING, TINY_TASK
 from tests.support.nodeapi import node_client, node_token

@@ -18,11 +18,11 @@ import torch
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.utils import get_dht_time
 
-from p2ptrain.peergate import JUDGED_STRIKES, STRIKE_GAP_SECONDS, PeerGate
-from p2ptrain.robustreduce import ReduceRule, RoundReports
-from p2ptrain.roundcount import CountingAveragerMixin
-from p2ptrain.safeaverager import HardenedAverager
-from p2ptrain.safestate import diloco_state_validator
+from p2ptrain.averaging.counting import CountingAveragerMixin
+from p2ptrain.averaging.hardened import HardenedAverager
+from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
+from p2ptrain.averaging.state_download import diloco_state_validator
+from p2ptrain.trust.peergate import JUDGED_STRIKES, STRIKE_GAP_SECONDS, PeerGate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -380,7 +380,7 @@ class _LyingTrainingStateAverager(TrainingStateAverager):
 
 
 def test_safe_training_state_averager_rejects_a_huge_epoch_and_adopts_tensors_not_hyperparameters(dhts):
-    from p2ptrain.safestate import SafeTrainingStateAverager
+    from p2ptrain.averaging.state_download import SafeTrainingStateAverager
 
     prefix = f"tsa{uuid.uuid4().hex[:6]}"
     gate = PeerGate()

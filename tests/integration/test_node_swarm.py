@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2ptrain.checkpoint import CheckpointStore
-from p2ptrain.config import EX_CONFIG, NodeConfig
-from p2ptrain.tasks.assign import owned_shards
+from p2ptrain.config.schema import EX_CONFIG, NodeConfig
+from p2ptrain.data.assign import owned_shards
+from p2ptrain.model.checkpoint import CheckpointStore
 from p2ptrain.tasks.loader import build_task
 from p2ptrain.waiting import wait_until
 from tests.integration.conftest import FAST_TRAINING, TINY_TASK

@@ -25,16 +25,16 @@ import torch
 from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.utils import get_dht_time
 
-from p2ptrain.admission import AdmissionGate
-from p2ptrain.admission_averager import admitting
-from p2ptrain.cli import main
-from p2ptrain.config import EX_CONFIG, TaskSection, TrainingSection
-from p2ptrain.localrun import create_local_run
-from p2ptrain.localswarm import LocalNode, local_node_config
-from p2ptrain.manifest import LOCAL_TRAINING, new_manifest
-from p2ptrain.owner import OwnerKey
-from p2ptrain.rundht import fingerprint_key, manifest_key
+from p2ptrain.averaging.admitting import admitting
+from p2ptrain.cli.main import main
+from p2ptrain.config.schema import EX_CONFIG, TaskSection, TrainingSection
+from p2ptrain.local.run import create_local_run
+from p2ptrain.local.swarm import LocalNode, local_node_config
+from p2ptrain.run.manifest import LOCAL_TRAINING, new_manifest
+from p2ptrain.run.owner import OwnerKey
 from p2ptrain.status import SwarmView
+from p2ptrain.swarm.run_entries import fingerprint_key, manifest_key
+from p2ptrain.trust.admission import AdmissionGate
 from p2ptrain.waiting import wait_until
 from tests.integration.conftest import FAST_TRAINING, TINY_TASK
 

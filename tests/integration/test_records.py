@@ -10,19 +10,19 @@ import pytest
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils.crypto import RSAPrivateKey
 
-from p2ptrain.identity import NodeIdentity
-from p2ptrain.records import (
+from p2ptrain.status import PeerRecord
+from p2ptrain.swarm.identity import NodeIdentity
+from p2ptrain.swarm.records import (
     MAX_RECORD_BYTES,
     PeerRecordModel,
     RecordBook,
-    agreed_epoch,
     binding_message,
     bound_fingerprints,
     peers_key,
     record_validators,
     to_wire,
 )
-from p2ptrain.status import PeerRecord
+from p2ptrain.trust.swarm_view import agreed_epoch
 from p2ptrain.waiting import WaitTimeout, wait_until
 
 RUN = "records-test"

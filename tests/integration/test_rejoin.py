@@ -7,7 +7,7 @@ from typing import Any
 import hivemind
 import pytest
 
-from p2ptrain.rejoin import Rejoiner
+from p2ptrain.swarm.rejoin import Rejoiner
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

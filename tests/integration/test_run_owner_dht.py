@@ -18,14 +18,19 @@ from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils import get_dht_time
 from hivemind.utils.auth import TokenAuthorizerBase
 
-from p2ptrain.admission import AdmissionGate
-from p2ptrain.cli import main
-from p2ptrain.config import TaskSection, TrainingSection
-from p2ptrain.dhtauth import InviteAuthorizer, ensure_identity, forget_peers, load_identity_key, peer_id_of_identity
-from p2ptrain.invite import issue_invite
-from p2ptrain.manifest import new_manifest
-from p2ptrain.owner import OwnerKey
-from p2ptrain.rundht import (
+from p2ptrain.cli.main import main
+from p2ptrain.config.schema import TaskSection, TrainingSection
+from p2ptrain.run.invite import issue_invite
+from p2ptrain.run.manifest import new_manifest
+from p2ptrain.run.owner import OwnerKey
+from p2ptrain.swarm.dhtauth import (
+    InviteAuthorizer,
+    ensure_identity,
+    forget_peers,
+    load_identity_key,
+    peer_id_of_identity,
+)
+from p2ptrain.swarm.run_entries import (
     RunEntryValidator,
     admitted_members,
     fetch_manifest,
@@ -35,6 +40,7 @@ from p2ptrain.rundht import (
     publish_membership,
     tell_excluded,
 )
+from p2ptrain.trust.admission import AdmissionGate
 from p2ptrain.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from p2ptrain.localswarm import LocalNode
-from p2ptrain.nodeclient import NodeClient
+from p2ptrain.client.http import NodeClient
+from p2ptrain.local.swarm import LocalNode
 
 
 def node_token(node: LocalNode) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fakenode import NOW, TOKEN, FakeNode
 
-from p2ptrain.nodeclient import NodeClient
+from p2ptrain.client.http import NodeClient
 from p2ptrain.tui.app import TopApp
 
 

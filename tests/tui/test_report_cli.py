@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fakenode import SELF_ID, FakeNode, status_script, swarm_view
 
-from p2ptrain.cli import main
-from p2ptrain.report import loss_chart
+from p2ptrain.cli.main import main
+from p2ptrain.cli.report import loss_chart
 
 
 def _report(node: FakeNode, tmp_path: Path, *extra: str) -> int:
@@ -104,7 +104,7 @@ def test_report_starts_without_heavy_modules() -> None:
     import subprocess
     import sys
 
-    probe = ("import sys, p2ptrain.report\n"
+    probe = ("import sys, p2ptrain.cli.report\n"
              "print(','.join(m for m in ('torch', 'hivemind', 'pydantic', 'textual', 'p2ptrain.daemon') "
              "if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)

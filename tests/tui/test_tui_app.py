@@ -254,7 +254,7 @@ def test_small_terminal(make_app: MakeApp) -> None:
 
 def test_rediscovers_a_node_that_moved(fake_node: FakeNode, token_file: Path) -> None:
     """A node restarted with ``api.port = 0`` listens elsewhere; api.url is re-read while down."""
-    from p2ptrain.nodeclient import NodeClient
+    from p2ptrain.client.http import NodeClient
 
     asked: list[int] = []
 

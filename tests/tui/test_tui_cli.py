@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.cli import build_parser, main
+from p2ptrain.cli.main import build_parser, main
 
 
 def test_top_flags_parse() -> None:

@@ -10,7 +10,7 @@ from threading import Thread
 import pytest
 from fakenode import PEER_IDS, SELF_ID, TOKEN, FakeNode
 
-from p2ptrain.nodeclient import (
+from p2ptrain.client.http import (
     NodeAuthError,
     NodeClient,
     NodeProtocolError,

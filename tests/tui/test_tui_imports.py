@@ -11,15 +11,15 @@ import sys
 from tests.support.imports import REPO, imports_of, is_stdlib, module_path, project_imports, source_files
 
 #: Library modules the TUI may import: each uses only the standard library and this list.
-TUI_MAY_IMPORT = frozenset({"p2ptrain", "p2ptrain.status", "p2ptrain.paths", "p2ptrain.errors", "p2ptrain.tomlfile",
-                            "p2ptrain.nodeclient", "p2ptrain.discovery"})
-HEAVY = ("torch", "hivemind", "pydantic", "multiaddr", "numpy", "p2ptrain.config", "p2ptrain.daemon")
+TUI_MAY_IMPORT = frozenset({"p2ptrain", "p2ptrain.status", "p2ptrain.paths", "p2ptrain.errors",
+                            "p2ptrain.config.tomlfile", "p2ptrain.client.http", "p2ptrain.client.discovery"})
+HEAVY = ("torch", "hivemind", "pydantic", "multiaddr", "numpy", "p2ptrain.config.schema", "p2ptrain.daemon")
 
 PROBE = f"""
 import sys
 from pathlib import Path
 import p2ptrain.tui.app as app_module
-from p2ptrain.nodeclient import NodeClient
+from p2ptrain.client.http import NodeClient
 app = app_module.TopApp(NodeClient("http://127.0.0.1:9", None, timeout=0.5), Path("/nonexistent"))
 
 async def leave(pilot):  # runs once the first screen is up: every widget of every view exists
@@ -53,7 +53,7 @@ def test_tui_imports_only_its_own_modules_and_the_allowed_ones() -> None:
         for name in project_imports(path):
             seen.add(name)
             assert name.startswith("p2ptrain.tui") or name in TUI_MAY_IMPORT, f"{path.relative_to(REPO)} imports {name}"
-    assert {"p2ptrain.nodeclient", "p2ptrain.discovery", "p2ptrain.status"} <= seen  # the reader works
+    assert {"p2ptrain.client.http", "p2ptrain.client.discovery", "p2ptrain.status"} <= seen  # the reader works
 
 
 def test_allowed_library_modules_need_only_the_standard_library() -> None:

@@ -14,10 +14,10 @@ from fakenode import NOW, SELF_ID, TOKEN, status_script, swarm_view
 from prometheus_client import CollectorRegistry
 from textual.pilot import Pilot
 
+from p2ptrain.client.http import NodeAuthError, NodeClient
 from p2ptrain.daemon.api import ApiServer
 from p2ptrain.daemon.control import Command, ControlQueue
 from p2ptrain.daemon.logbuffer import LogRing
-from p2ptrain.nodeclient import NodeAuthError, NodeClient
 from p2ptrain.status import LatestSnapshot
 from p2ptrain.tui.app import TopApp
 from p2ptrain.tui.widgets.logs import LogPane

@@ -15,7 +15,7 @@ import pytest
 from fakenode import NOW, SCRIPT_LENGTH, FakeNode
 from textual.pilot import Pilot
 
-from p2ptrain.nodeclient import NodeClient
+from p2ptrain.client.http import NodeClient
 from p2ptrain.tui.app import TopApp
 
 SNAPSHOT_PORT = 47913

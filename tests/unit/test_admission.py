@@ -15,19 +15,19 @@ from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 
-from p2ptrain.admission import AdmissionGate, filter_view
-from p2ptrain.config import ConfigError
-from p2ptrain.dhtauth import (
+from p2ptrain.config.schema import ConfigError
+from p2ptrain.run.invite import InviteError, issue_invite
+from p2ptrain.run.owner import OwnerKey
+from p2ptrain.status import NodeState, PeerRecord
+from p2ptrain.swarm.dhtauth import (
     InviteAuthorizer,
     ensure_identity,
     load_identity_key,
     peer_id_of_identity,
     peer_id_of_public_key,
 )
-from p2ptrain.invite import InviteError, issue_invite
-from p2ptrain.owner import OwnerKey
-from p2ptrain.records import summarize
-from p2ptrain.status import NodeState, PeerRecord
+from p2ptrain.trust.admission import AdmissionGate, filter_view
+from p2ptrain.trust.swarm_view import summarize
 
 A, B, C = ("QmXyX6Ps4qyR2awJLJ5nwzg5n7Vdjk1CHidb8p2GbthpvF", "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3",
            "Qmb4VdreyqThHr97gkPTcBQ6Sv7KRL7XRhM3acdKjeGwNk")
@@ -194,8 +194,8 @@ def test_strangers_borrowed_tokens_revoked_and_expired_peers_are_refused(run, ke
 
 
 def test_strangers_without_an_invite_are_named_once_each_then_only_counted(run, keys, caplog, monkeypatch):
-    caplog.set_level("INFO", logger="p2ptrain.dhtauth")
-    monkeypatch.setattr("p2ptrain.dhtauth._LOGGED_PEERS", 3)
+    caplog.set_level("INFO", logger="p2ptrain.swarm.dhtauth")
+    monkeypatch.setattr("p2ptrain.swarm.dhtauth._LOGGED_PEERS", 3)
     a = _authorizer(run, keys[0])
     unsigned = dht_pb2.PingRequest()  # a node outside the run sends no token: nothing in it names the sender
 

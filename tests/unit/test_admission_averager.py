@@ -17,8 +17,8 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.p2p import P2PContext, PeerID, ServicerBase
 from hivemind.proto import averaging_pb2
 
-from p2ptrain.admission import AdmissionGate
-from p2ptrain.admission_averager import AdmittingOptimizerMixin, NotAdmitted, admitting
+from p2ptrain.averaging.admitting import AdmittingOptimizerMixin, NotAdmitted, admitting
+from p2ptrain.trust.admission import AdmissionGate
 
 FRIEND, STRANGER = "QmXyX6Ps4qyR2awJLJ5nwzg5n7Vdjk1CHidb8p2GbthpvF", "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3"
 
@@ -60,7 +60,7 @@ def _calls(averager: Any, peer: str) -> list[list[Any]]:
 
 
 def test_non_admitted_callers_are_refused_and_counted_admitted_ones_pass(caplog):
-    caplog.set_level(logging.INFO, "p2ptrain.admission_averager")
+    caplog.set_level(logging.INFO, "p2ptrain.averaging.admitting")
     gate = _gate()
     averager = object.__new__(admitting(_Base, gate))
     join, part, state = _calls(averager, STRANGER)
@@ -103,7 +103,7 @@ def test_rpc_names_stay_hivemind_s_and_use_the_checking_handlers():
 
 
 def test_hivemind_s_traceback_for_a_skipped_donor_is_dropped():
-    from p2ptrain.admission_averager import _DropNotAdmitted
+    from p2ptrain.averaging.admitting import _DropNotAdmitted
 
     try:
         raise NotAdmitted("peer x is not admitted to this run")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from hivemind.averaging.partition import BannedException
 
-from p2ptrain.allreduce_guard import CheckedTensorPartContainer, RobustTensorPartReducer
-from p2ptrain.robustreduce import ReduceRule
+from p2ptrain.averaging.allreduce import CheckedTensorPartContainer, RobustTensorPartReducer
+from p2ptrain.averaging.robust_reduce import ReduceRule
 
 
 def _run(coro):
@@ -162,7 +162,7 @@ def test_a_part_of_an_unexpected_dtype_is_refused_and_named_without_stalling_the
 def test_a_check_that_breaks_on_a_part_refuses_its_sender_and_never_stalls_the_round(monkeypatch):
     """Whatever a peer sends, the per-part check must not raise into hivemind's reducer: a check that
     breaks on one sender's part refuses that sender; the others get their average."""
-    import p2ptrain.robustreduce as robustreduce
+    import p2ptrain.averaging.robust_reduce as robustreduce
 
     real = robustreduce._part_norm
 
@@ -206,8 +206,8 @@ def test_a_part_message_is_refused_before_decoding_when_it_declares_what_no_hone
     from hivemind.compression import CompressionInfo, serialize_torch_tensor
     from hivemind.proto import runtime_pb2
 
-    from p2ptrain.allreduce_guard import _declared_problem
-    from p2ptrain.compression import make_compression
+    from p2ptrain.averaging.allreduce import _declared_problem
+    from p2ptrain.averaging.compression import make_compression
 
     n = 70_000  # large enough for "8bit" to quantise it
     shapes = [torch.Size([n])]

@@ -14,13 +14,13 @@ import time
 import pytest
 from monitoring_fixtures import populated_status, populated_swarm
 
+from p2ptrain.client.http import NodeClient
 from p2ptrain.daemon.api import ApiServer, host_header_is_loopback, is_loopback
 from p2ptrain.daemon.auth import load_or_create_token, token_matches
 from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.errors import ConfigError
 from p2ptrain.metrics import build_registry
-from p2ptrain.nodeclient import NodeClient
 from p2ptrain.status import SCHEMA_VERSION, LatestSnapshot
 from p2ptrain.waiting import wait_until
 

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from p2ptrain.config import ConfigError, NodeConfig, load_config, parse_config
+from p2ptrain.config.schema import ConfigError, NodeConfig, load_config, parse_config
 from p2ptrain.daemon.api import ApiServer
 from p2ptrain.daemon.control import ControlQueue
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.metrics import build_registry
-from p2ptrain.records import RecordBook, record_validators
 from p2ptrain.status import LatestSnapshot, StatusSnapshot
+from p2ptrain.swarm.records import RecordBook, record_validators
 
 pytestmark = [pytest.mark.timeout(300)]
 

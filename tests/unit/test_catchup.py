@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from p2ptrain.optim import warmup_cosine
-from p2ptrain.robustprogress import robust_global_epoch
-from p2ptrain.safestate import catch_up_scheduler
-from p2ptrain.statecheck import MAX_EPOCH
+from p2ptrain.averaging.robust_progress import robust_global_epoch
+from p2ptrain.averaging.state_download import catch_up_scheduler
+from p2ptrain.optim.inner import warmup_cosine
+from p2ptrain.trust.verdicts import MAX_EPOCH
 
 
 def _opt() -> torch.optim.Optimizer:

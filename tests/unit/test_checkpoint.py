@@ -10,7 +10,7 @@ from typing import IO, Any
 import pytest
 import torch
 
-from p2ptrain.checkpoint import CheckpointError, CheckpointStore, torch_writer
+from p2ptrain.model.checkpoint import CheckpointError, CheckpointStore, torch_writer
 
 torch.set_num_threads(1)
 
@@ -139,7 +139,7 @@ def test_corrupt_newest_falls_back_with_one_warning(tmp_path: Path, caplog: pyte
     store.save(_state(1))
     newest = store.save(_state(2))
     newest.write_bytes(newest.read_bytes()[:100])  # truncated
-    with caplog.at_level(logging.WARNING, logger="p2ptrain.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.model.checkpoint"):
         loaded = store.load_latest()
     assert loaded is not None and loaded.state["epoch"] == 1
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -151,7 +151,7 @@ def test_all_corrupt_gives_none(tmp_path: Path, caplog: pytest.LogCaptureFixture
     store = CheckpointStore(tmp_path, keep=3)
     for epoch in (1, 2):
         store.save(_state(epoch)).write_bytes(b"")
-    with caplog.at_level(logging.WARNING, logger="p2ptrain.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.model.checkpoint"):
         assert store.load_latest() is None
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
     assert len([name for name in _files(tmp_path) if name.endswith(".corrupt")]) == 2

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.cli import LOG_LEVEL_ENV, _with_log_level, build_parser
-from p2ptrain.config import load_config
+from p2ptrain.cli.main import LOG_LEVEL_ENV, _with_log_level, build_parser
+from p2ptrain.config.schema import load_config
 
 
 def test_flag_parses_case_insensitively_and_defaults_to_none() -> None:

@@ -11,9 +11,9 @@ from hivemind.compression import (
     Uniform8BitQuantization,
 )
 
-from p2ptrain.compression import SMALL_TENSOR_ELEMENTS, make_compression, wire_bytes
-from p2ptrain.config import ConfigError, parse_config
-from p2ptrain.optim import bandwidth_hint
+from p2ptrain.averaging.compression import SMALL_TENSOR_ELEMENTS, make_compression, wire_bytes
+from p2ptrain.config.schema import ConfigError, parse_config
+from p2ptrain.optim.build import bandwidth_hint
 
 
 def test_none_and_fp16_map_to_hivemind_classes() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.config import (
+from p2ptrain.config.schema import (
     EX_CONFIG,
     ConfigError,
     NodeConfig,
@@ -20,7 +20,7 @@ from p2ptrain.config import (
     parse_config,
     resolve_state_dir,
 )
-from p2ptrain.config_template import render_template
+from p2ptrain.config.template import render_template
 
 REPO = Path(__file__).resolve().parents[2]
 PEER = "/ip4/127.0.0.1/tcp/41400/p2p/QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
@@ -338,7 +338,7 @@ def test_user_text_in_a_config_error_is_quoted_to_stay_one_line(tmp_path: Path) 
 def test_every_path_setting_is_a_checked_directory_or_a_known_file() -> None:
     """A new directory setting gets the filesystem check by being declared a DirectoryPath; this
     keeps one from being added as a plain Path and missing it."""
-    from p2ptrain.config_checks import Directory
+    from p2ptrain.config.checks import Directory
 
     files = {"swarm.manifest"}  # read (and its problems named) where the run's manifest is loaded
     directories, plain = set(), set()

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2ptrain.config import ConfigError, TaskSection
-from p2ptrain.tasks.corpus import is_validation, split_shards, stable_seed, validation_windows
-from p2ptrain.tasks.data import TextData, build_text_data
-from p2ptrain.tasks.sources import ShardRef, stdlib_shards
+from p2ptrain.config.schema import ConfigError, TaskSection
+from p2ptrain.data.corpus import is_validation, split_shards, stable_seed, validation_windows
+from p2ptrain.data.sources import ShardRef, stdlib_shards
+from p2ptrain.data.text import TextData, build_text_data
 
 torch.set_num_threads(1)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.cpushare import CpuShare, check_limit, default_cpu_source
+from p2ptrain.daemon.cpushare import CpuShare, check_limit, default_cpu_source
 
 
 class FakeMachine:
@@ -162,7 +162,7 @@ def test_bad_construction_is_refused() -> None:
 def test_background_alone_over_the_share_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
     machine = FakeMachine(background_cores=0.3)
     share = machine.share(20.0, cores=1)
-    with caplog.at_level(logging.INFO, logger="p2ptrain.cpushare"):
+    with caplog.at_level(logging.INFO, logger="p2ptrain.daemon.cpushare"):
         steps = train(machine, share, 40.0)
         assert steps <= 2
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -235,7 +235,7 @@ def test_real_busy_loop_held_to_a_quarter_core() -> None:
     ("inf", "finite number"),
 ])
 def test_max_cpu_percent_bad_values_name_the_field(tmp_path: Path, toml_value: str, message: str) -> None:
-    from p2ptrain.config import ConfigError, load_config
+    from p2ptrain.config.schema import ConfigError, load_config
 
     path = tmp_path / "node.toml"
     path.write_text(f"[volunteer]\nmax_cpu_percent = {toml_value}\n")
@@ -245,7 +245,7 @@ def test_max_cpu_percent_bad_values_name_the_field(tmp_path: Path, toml_value: s
 
 
 def test_max_cpu_percent_defaults_off_takes_env_and_reloads() -> None:
-    from p2ptrain.config import NodeConfig, parse_config
+    from p2ptrain.config.schema import NodeConfig, parse_config
     from p2ptrain.daemon.reload import reloadable_changes
 
     assert NodeConfig().volunteer.max_cpu_percent == 0.0

@@ -8,15 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from p2ptrain.credit import MAX_AWAITING, CreditFigures, CreditLedger
 from p2ptrain.daemon.history import LossCurve
 from p2ptrain.daemon.snapshot import DataFigures, data_figures
-from p2ptrain.recordcheck import MAX_SHARDS, credit_problem
-from p2ptrain.records import to_wire
-from p2ptrain.roundstats import RoundReport
+from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import PeerRecord, StatusSnapshot, SwarmView
-from p2ptrain.swarmcredit import coverage_of, credited_view, epoch_samples_bound
-from p2ptrain.swarmstats import SwarmStats
+from p2ptrain.swarm.recordcheck import MAX_SHARDS, credit_problem
+from p2ptrain.swarm.records import to_wire
+from p2ptrain.trust.credit import MAX_AWAITING, CreditFigures, CreditLedger
+from p2ptrain.trust.swarm_credit import coverage_of, credited_view, epoch_samples_bound
 
 
 def _round(ok: bool, group: int = 2) -> RoundReport:

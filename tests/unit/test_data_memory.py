@@ -27,7 +27,7 @@ CHILD = r"""
 import json, re, sys
 import torch
 torch.set_num_threads(1)
-from p2ptrain.config import TaskSection, TrainingSection
+from p2ptrain.config.schema import TaskSection, TrainingSection
 from p2ptrain.tasks import build_task
 
 def peak():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2ptrain.demo import StrangerSeen
+from p2ptrain.cli.demo import StrangerSeen
 from p2ptrain.status import StatusSnapshot
 
 REFUSED = StrangerSeen(code=1, dht_refused=7, averaging_refused=0, last=None, wrote_state=False,

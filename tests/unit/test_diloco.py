@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from p2ptrain.outerstep import OuterStep
+from p2ptrain.optim.outer_step import OuterStep
 
 torch.set_num_threads(1)
 
@@ -119,9 +119,9 @@ class _NoSwarm:
 def test_a_nonfinite_micro_batch_anywhere_in_an_inner_batch_is_dropped_alone(monkeypatch) -> None:
     """The trainer drops a micro-batch with NaN gradients by calling zero_grad; in the middle of an inner
     batch (inner_batch_size > batch_size) that must drop it and keep the micro-batches before it."""
-    import p2ptrain.diloco as diloco
-    from p2ptrain.config import TrainingSection
-    from p2ptrain.swarmstats import SwarmStats
+    import p2ptrain.optim.diloco as diloco
+    from p2ptrain.config.schema import TrainingSection
+    from p2ptrain.optim.swarm_stats import SwarmStats
 
     monkeypatch.setattr(diloco, "SwarmRoundTracker", _NoSwarm)
     monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: _NoSwarm)
@@ -198,9 +198,9 @@ class _Averager(_NoSwarm):
 def _two_peer_optimizer(monkeypatch, inner_batch_size: int = 8) -> tuple[Any, list[_Averager], Callable[[], None]]:
     """A DiLoCo optimizer on a two-peer clock (:class:`_TwoPeerClock`) and fake averagers (the list
     collects them), and one micro-batch of it (8 samples; one inner step with the default inner batch)."""
-    import p2ptrain.diloco as diloco
-    from p2ptrain.config import TrainingSection
-    from p2ptrain.swarmstats import SwarmStats
+    import p2ptrain.optim.diloco as diloco
+    from p2ptrain.config.schema import TrainingSection
+    from p2ptrain.optim.swarm_stats import SwarmStats
 
     monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
     averagers: list[_Averager] = []
@@ -234,7 +234,7 @@ def test_a_peer_at_a_quarter_of_the_swarm_s_pace_steps_every_micro_batch_and_a_f
         micro_batch()
     assert optimizer.inner_step == 1  # near the pace: the configured four micro-batches
     tracker.performance_ema.samples_per_second = 25.0
-    with caplog.at_level(logging.DEBUG, logger="p2ptrain.diloco"):
+    with caplog.at_level(logging.DEBUG, logger="p2ptrain.optim.diloco"):
         for _ in range(3):
             micro_batch()
     assert optimizer.inner_step == 4  # a step per micro-batch
@@ -373,9 +373,9 @@ class _Behind(_Averager):
 
 def _behind_optimizer(monkeypatch) -> tuple[object, _Behind, _Behind, list[int], torch.nn.Parameter]:
     """A DiLoCo optimizer on fakes; the list collects the epochs at which it started a state download."""
-    import p2ptrain.diloco as diloco
-    from p2ptrain.config import TrainingSection
-    from p2ptrain.swarmstats import SwarmStats
+    import p2ptrain.optim.diloco as diloco
+    from p2ptrain.config.schema import TrainingSection
+    from p2ptrain.optim.swarm_stats import SwarmStats
 
     made: list[_Behind] = []
 
@@ -442,16 +442,18 @@ def test_a_fast_peer_past_inner_steps_serves_a_state_newcomers_accept() -> None:
     the round position it serves must still pass the newcomers' check, or they reject an honest donor."""
     import threading
 
-    from p2ptrain.config import TrainingSection
-    from p2ptrain.diloco_averager import averager_class
-    from p2ptrain.statecheck import check_diloco_metadata
+    from p2ptrain.averaging.diloco import averager_class
+    from p2ptrain.config.schema import TrainingSection
+    from p2ptrain.optim.diloco_state import DiLoCoState
+    from p2ptrain.trust.verdicts import check_diloco_metadata
 
     settled = threading.Event()
     settled.set()
     outer = OuterStep([torch.nn.Parameter(torch.zeros(2))], lr=0.7, momentum=0.9, nesterov=True)
     cfg = TrainingSection(mode="diloco", inner_steps=100)
-    owner = SimpleNamespace(cfg=cfg, local_epoch=7, inner_step=250, round_settled=settled, outer=outer)
-    # The method only reads its owner: called on a stand-in, no averager process is started.
+    owner = SimpleNamespace(cfg=cfg, local_epoch=7, inner_step=250, round_settled=settled, outer=outer,
+                            served_state=lambda: DiLoCoState.served_state(owner))  # type: ignore[arg-type]
+    # The methods only read their owner: called on stand-ins, no averager process is started.
     metadata, tensors, _ = averager_class(False, None).get_current_state(SimpleNamespace(_owner=owner))
     assert metadata == {"epoch": 7, "inner_step": 99} and len(tensors) == 2
     assert check_diloco_metadata(metadata, cfg.inner_steps).ok
@@ -473,9 +475,9 @@ def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_
         monkeypatch, caplog) -> None:
     import logging
 
-    import p2ptrain.diloco as diloco
-    from p2ptrain.config import TrainingSection
-    from p2ptrain.swarmstats import SwarmStats
+    import p2ptrain.optim.diloco as diloco
+    from p2ptrain.config.schema import TrainingSection
+    from p2ptrain.optim.swarm_stats import SwarmStats
 
     made: list[_Flickering] = []
 
@@ -516,7 +518,8 @@ def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_
         figures, credit = stats.rounds.figures(), stats.credit.figures()
         assert figures.rounds_failed == 2 and credit.not_averaged == 2 * 8 and optimizer.solo.missed == 2
         round_ending(1)  # two rounds without it: training alone again, said once more
-    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name in ("p2ptrain.diloco", "p2ptrain.soloround")]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records
+             if r.name in ("p2ptrain.optim.diloco", "p2ptrain.optim.solo_round")]
     assert [level for level, _ in lines] == [logging.INFO, logging.WARNING, logging.WARNING, logging.INFO], lines
     assert lines[0][1].startswith("DiLoCo round 0: no other peer in the swarm; training alone")
     assert lines[1][1] == ("DiLoCo round 3 ended alone: no other peer in the swarm's progress at its end (one was "
@@ -539,9 +542,9 @@ class _NoDonor(_NoSwarm):
 
 
 def _no_donor_optimizer(monkeypatch, wait):
-    import p2ptrain.diloco as diloco
-    from p2ptrain.config import TrainingSection
-    from p2ptrain.swarmstats import SwarmStats
+    import p2ptrain.optim.diloco as diloco
+    from p2ptrain.config.schema import TrainingSection
+    from p2ptrain.optim.swarm_stats import SwarmStats
 
     monkeypatch.setattr(diloco, "SwarmRoundTracker", _NoSwarm)
     averagers: list[_NoDonor] = []
@@ -579,10 +582,10 @@ def test_without_peer_checks_a_round_s_received_share_is_still_measured(monkeypa
     decides whether the round was full, as with the checks on."""
     import time
 
-    import p2ptrain.diloco as diloco
-    from p2ptrain.config import TrainingSection
-    from p2ptrain.robustreduce import RoundReport as ReducerReport
-    from p2ptrain.swarmstats import SwarmStats
+    import p2ptrain.optim.diloco as diloco
+    from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
+    from p2ptrain.config.schema import TrainingSection
+    from p2ptrain.optim.swarm_stats import SwarmStats
 
     monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
     made: list[dict[str, object]] = []
@@ -635,7 +638,8 @@ def test_at_a_stop_a_round_still_looking_for_its_group_gets_two_matchmaking_wind
         optimizer.flush()
     assert time.monotonic() - began < 2.0 and cancelled and optimizer.round_settled.is_set()
     assert optimizer.stats.rounds.figures().rounds_failed == 1
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and r.name == "p2ptrain.diloco"] == [
+    assert [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.INFO and r.name == "p2ptrain.optim.diloco"] == [
         "DiLoCo round 0 found no group before the stop: applying the local pseudo-gradient"]
 
     # A round whose group has assembled lands as the swarm's.

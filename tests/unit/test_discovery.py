@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.discovery import (
+from p2ptrain.client.discovery import (
     DEFAULT_URL,
     DiscoveryError,
     TokenUnavailable,

@@ -7,13 +7,13 @@ import asyncio
 
 import torch
 
-from p2ptrain.allreduce_guard import RobustTensorPartReducer
-from p2ptrain.evidence import PeerEvidence, trusted_view
-from p2ptrain.records import summarize
-from p2ptrain.robustreduce import ReduceRule
-from p2ptrain.robustreduce import RoundReport as ReducerReport
-from p2ptrain.roundstats import RoundOutcome, RoundReport, classify
+from p2ptrain.averaging.allreduce import RobustTensorPartReducer
+from p2ptrain.averaging.robust_reduce import ReduceRule
+from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
+from p2ptrain.optim.round_stats import RoundOutcome, RoundReport, classify
 from p2ptrain.status import PeerRecord
+from p2ptrain.trust.evidence import PeerEvidence, trusted_view
+from p2ptrain.trust.swarm_view import summarize
 from tests.support.clock import ManualClock
 
 

@@ -11,29 +11,29 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2ptrain import cli
-from p2ptrain.checkpoint import CheckpointStore
-from p2ptrain.config import load_config
-from p2ptrain.cpushare import CpuShare
+from p2ptrain.cli import main as cli
+from p2ptrain.cli.tryit import measured_card
+from p2ptrain.config.schema import load_config
 from p2ptrain.daemon.builder import TrainingParts
 from p2ptrain.daemon.checkpointer import Checkpointer
 from p2ptrain.daemon.control import ControlQueue
+from p2ptrain.daemon.cpushare import CpuShare
 from p2ptrain.daemon.hooks import NodeHooks
 from p2ptrain.daemon.loop import TrainingLoop
 from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.export import CardInfo, ExportError, write_export
-from p2ptrain.fingerprint import model_fingerprint
-from p2ptrain.models import ModelError, from_export, resolve
-from p2ptrain.rollback import NonFiniteRollback
-from p2ptrain.roundstats import RoundReport
+from p2ptrain.model.checkpoint import CheckpointStore
+from p2ptrain.model.export import CardInfo, ExportError, write_export
+from p2ptrain.model.fingerprint import model_fingerprint
+from p2ptrain.model.load import ModelError, from_export, resolve
+from p2ptrain.optim.protocol import GlobalProgress, GuardTargets
+from p2ptrain.optim.rollback import NonFiniteRollback
+from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.swarm_stats import SwarmStats
+from p2ptrain.optim.trainer import Trainer
 from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
-from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
-from p2ptrain.swarmstats import SwarmStats
 from p2ptrain.tasks import SampleRequest, build_task
 from p2ptrain.tasks.generate import prompt_bytes, sample_bytes
-from p2ptrain.trainer import Trainer
-from p2ptrain.tryit import measured_card
 
 torch.set_num_threads(1)
 
@@ -349,7 +349,7 @@ def test_a_failed_export_leaves_nothing_half_written(run, tmp_path: Path, monkey
     def full_disk(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("p2ptrain.export.save_model", full_disk)
+    monkeypatch.setattr("p2ptrain.model.export.save_model", full_disk)
     with pytest.raises(ExportError, match="No space left on device"):
         write_export(loaded.model, loaded.task, loaded.fingerprint, loaded.card, out, force=True)
     with pytest.raises(ExportError):
@@ -556,7 +556,7 @@ def test_eval_data_problems_are_one_line_each(run, tmp_path: Path, capsys) -> No
 
 
 def test_eval_data_reads_a_bounded_prefix(run, tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr("p2ptrain.tasks.data.SCORE_MAX_BYTES", 2_000)
+    monkeypatch.setattr("p2ptrain.data.text.SCORE_MAX_BYTES", 2_000)
     big = tmp_path / "big.txt"
     big.write_text("".join(line + "\n" for line in LINES * 20))
     assert _main("eval", run["config"], "--data", big) == 0
@@ -587,8 +587,8 @@ def test_a_damaged_export_is_one_model_error(run, tmp_path: Path) -> None:
 def test_the_demo_ends_by_exporting_and_sampling(run, tmp_path: Path) -> None:
     import io
 
-    from p2ptrain.demo import DemoRun, export_and_sample
-    from p2ptrain.localswarm import LocalNode
+    from p2ptrain.cli.demo import DemoRun, export_and_sample
+    from p2ptrain.local.swarm import LocalNode
 
     empty = LocalNode("node2", tmp_path / "node2", "unit-run")
     empty.workdir.mkdir()

@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 import torch
 
-from p2ptrain import cli
-from p2ptrain.config import TaskSection, TrainingSection, load_config, parse_config
+from p2ptrain.cli import main as cli
+from p2ptrain.config.schema import TaskSection, TrainingSection, load_config, parse_config
 from p2ptrain.daemon.builder import ClientParts, NodeBuilder
 from p2ptrain.daemon.fetch import EX_UNAVAILABLE, Fetcher, client_state_dir, fetch_config
-from p2ptrain.export import CARD_FILE, CONFIG_FILE
-from p2ptrain.fingerprint import model_fingerprint
-from p2ptrain.manifest import new_manifest
-from p2ptrain.models import from_export
-from p2ptrain.owner import OwnerKey
+from p2ptrain.model.export import CARD_FILE, CONFIG_FILE
+from p2ptrain.model.fingerprint import model_fingerprint
+from p2ptrain.model.load import from_export
+from p2ptrain.optim.protocol import GlobalProgress
+from p2ptrain.run.manifest import new_manifest
+from p2ptrain.run.owner import OwnerKey
 from p2ptrain.status import PeerRecord, SwarmView
-from p2ptrain.swarm import FingerprintMismatch, SwarmError
-from p2ptrain.swarm_optimizer import GlobalProgress
+from p2ptrain.swarm.dht import FingerprintMismatch, SwarmError
 from p2ptrain.tasks import build_task
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from p2ptrain.fingerprint import model_fingerprint
+from p2ptrain.model.fingerprint import model_fingerprint
 from p2ptrain.tasks.bytelm import ByteLM, shape_config
 
 torch.set_num_threads(1)
@@ -35,7 +35,7 @@ def test_fingerprint_is_short_hex_and_ignores_values() -> None:
 
 def test_fingerprint_is_stable_across_processes() -> None:
     code = (
-        "from p2ptrain.fingerprint import model_fingerprint\n"
+        "from p2ptrain.model.fingerprint import model_fingerprint\n"
         "from p2ptrain.tasks.bytelm import ByteLM, shape_config\n"
         f"print(model_fingerprint(ByteLM(*{SHAPE}, seed=3), shape_config(*{SHAPE})))\n"
     )

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from p2ptrain.groupmates import DEFAULT_SERVE_GRACE, MAX_SERVE_GRACE, ServeGroupmatesMixin
-from p2ptrain.groupmates import POLL_SECONDS as POLL
+from p2ptrain.averaging.groupmates import DEFAULT_SERVE_GRACE, MAX_SERVE_GRACE, ServeGroupmatesMixin
+from p2ptrain.averaging.groupmates import POLL_SECONDS as POLL
 from tests.support.clock import ManualClock
 
 BAD_GROUP_ID = "BAD_GROUP_ID"
@@ -219,7 +219,7 @@ def test_shutdown_does_not_wait_for_a_groupmate_that_never_reads(caplog):
     def sleep(seconds):
         clock.now += seconds
 
-    with caplog.at_level(logging.INFO, logger="p2ptrain.groupmates"):
+    with caplog.at_level(logging.INFO, logger="p2ptrain.averaging.groupmates"):
         waited = node.finish_serving(sleep=sleep, clock=clock)
     assert 3.0 <= waited < 3.1  # the groupmate's own chunk timeout: it has given up by then
     assert [r.levelno for r in caplog.records] == [logging.INFO]
@@ -228,7 +228,7 @@ def test_shutdown_does_not_wait_for_a_groupmate_that_never_reads(caplog):
 
 def test_shutdown_with_nothing_in_flight_returns_at_once_quietly_and_shuts_down(caplog):
     node = _Node()
-    with caplog.at_level(logging.DEBUG, logger="p2ptrain.groupmates"):
+    with caplog.at_level(logging.DEBUG, logger="p2ptrain.averaging.groupmates"):
         node.shutdown()
     assert node.shut_down
     assert not caplog.records

@@ -9,7 +9,7 @@ from typing import Any
 
 from hivemind.averaging.key_manager import GroupKeyManager
 
-from p2ptrain.grouppolls import pace_group_polls
+from p2ptrain.averaging.matchmaking import pace_group_polls
 
 
 class _Keys:

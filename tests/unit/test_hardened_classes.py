@@ -12,11 +12,11 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
 
-from p2ptrain.peergate import PeerGate
-from p2ptrain.robustprogress import RobustProgressTracker
-from p2ptrain.roundcount import CountingGradientAverager
-from p2ptrain.safeaverager import HardenedAverager, HardenedGradientAverager
-from p2ptrain.safestate import SafeTrainingStateAverager
+from p2ptrain.averaging.counting import CountingGradientAverager
+from p2ptrain.averaging.hardened import HardenedAverager, HardenedGradientAverager
+from p2ptrain.averaging.robust_progress import RobustProgressTracker
+from p2ptrain.averaging.state_download import SafeTrainingStateAverager
+from p2ptrain.trust.peergate import PeerGate
 
 
 @pytest.mark.parametrize(("ours", "theirs"), [
@@ -131,7 +131,7 @@ def test_a_bound_peer_claiming_an_impossible_epoch_is_named_and_excluded_an_unbo
     """An epoch outside 0..MAX_EPOCH is never honest.  Written with the key the peer's own record names,
     it is that peer's lie: one offence, and its entries no longer count.  Under a self-declared peer ID
     it could be anyone writing in an honest peer's name: ignored, nobody named."""
-    from p2ptrain.statecheck import MAX_EPOCH
+    from p2ptrain.trust.verdicts import MAX_EPOCH
 
     liar, framed = str(PeerID(_peer(3))), str(PeerID(_peer(4)))
     gate = PeerGate()
@@ -147,7 +147,7 @@ def test_a_bound_peer_claiming_an_impossible_epoch_is_named_and_excluded_an_unbo
 
 
 def test_a_flood_of_entries_is_filtered_and_merged_before_it_is_capped():
-    from p2ptrain.robustprogress import MAX_PROGRESS_ENTRIES
+    from p2ptrain.averaging.robust_progress import MAX_PROGRESS_ENTRIES
 
     gate = PeerGate()
     tracker = _tracker(gate)
@@ -175,8 +175,8 @@ def _refusing_state_averager() -> SimpleNamespace:
 def test_a_gradient_mode_download_says_once_that_every_donor_was_rejected(caplog):
     """Normal weather is one line: a fresh node that finds only bad donors says it trains from its own
     initialisation once per download, not once per attempt."""
-    from p2ptrain.gradient import GradientOptimizer
-    from p2ptrain.swarmstats import SwarmStats
+    from p2ptrain.optim.gradient import GradientOptimizer
+    from p2ptrain.optim.swarm_stats import SwarmStats
 
     optimizer = SimpleNamespace(state_averager=_refusing_state_averager(), _retry_sync_after=30.0,
                                 _last_failed_sync=-math.inf, stats=SwarmStats(), _load_state_attempts=3,
@@ -191,7 +191,7 @@ def test_a_gradient_mode_download_says_once_that_every_donor_was_rejected(caplog
 
 
 def test_a_state_that_cannot_be_applied_is_a_warning_not_an_error(caplog):
-    from p2ptrain.safeaverager import StateDownload
+    from p2ptrain.averaging.hardened import StateDownload
 
     def broken(metadata, tensors):
         raise RuntimeError("size mismatch")
@@ -209,7 +209,7 @@ def test_a_gradient_round_is_not_pre_scheduled_while_the_last_one_still_looks_fo
     from hivemind.averaging.control import AveragingStage
     from hivemind.utils import get_dht_time
 
-    from p2ptrain.gradient import GradientOptimizer
+    from p2ptrain.optim.gradient import GradientOptimizer
 
     scheduled: list[float] = []
     optimizer = object.__new__(GradientOptimizer)  # just the scheduling: no DHT, no averagers
@@ -232,8 +232,8 @@ def test_an_epoch_whose_last_round_still_runs_begins_a_round_of_its_own():
     """hivemind skips an epoch's round when the control it holds is the last epoch's, already triggered
     ("Not using pre-scheduled group"), and applies local gradients: a fifth of the epochs in a three-node
     swarm with short epochs. The epoch gets a round of its own instead."""
-    from p2ptrain.gradient import GradientOptimizer
-    from p2ptrain.swarmstats import SwarmStats
+    from p2ptrain.optim.gradient import GradientOptimizer
+    from p2ptrain.optim.swarm_stats import SwarmStats
 
     steps: list[object] = []
     optimizer = object.__new__(GradientOptimizer)
@@ -257,7 +257,7 @@ def test_one_epoch_behind_with_the_last_epoch_averaged_joins_the_swarm_s_round_i
     ends its epoch with the swarm's round instead.  Further behind, or not averaged, it downloads."""
     import threading
 
-    from p2ptrain.gradient import GradientOptimizer
+    from p2ptrain.optim.gradient import GradientOptimizer
 
     optimizer = object.__new__(GradientOptimizer)
     optimizer._parent_pid = -1  # hivemind's __del__ shuts down an optimizer its process started

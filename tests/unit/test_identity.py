@@ -6,7 +6,7 @@ import base58
 import pytest
 from hivemind.p2p import PeerID
 
-from p2ptrain.identity import NodeIdentity, peer_id_of, verify_for_peer
+from p2ptrain.swarm.identity import NodeIdentity, peer_id_of, verify_for_peer
 
 
 @pytest.fixture(scope="module")

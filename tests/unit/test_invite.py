@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from p2ptrain.invite import InviteError, issue_invite, parse_invite, verify_invite
-from p2ptrain.owner import OwnerKey
+from p2ptrain.run.invite import InviteError, issue_invite, parse_invite, verify_invite
+from p2ptrain.run.owner import OwnerKey
 
 PEER = "QmXyX6Ps4qyR2awJLJ5nwzg5n7Vdjk1CHidb8p2GbthpvF"
 OTHER_PEER = "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3"

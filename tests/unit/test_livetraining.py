@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from p2ptrain.config import TrainingSection
-from p2ptrain.livetraining import retune
-from p2ptrain.manifest_updates import LIVE_TRAINING
-from p2ptrain.optim import ClippedAdamW, warmup_cosine
+from p2ptrain.config.schema import TrainingSection
+from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
+from p2ptrain.optim.retune import retune
+from p2ptrain.run.updates import LIVE_TRAINING
 
 
 def _trained(steps: int) -> tuple[torch.nn.Linear, ClippedAdamW, torch.optim.lr_scheduler.LambdaLR]:
@@ -75,7 +75,7 @@ LIVE_EFFECTS: dict[str, tuple[Any, Callable[[SimpleNamespace], Any]]] = {
 
 @pytest.mark.parametrize("name", sorted(LIVE_EFFECTS))
 def test_every_live_field_takes_effect_on_a_running_gradient_optimizer(name):
-    from p2ptrain.gradient import GradientOptimizer
+    from p2ptrain.optim.gradient import GradientOptimizer
 
     cfg = TrainingSection(warmup_epochs=5, total_epochs=100)
     running = _running_gradient_optimizer(cfg)

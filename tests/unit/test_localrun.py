@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import tomllib
 
-from p2ptrain.localrun import create_local_run
-from p2ptrain.localswarm import local_node_config
-from p2ptrain.manifest import read_manifest_file
-from p2ptrain.runconfig import local_only, run_wide
+from p2ptrain.local.run import create_local_run
+from p2ptrain.local.swarm import local_node_config
+from p2ptrain.run.manifest import read_manifest_file
+from p2ptrain.run.runconfig import local_only, run_wide
 
 OVERRIDES = {"task": {"d_model": 32, "n_heads": 2, "data_path": "/data"},
              "training": {"lr": 2e-3, "target_batch_size": 48, "validate_every": 5.0},
@@ -41,16 +41,16 @@ def test_an_owned_run_s_node_config_holds_local_matters_only(tmp_path):
 
 
 def test_a_node_s_warnings_are_summarised_by_message_with_counts(tmp_path):
-    from p2ptrain.localswarm import LocalNode
+    from p2ptrain.local.swarm import LocalNode
 
     node = LocalNode("a", tmp_path / "a", "run", {})
     assert node.warning_summary() == "(no log)"
     node.log_path.parent.mkdir(parents=True)
     node.log_path.write_text(
-        "2026-12-02 13:04:03.847 WARNING p2ptrain.gradient: averaging round failed; applied local gradients\n"
-        "2026-12-02 13:04:04.603 INFO    p2ptrain.modelcheck: donor plausible\n"
-        "2026-12-02 13:04:26.554 WARNING p2ptrain.gradient: averaging round failed; applied local gradients\n"
+        "2026-12-02 13:04:03.847 WARNING p2ptrain.optim.gradient: averaging round failed; applied local gradients\n"
+        "2026-12-02 13:04:04.603 INFO    p2ptrain.averaging.model_check: donor plausible\n"
+        "2026-12-02 13:04:26.554 WARNING p2ptrain.optim.gradient: averaging round failed; applied local gradients\n"
         "2026-12-02 13:04:27.001 ERROR   p2ptrain.node: round 12 took 3.5 s\n")
     assert node.warning_summary().splitlines() == [
-        "    2 x WARNING p2ptrain.gradient: averaging round failed; applied local gradients",
+        "    2 x WARNING p2ptrain.optim.gradient: averaging round failed; applied local gradients",
         "    1 x ERROR p2ptrain.node: round N took N s"]

@@ -15,7 +15,7 @@ import pytest
 
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.logsetup import configure_logging, noise_filter, set_log_level, stream_is_journal
-from p2ptrain.logsfilter import DEMOTED_FROM, SwarmNoiseFilter, error_name
+from p2ptrain.daemon.logsfilter import DEMOTED_FROM, SwarmNoiseFilter, error_name
 
 HUMAN_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (\w+) +([\w.]+): (.*)$")
 
@@ -156,9 +156,9 @@ def test_swarm_weather_is_hidden_at_info_counted_and_summarised_in_one_line() ->
     try:
         configure_logging("INFO", "human", [ring], stream=stream)
         _swarm_weather(hivemind_logging)
-        logging.getLogger("p2ptrain.optim").warning("averaging round failed; applied local gradients instead")
+        logging.getLogger("p2ptrain.optim.build").warning("averaging round failed; applied local gradients instead")
         assert [m.group(1, 2, 3) for m in map(HUMAN_LINE.match, stream.getvalue().splitlines()) if m] == [
-            ("WARNING", "p2ptrain.optim", "averaging round failed; applied local gradients instead")]
+            ("WARNING", "p2ptrain.optim.build", "averaging round failed; applied local gradients instead")]
         assert "Traceback" not in stream.getvalue()
         assert [line.level for line in ring.since(0)] == ["WARNING"]  # the API's log view: the same lines
         summary = noise_filter().flush()

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.config import TaskSection, TrainingSection
+from p2ptrain.config.schema import TaskSection, TrainingSection
 from p2ptrain.errors import ConfigError
-from p2ptrain.manifest import (
+from p2ptrain.run.manifest import (
     LOCAL_TRAINING,
     MAX_MANIFEST_BYTES,
     RUN_WIDE_TRAINING,
@@ -22,7 +22,7 @@ from p2ptrain.manifest import (
     parse_manifest,
     read_manifest_file,
 )
-from p2ptrain.owner import OwnerKey, OwnerKeyError
+from p2ptrain.run.owner import OwnerKey, OwnerKeyError
 from p2ptrain.runref import KEY_HASH_CHARS, RunRef, RunRefError
 
 CLOCK = 1_700_000_000.0
@@ -53,7 +53,7 @@ def test_reference_binds_name_and_key_and_derives_a_valid_run_id(key):
     assert RunRef.parse(str(ref)) == ref
     assert ref.matches(key.public_key) and not ref.matches(OwnerKey.generate().public_key)
     assert ref.run_id == f"demo-run-{ref.key_hash}" and "." not in ref.run_id and "@" not in ref.run_id
-    from p2ptrain.config import SwarmSection
+    from p2ptrain.config.schema import SwarmSection
 
     assert SwarmSection(run_id=ref.run_id).run_id == ref.run_id  # the existing run_id rule accepts it
     assert ref.dht_key("manifest") == f"{ref.run_id}_manifest"
@@ -265,7 +265,7 @@ def test_a_value_the_file_s_reader_refuses_or_changes_is_refused_by_name(manifes
     with pytest.raises(ManifestError, match=r"task\.seq_len: .*\(in the manifest about to be signed\)"):
         coerced.signed(key)
 
-    import p2ptrain.manifest as module
+    import p2ptrain.run.manifest as module
 
     reader = module.parse_manifest
     monkeypatch.setattr(module, "parse_manifest", lambda text, origin: dataclasses.replace(

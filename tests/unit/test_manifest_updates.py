@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from p2ptrain.config import TaskSection, TrainingSection
+from p2ptrain.config.schema import TaskSection, TrainingSection
 from p2ptrain.errors import ConfigError
-from p2ptrain.manifest import new_manifest
-from p2ptrain.manifest_updates import ManifestTracker, classify
-from p2ptrain.owner import OwnerKey
-from p2ptrain.runconfig import apply_settings
+from p2ptrain.run.manifest import new_manifest
+from p2ptrain.run.owner import OwnerKey
+from p2ptrain.run.runconfig import apply_settings
+from p2ptrain.run.updates import ManifestTracker, classify
 
 PEER = "QmXyX6Ps4qyR2awJLJ5nwzg5n7Vdjk1CHidb8p2GbthpvF"
 

@@ -74,7 +74,7 @@ def test_populated_snapshot_values_and_types():
 
 
 def test_offences_by_kind_without_peer_ids():
-    from p2ptrain.peergate import OFFENCE_KINDS
+    from p2ptrain.trust.peergate import OFFENCE_KINDS
 
     text, m = scrape(populated_status(now=NOW))
     assert m[("p2ptrain_peer_offenses_total", (("kind", "nonfinite_part"),))] == 3

@@ -15,18 +15,18 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.config import ConfigError, NodeConfig, parse_config
-from p2ptrain.cpushare import CpuShare
+from p2ptrain.config.schema import ConfigError, NodeConfig, parse_config
 from p2ptrain.daemon.builder import JoinedSwarm
 from p2ptrain.daemon.control import Command, ControlRequest
+from p2ptrain.daemon.cpushare import CpuShare
 from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.snapshot import CheckpointFigures
+from p2ptrain.optim.protocol import GlobalProgress, GuardTargets
+from p2ptrain.optim.swarm_stats import SwarmStats
+from p2ptrain.optim.trainer import StepStats
 from p2ptrain.status import PauseReason
-from p2ptrain.swarm import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
-from p2ptrain.swarm_optimizer import GlobalProgress, GuardTargets
-from p2ptrain.swarmstats import SwarmStats
-from p2ptrain.trainer import StepStats
+from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
 from tests.support.clock import ManualClock
 
 STEPS_PER_EPOCH = 4

@@ -13,10 +13,10 @@ import pytest
 from p2ptrain.daemon.builder import peer_seed
 from p2ptrain.daemon.smoothing import Ema, WindowRate
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.optim import warmup_cosine
-from p2ptrain.roundstats import RoundReport
+from p2ptrain.optim.inner import warmup_cosine
+from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import ROUND_DURATION_BUCKETS
-from p2ptrain.swarmstats import SwarmStats
 
 
 def test_stopper_wakes_a_wait_at_once() -> None:

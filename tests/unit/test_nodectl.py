@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.cli import main
+from p2ptrain.cli.main import main
 from p2ptrain.daemon import nodectl
 
 TOKEN = "s3cret-token"

@@ -19,19 +19,19 @@ import pytest
 from test_node_loop import STEPS_PER_EPOCH, FakeBuilder, RecordingHooks
 from test_ownedrun import MemoryDHT
 
-from p2ptrain.config import TaskSection, TrainingSection, parse_config
+from p2ptrain.config.schema import TaskSection, TrainingSection, parse_config
 from p2ptrain.daemon.builder import NodeBuilder
 from p2ptrain.daemon.node import Node
-from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity
-from p2ptrain.invite import issue_invite
-from p2ptrain.manifest import new_manifest
-from p2ptrain.manifest_source import SourceUnavailable
-from p2ptrain.manifest_store import ManifestStore
-from p2ptrain.ownedrun import RunKeeper, prepare_run, settle
-from p2ptrain.owner import OwnerKey
-from p2ptrain.rundht import fetch_manifest, publish_manifest
+from p2ptrain.run.invite import issue_invite
+from p2ptrain.run.manifest import new_manifest
+from p2ptrain.run.manifest_store import ManifestStore
+from p2ptrain.run.owner import OwnerKey
 from p2ptrain.status import NodeState, PeerRecord, SwarmView
-from p2ptrain.swarm import PeersRefused, identity_path
+from p2ptrain.swarm.dht import PeersRefused, identity_path
+from p2ptrain.swarm.dhtauth import ensure_identity, peer_id_of_identity
+from p2ptrain.swarm.manifest_source import SourceUnavailable
+from p2ptrain.swarm.ownedrun import RunKeeper, prepare_run, settle
+from p2ptrain.swarm.run_entries import fetch_manifest, publish_manifest
 from tests.support.clock import ManualClock
 
 SELF = "QmXyX6Ps4qyR2awJLJ5nwzg5n7Vdjk1CHidb8p2GbthpvF"

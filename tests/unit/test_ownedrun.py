@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.config import ConfigError, TaskSection, TrainingSection, parse_config
-from p2ptrain.dhtauth import ensure_identity, peer_id_of_identity
-from p2ptrain.invite import issue_invite
-from p2ptrain.manifest import new_manifest, read_manifest_file
-from p2ptrain.manifest_source import SourceUnavailable
-from p2ptrain.manifest_store import ManifestStore
-from p2ptrain.ownedrun import RunKeeper, apply_run_flags, prepare_run
-from p2ptrain.owner import OwnerKey
-from p2ptrain.rundht import manifest_key, members_key, publish_manifest
+from p2ptrain.config.schema import ConfigError, TaskSection, TrainingSection, parse_config
+from p2ptrain.run.invite import issue_invite
+from p2ptrain.run.manifest import new_manifest, read_manifest_file
+from p2ptrain.run.manifest_store import ManifestStore
+from p2ptrain.run.owner import OwnerKey
+from p2ptrain.swarm.dhtauth import ensure_identity, peer_id_of_identity
+from p2ptrain.swarm.manifest_source import SourceUnavailable
+from p2ptrain.swarm.ownedrun import RunKeeper, apply_run_flags, prepare_run
+from p2ptrain.swarm.run_entries import manifest_key, members_key, publish_manifest
 
 OTHER = "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3"
 NOW = 1_800_000_000.0
@@ -148,8 +148,8 @@ def test_invited_node_gets_an_authorizer_and_admits_itself(tmp_path, owner):
 def test_a_version_that_revokes_this_node_is_checked_with_the_swarm_first(tmp_path, owner, capsys):
     """Only a newer version can readmit a revoked node: the plan asks the swarm for one (no manifest
     yet, its own invite not refused), and config check says the node may end there."""
-    from p2ptrain.cli import main
-    from p2ptrain.swarm import identity_path
+    from p2ptrain.cli.main import main
+    from p2ptrain.swarm.dht import identity_path
 
     key, manifest = owner
     identity = identity_path(tmp_path / "state")
@@ -272,7 +272,7 @@ def test_status_counts_every_kind_of_refusal(tmp_path, owner):
 
 def test_a_reload_compares_only_local_settings_in_an_owned_run(tmp_path, owner):
     from p2ptrain.daemon.reload import reloadable_changes
-    from p2ptrain.ownedrun import keep_run_settings
+    from p2ptrain.swarm.ownedrun import keep_run_settings
 
     _, manifest = owner
     path = _write(tmp_path, manifest)

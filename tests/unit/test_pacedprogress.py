@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from p2ptrain.pacedprogress import HeldWakeups, PacedProgressTracker
-from p2ptrain.robustprogress import RobustProgressTracker
-from p2ptrain.roundclock import SwarmRoundTracker
+from p2ptrain.averaging.paced_progress import HeldWakeups, PacedProgressTracker
+from p2ptrain.averaging.robust_progress import RobustProgressTracker
+from p2ptrain.averaging.roundclock import SwarmRoundTracker
 from tests.support.clock import ManualClock
 from tests.support.trackerdht import TrackerDht
 
@@ -17,7 +17,7 @@ from tests.support.trackerdht import TrackerDht
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
     fake = ManualClock()
-    monkeypatch.setattr("p2ptrain.pacedprogress.time.monotonic", fake)
+    monkeypatch.setattr("p2ptrain.averaging.paced_progress.time.monotonic", fake)
     return fake
 
 

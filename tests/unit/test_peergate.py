@@ -9,7 +9,7 @@ import os
 import pytest
 from hivemind.p2p import PeerID
 
-from p2ptrain.peergate import JUDGED_STRIKES, OFFENCE_KINDS, STRIKE_WINDOW_SECONDS, PeerGate, peer_name
+from p2ptrain.trust.peergate import JUDGED_STRIKES, OFFENCE_KINDS, STRIKE_WINDOW_SECONDS, PeerGate, peer_name
 from tests.support.clock import ManualClock
 
 PEER = "QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
@@ -20,7 +20,7 @@ PEER = "QmaCkkcLtUE9J17HW41DuU4zN8dpB8zHg2k86zYgFMPxpM"
 def test_an_offence_bans_counts_and_logs_one_warning_naming_the_peer(caplog):
     clock = ManualClock()
     gate = PeerGate(default_ban_seconds=60, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="p2ptrain.peergate"):
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.trust.peergate"):
         gate.offend(PEER, "nonfinite_part", "part 3 has NaN")
     assert caplog.messages == [f"peer {PEER}: nonfinite_part (part 3 has NaN); excluded for 60s"]
     assert caplog.records[0].exc_info is None
@@ -91,7 +91,7 @@ def test_a_judged_offence_excludes_only_on_the_third_round_with_one(caplog):
     starts the count again.  A non-finite average is certain: excluded at once."""
     clock = ManualClock()
     gate = PeerGate(default_ban_seconds=60, clock=clock)
-    with caplog.at_level(logging.INFO, logger="p2ptrain.peergate"):
+    with caplog.at_level(logging.INFO, logger="p2ptrain.trust.peergate"):
         for _ in range(5):  # five parts of one round
             gate.offend(PEER, "oversized_part", "norm 30 > 25")
         assert not gate.is_banned(PEER)

@@ -6,8 +6,8 @@ import threading
 import time
 
 from p2ptrain.daemon.record_publisher import RecordPublisher
-from p2ptrain.evidence import PeerEvidence
 from p2ptrain.status import LatestSnapshot, PeerRecord, StatusSnapshot, SwarmView
+from p2ptrain.trust.evidence import PeerEvidence
 
 
 class FakeBook:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from p2ptrain.records import RecordBook, record_validators
 from p2ptrain.status import PeerRecord
+from p2ptrain.swarm.records import RecordBook, record_validators
 
 TTL = 20.0
 

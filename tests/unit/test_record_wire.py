@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from p2ptrain.records import summarize, to_wire
 from p2ptrain.status import PeerRecord
+from p2ptrain.swarm.records import to_wire
+from p2ptrain.trust.swarm_view import summarize
 
 
 def _record(peer_id: str, sps: float, epoch: int) -> PeerRecord:
@@ -35,7 +36,7 @@ def test_a_dht_node_holds_a_bounded_number_of_records_under_the_run_key_refreshe
     from hivemind.dht.validation import DHTRecord
     from hivemind.utils import get_dht_time
 
-    from p2ptrain.records import RejectCounter, SubkeyCapValidator, peers_key
+    from p2ptrain.swarm.records import RejectCounter, SubkeyCapValidator, peers_key
 
     key = DHTID.generate(source=peers_key("capped")).to_bytes()
     counter = RejectCounter()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2ptrain.config import parse_config
+from p2ptrain.config.schema import parse_config
 from p2ptrain.daemon.reload import reloadable_changes
 
 PEER = "/ip4/127.0.0.1/tcp/41400/p2p/QmTzQ1JRkWErjk39mryYw2WVaphAZNAREyMchXzYQ7c15n"

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2ptrain.config import ConfigError, TaskSection
-from p2ptrain.tasks.data import build_text_data
-from p2ptrain.tasks.readers import ShardUnreadable
-from p2ptrain.tasks.remote import Fetcher, NotDownloaded
-from p2ptrain.tasks.sources import discover, url_shard
+from p2ptrain.config.schema import ConfigError, TaskSection
+from p2ptrain.data.readers import ShardUnreadable
+from p2ptrain.data.remote import Fetcher, NotDownloaded
+from p2ptrain.data.sources import discover, url_shard
+from p2ptrain.data.text import build_text_data
 
 torch.set_num_threads(1)
 

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from p2ptrain.robustreduce import (
+from p2ptrain.averaging.robust_reduce import (
     ReduceRule,
     RoundReport,
     RoundReports,
@@ -167,7 +167,7 @@ def test_a_fresh_peers_larger_gradient_is_not_an_offence():
 
 
 def _task(peer_seed: int):
-    from p2ptrain.config import TaskSection, TrainingSection
+    from p2ptrain.config.schema import TaskSection, TrainingSection
     from p2ptrain.tasks.loader import build_task
 
     name = f"peer{peer_seed}"
@@ -176,7 +176,7 @@ def _task(peer_seed: int):
 
 
 def _train(task, steps: int) -> None:
-    from p2ptrain.optim import ClippedAdamW
+    from p2ptrain.optim.inner import ClippedAdamW
 
     optimizer = ClippedAdamW(task.model.parameters(), lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
     for _ in range(steps):
@@ -202,7 +202,7 @@ def _hivemind_parts(tensors: list[torch.Tensor], compression, rule: ReduceRule |
     floor as our own reference (as the hardened all-reduce computes them)."""
     from hivemind.averaging.partition import TensorPartContainer
 
-    from p2ptrain.robustreduce import part_floors
+    from p2ptrain.averaging.robust_reduce import part_floors
 
     container = TensorPartContainer(tensors, (1.0, 1.0), compression=compression)
     parts = [part for share in container._input_parts_by_peer for part, _ in share]

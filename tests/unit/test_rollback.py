@@ -7,8 +7,8 @@ import math
 import torch
 
 from p2ptrain.daemon.faults import ENV_VAR, with_faults
-from p2ptrain.rollback import NonFiniteRollback
-from p2ptrain.swarm_optimizer import GuardTargets
+from p2ptrain.optim.protocol import GuardTargets
+from p2ptrain.optim.rollback import NonFiniteRollback
 from p2ptrain.tasks.base import Task
 
 

@@ -7,9 +7,7 @@ import pytest
 import torch
 from hivemind.utils import ValueWithExpiration, get_dht_time
 
-from p2ptrain.config import ConfigError, parse_config
-from p2ptrain.optim import warmup_cosine
-from p2ptrain.roundclock import (
+from p2ptrain.averaging.roundclock import (
     SPREAD,
     SwarmRoundTracker,
     effective_peers,
@@ -19,6 +17,8 @@ from p2ptrain.roundclock import (
     set_schedule_position,
     swarm_pace,
 )
+from p2ptrain.config.schema import ConfigError, parse_config
+from p2ptrain.optim.inner import warmup_cosine
 from tests.support.trackerdht import TrackerDht
 
 PER_PEER = 800  # inner_steps x inner_batch_size
@@ -161,8 +161,8 @@ def test_a_new_node_takes_inner_steps_of_several_micro_batches_and_rounds_as_lon
 
 def test_the_optimizer_accumulates_the_automatic_inner_batch(monkeypatch) -> None:
     """DiLoCo's optimizer steps AdamW once per automatic inner batch and paces its round clock by it."""
-    import p2ptrain.diloco as diloco
-    from p2ptrain.swarmstats import SwarmStats
+    import p2ptrain.optim.diloco as diloco
+    from p2ptrain.optim.swarm_stats import SwarmStats
 
     seen: dict[str, int] = {}
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from p2ptrain.roundstats import RoundOutcome, RoundReport, RoundStats, classify
+from p2ptrain.optim.round_stats import RoundOutcome, RoundReport, RoundStats, classify
 from p2ptrain.status import RECEIVED_FRACTION_BUCKETS, ROUND_DURATION_BUCKETS, StatusSnapshot
 
 
@@ -143,8 +143,8 @@ def test_without_peer_checks_the_reducer_still_counts_what_it_mixed_in():
 
     import torch
 
-    from p2ptrain.robustreduce import RoundReport as ReducerReport
-    from p2ptrain.roundcount import CountingTensorPartReducer
+    from p2ptrain.averaging.counting import CountingTensorPartReducer
+    from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
 
     async def reduce() -> CountingTensorPartReducer:
         reducer = CountingTensorPartReducer([torch.Size([4])] * 3, 3)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.cli import build_parser, main
+from p2ptrain.cli.main import build_parser, main
 from p2ptrain.errors import ConfigError
-from p2ptrain.invite import verify_invite
-from p2ptrain.manifest import read_manifest_file
+from p2ptrain.run.invite import verify_invite
+from p2ptrain.run.manifest import read_manifest_file
 from p2ptrain.runref import RunRef
 
 PEER = "QmXyX6Ps4qyR2awJLJ5nwzg5n7Vdjk1CHidb8p2GbthpvF"
@@ -69,8 +69,8 @@ def test_init_records_the_model_fingerprint(tmp_path: Path, monkeypatch, capsys)
 
 
 def test_a_task_update_records_the_new_model_s_fingerprint(tmp_path: Path, monkeypatch, capsys):
-    from p2ptrain.config import NodeConfig
-    from p2ptrain.run_cli import choose_fingerprint
+    from p2ptrain.config.schema import NodeConfig
+    from p2ptrain.model.fingerprint import choose_fingerprint
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "node.toml").write_text('[task]\nd_model = 16\nn_layers = 1\nn_heads = 2\nseq_len = 16\n')
@@ -125,7 +125,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line_before_the_model_is_built(
     def build_task(*args, **kwargs):
         raise AssertionError("the model was built before the run's folder was known to work")
 
-    monkeypatch.setattr("p2ptrain.tasks.build_task", build_task)
+    monkeypatch.setattr("p2ptrain.tasks.loader.build_task", build_task)
     before = _snapshot(tmp_path)
     err = _fails(["run", "init", "demo", "--dir", target], capsys, rf"^p2ptrain: {message}", code=73)
     assert "config error" not in err
@@ -138,7 +138,7 @@ def test_a_failed_model_build_takes_back_the_run_folder_it_made(tmp_path: Path, 
     def build_task(*args, **kwargs):
         raise ConfigError("task.entrypoint: no such module")
 
-    monkeypatch.setattr("p2ptrain.tasks.build_task", build_task)
+    monkeypatch.setattr("p2ptrain.tasks.loader.build_task", build_task)
     _fails(["run", "init", "demo", "--dir", "runs/demo"], capsys,
            r"task\.entrypoint: no such module \(building the model")
     assert list(tmp_path.iterdir()) == []
@@ -148,8 +148,8 @@ def test_the_owner_s_node_config_from_init_keeps_working_across_updates(tmp_path
     """The owner's workflow: a node config with the run's settings, run init from it, the first node
     started with the config init wrote, an update of a setting that config had: the restarted
     node takes the new version (the source config itself would now contradict it)."""
-    from p2ptrain.config import load_config
-    from p2ptrain.ownedrun import prepare_run
+    from p2ptrain.config.schema import load_config
+    from p2ptrain.swarm.ownedrun import prepare_run
 
     monkeypatch.chdir(tmp_path)
     Path("node.toml").write_text(
@@ -342,8 +342,8 @@ def test_config_check_shows_the_manifest_a_node_would_use(run_dir: Path, tmp_pat
 
 def test_an_invite_without_a_run_is_a_config_error_in_config_check(run_dir: Path, tmp_path: Path, capsys):
     """It used to say ok and start a plain run (p2ptrain-default), the invite ignored."""
-    from p2ptrain.invite import issue_invite
-    from p2ptrain.owner import OwnerKey
+    from p2ptrain.run.invite import issue_invite
+    from p2ptrain.run.owner import OwnerKey
 
     ref = _ref(run_dir)
     invite = issue_invite(OwnerKey.load(run_dir / "owner.key"), ref, PEER, 1)

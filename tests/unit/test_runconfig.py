@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.config import ConfigError, NodeConfig, parse_config
-from p2ptrain.manifest import new_manifest
-from p2ptrain.owner import OwnerKey
-from p2ptrain.runconfig import apply_settings, merge_manifest
+from p2ptrain.config.schema import ConfigError, NodeConfig, parse_config
+from p2ptrain.run.manifest import new_manifest
+from p2ptrain.run.owner import OwnerKey
+from p2ptrain.run.runconfig import apply_settings, merge_manifest
 
 
 @pytest.fixture(scope="module")

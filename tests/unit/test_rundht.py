@@ -11,11 +11,11 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer
 
-from p2ptrain.config import TaskSection, TrainingSection
-from p2ptrain.invite import issue_invite
-from p2ptrain.manifest import MAX_MANIFEST_BYTES, new_manifest
-from p2ptrain.owner import OwnerKey
-from p2ptrain.rundht import (
+from p2ptrain.config.schema import TaskSection, TrainingSection
+from p2ptrain.run.invite import issue_invite
+from p2ptrain.run.manifest import MAX_MANIFEST_BYTES, new_manifest
+from p2ptrain.run.owner import OwnerKey
+from p2ptrain.swarm.run_entries import (
     MAX_ENTRIES,
     RunEntryValidator,
     admitted_members,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.cli import build_parser
-from p2ptrain.config import load_config
+from p2ptrain.cli.main import build_parser
+from p2ptrain.config.schema import load_config
 from p2ptrain.daemon import service_install
 
 

@@ -6,7 +6,7 @@ import logging
 import threading
 
 from p2ptrain.daemon.shutdown import close_within_deadline, land_round_in_flight
-from p2ptrain.roundstats import RoundReport, RoundStats
+from p2ptrain.optim.round_stats import RoundReport, RoundStats
 
 
 def test_a_hanging_close_is_cut_short_with_the_latest_exit_code() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from p2ptrain import __version__
-from p2ptrain.cpushare import CpuShareFigures
+from p2ptrain.daemon.cpushare import CpuShareFigures
 from p2ptrain.daemon.snapshot import (
     CheckpointFigures,
     LiveFigures,
@@ -14,10 +14,10 @@ from p2ptrain.daemon.snapshot import (
     TrainingFigures,
     make_snapshot,
 )
-from p2ptrain.roundstats import RoundFigures
+from p2ptrain.optim.protocol import GlobalProgress
+from p2ptrain.optim.round_stats import RoundFigures
+from p2ptrain.optim.swarm_stats import SwarmStatsView
 from p2ptrain.status import NodeState, PauseReason, PeerRecord, StatusSnapshot, SwarmView
-from p2ptrain.swarm_optimizer import GlobalProgress
-from p2ptrain.swarmstats import SwarmStatsView
 
 PEER = "12D3KooWSelf"
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.safeaverager import HardenedAveragerMixin
-from p2ptrain.statecheck import Verdict, check_candidate_loss
+from p2ptrain.averaging.hardened import HardenedAveragerMixin
+from p2ptrain.trust.verdicts import Verdict, check_candidate_loss
 
 OUR_LOSS = 3.39
 
@@ -49,7 +49,7 @@ def downloader(losses: dict[str, float], reports: tuple[float, ...] = ()) -> tup
 
 def test_donors_that_all_score_worse_than_our_model_are_not_adopted_and_not_blamed(caplog):
     averager, gate = downloader({"QmHonestA": 4.24, "QmHonestB": 4.57})
-    with caplog.at_level(logging.INFO, logger="p2ptrain.safeaverager"):
+    with caplog.at_level(logging.INFO, logger="p2ptrain.averaging.hardened"):
         assert averager.download_state(timeout=10) is None
     assert gate.offences == [] and [peer for peer, _ in averager.last_download_rejections] == ["QmHonestA",
                                                                                                 "QmHonestB"]

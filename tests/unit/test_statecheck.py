@@ -8,15 +8,13 @@ import pytest
 import torch
 from hivemind.optim.state_averager import dump_optimizer_state
 
-from p2ptrain.modelcheck import loss_with_parameters, make_loss_check
-from p2ptrain.safestate import diloco_state_validator, training_state_validator
-from p2ptrain.statecheck import (
+from p2ptrain.averaging.model_check import loss_with_parameters, make_loss_check
+from p2ptrain.averaging.state_check import StateValidator, TensorTemplate, check_tensors
+from p2ptrain.averaging.state_download import diloco_state_validator, training_state_validator
+from p2ptrain.trust.verdicts import (
     MAX_EPOCH,
-    StateValidator,
-    TensorTemplate,
     check_candidate_loss,
     check_diloco_metadata,
-    check_tensors,
     check_training_metadata,
     epoch_ceiling,
     merge_optimizer_metadata,
@@ -145,7 +143,7 @@ def test_candidate_loss_against_peers_or_our_own():
 
 
 def test_a_state_far_above_what_its_donor_advertised_is_a_lie():
-    from p2ptrain.statecheck import advertised_epoch
+    from p2ptrain.trust.verdicts import advertised_epoch
 
     assert advertised_epoch({"epoch": 12}, 12.0).ok and advertised_epoch({"epoch": 20}, 12.0).ok
     lie = advertised_epoch({"epoch": 5000}, 181.0)

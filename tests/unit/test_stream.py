@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from p2ptrain.config import ConfigError, TaskSection, TrainingSection
+from p2ptrain.config.schema import ConfigError, TaskSection, TrainingSection
+from p2ptrain.data.assign import clean_peers, owned_shards
+from p2ptrain.data.readers import first_offset, read_block
+from p2ptrain.data.sources import discover
+from p2ptrain.data.stream import Coverage, ShardStream
 from p2ptrain.tasks import build_task
-from p2ptrain.tasks.assign import clean_peers, owned_shards
-from p2ptrain.tasks.readers import first_offset, read_block
-from p2ptrain.tasks.sources import discover
-from p2ptrain.tasks.stream import Coverage, ShardStream
 
 torch.set_num_threads(1)
 

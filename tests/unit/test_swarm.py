@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from hivemind.p2p import P2PDaemonError, PeerID
 
-from p2ptrain.config import SwarmSection
+from p2ptrain.config.schema import SwarmSection
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.swarm import (
+from p2ptrain.swarm.dht import (
     FingerprintMismatch,
     IdentityInUse,
     IdentityLock,
@@ -35,7 +35,7 @@ def test_identity_lock_refuses_a_second_process(tmp_path: Path) -> None:
     lock = IdentityLock(tmp_path)
     lock.acquire()
     try:
-        code = ("import sys; from pathlib import Path; from p2ptrain.swarm import IdentityLock, IdentityInUse\n"
+        code = ("import sys; from pathlib import Path; from p2ptrain.swarm.dht import IdentityLock, IdentityInUse\n"
                 "try:\n    IdentityLock(Path(sys.argv[1])).acquire()\nexcept IdentityInUse as e:\n"
                 "    print(e); sys.exit(3)\n")
         other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
@@ -188,9 +188,9 @@ class _FakeDHT:
 
 @pytest.fixture(autouse=True)
 def _records_of_the_fake_dht(monkeypatch: pytest.MonkeyPatch) -> None:
-    import p2ptrain.records
+    import p2ptrain.swarm.records
 
-    monkeypatch.setattr(p2ptrain.records, "bound_fingerprints",
+    monkeypatch.setattr(p2ptrain.swarm.records, "bound_fingerprints",
                         lambda found, run_id, now: dict(found.records) if isinstance(found, _FakeDHT) else {})
 
 
@@ -211,7 +211,7 @@ def test_a_foreign_fingerprint_entry_alone_never_stops_a_node(caplog: pytest.Log
     dht = _FakeDHT()
     dht.entries["ffff"] = 1.0  # a stranger's entry, older than anything honest
     dht.trains("ffff", str(dht.peer_id))  # only our own record: not evidence
-    with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm"):
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm.dht"):
         assert claim_fingerprint(dht, "run-x", "aaaa", first_seen=100.0) == 100.0
         assert claim_fingerprint(dht, "run-x", "aaaa", first_seen=100.0) == 100.0
     assert "aaaa" in dht.entries
@@ -230,7 +230,7 @@ def test_sybil_records_cannot_lock_a_node_out(caplog: pytest.LogCaptureFixture) 
         dht.progress_entry("ffff", bytes([n]) * 34)
     dht.trains("ffff", "sybil-1")
     dht.trains("ffff", "sybil-2")
-    with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm"):
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm.dht"):
         for _ in range(3):  # refresh after refresh
             assert claim_fingerprint(dht, "run-y", "aaaa", first_seen=100.0) == 100.0
             assert claim_fingerprint(dht, "run-y", "aaaa", first_seen=100.0, trusted=("QmHonest",)) == 100.0
@@ -271,13 +271,13 @@ def test_peers_training_our_model_outweigh_a_foreign_entry_and_its_trainers(capl
     dht.trains("ffff", "stranger")
     dht.trains("ffff", "stranger-2")
     dht.trains("aaaa", "honest")
-    with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm"):
+    with caplog.at_level(logging.WARNING, logger="p2ptrain.swarm.dht"):
         assert claim_fingerprint(dht, "run", "aaaa", first_seen=100.0) == 100.0
     assert "1 peer(s) train ours (aaaa)" in caplog.text
 
 
 def test_stale_daemons_of_this_identity_are_stopped_and_no_others(tmp_path: Path) -> None:
-    from p2ptrain.swarm import identity_path, stop_stale_daemons
+    from p2ptrain.swarm.dht import identity_path, stop_stale_daemons
 
     ours, other = identity_path(tmp_path / "a"), identity_path(tmp_path / "b")
     sleeper = "import time; time.sleep(60)"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 import threading
 
-from p2ptrain.roundstats import RoundReport
+from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import ROUND_DURATION_BUCKETS
-from p2ptrain.swarmstats import SwarmStats
 
 ROUNDS_PER_WRITER = 20_000
 

@@ -6,7 +6,7 @@ import threading
 
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.daemon.sync import SYNC_WAIT, sync_with_swarm
-from p2ptrain.swarm_optimizer import GlobalProgress
+from p2ptrain.optim.protocol import GlobalProgress
 from tests.support.clock import ManualClock
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from p2ptrain.config import ConfigError, TaskSection, parse_config
+from p2ptrain.config.schema import ConfigError, TaskSection, parse_config
 
 
 def test_data_path_accepts_paths_globs_and_http_urls() -> None:

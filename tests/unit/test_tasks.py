@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2ptrain.config import ConfigError, TaskSection, TrainingSection
+from p2ptrain.config.schema import ConfigError, TaskSection, TrainingSection
 from p2ptrain.tasks import Task, build_task
 from p2ptrain.tasks.bytelm import ByteLM
 

@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from p2ptrain.config import ConfigError, VolunteerSection, parse_config
+from p2ptrain.config.schema import ConfigError, VolunteerSection, parse_config
+from p2ptrain.config.windows import parse_window
+from p2ptrain.daemon.volunteer import LoadSample, ProcLoadSource, VolunteerPolicy
 from p2ptrain.status import PauseReason
-from p2ptrain.volunteer import LoadSample, ProcLoadSource, VolunteerPolicy, parse_window
 from tests.support.clock import ManualClock
 
 

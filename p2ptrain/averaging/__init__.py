@@ -1,0 +1,25 @@
+"""The adapter layer over hivemind's averagers and progress tracker: every subclass and patch of them.
+
+hivemind's private methods are overridden here and nowhere else, next to the pinned version
+(``pinned``); what those overrides decide comes from the pure policy of :mod:`p2ptrain.trust`, and the
+tensor math they need (screens, robust aggregates, state checks) lives here beside them.
+
+- ``pinned``           the hivemind version these subclasses were written against, checked at start-up
+- ``hardened``         the hardened averager: gated peers kept out, robust all-reduce, bounded downloads
+- ``allreduce``        hivemind's all-reduce with each sender's part checked before it is mixed in
+- ``robust_reduce``    the math of a robust part: screen, weight cap, robust aggregate, round reports
+- ``counting``         every round says how much of it was really averaged
+- ``admitting``        averagers that deal only with a run's admitted peers
+- ``groupmates``       answering groupmates' streams: not before ready, not cut off
+- ``matchmaking``      group reads paced, and whether a step still looks for its group
+- ``paced_progress``   progress published about once a second; withdrawing it while paused
+- ``robust_progress``  the swarm's epoch as several peers agree on it
+- ``roundclock``       DiLoCo's shared round clock over hivemind's progress tracker
+- ``state_check``      a downloaded state's tensors checked before they touch the model
+- ``model_check``      a downloaded model's loss on our validation batches
+- ``state_download``   adopting a peer's state: validated, donor-aware, O(1) catch-up
+- ``diloco``           DiLoCo's averager, serving the outer state to newcomers
+- ``compression``      the config's compression names as hivemind codecs
+
+May import: hivemind, torch, :mod:`p2ptrain.trust`, the stdlib-only modules at the top.
+"""

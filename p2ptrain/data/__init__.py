@@ -1,0 +1,13 @@
+"""Training text from shards: what ``task.data_path`` names, this node's share of it, read in bounded memory.
+
+- ``sources``  the shards a path or index names: files, byte ranges, row ranges, URLs
+- ``remote``   shards at http(s) URLs: cached, checked against their sha256, retried
+- ``readers``  one block of a shard: plain text, JSONL records, Parquet rows
+- ``assign``   which peer reads which shard (rendezvous hashing, reshuffled each pass)
+- ``stream``   this node's endless, resumable walk over its shards
+- ``corpus``   the held-out split and its fixed validation windows
+- ``text``     from the ``[task]`` settings to the stream and the validation batches
+
+Every byte here comes from outside: bounded before it is parsed.  May import: torch, pyarrow,
+:mod:`p2ptrain.config`.
+"""

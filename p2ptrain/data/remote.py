@@ -1,0 +1,214 @@
+"""Shards at http(s) URLs: download once into a local cache, check the sha256, retry with backoff.
+
+A shard is downloaded to a temp file beside the cache, hashed while it streams in, and renamed
+into place only when complete and matching its checksum, so a file in the cache is always a
+whole, verified shard.  Files with a checksum are named by it (an index that moves a shard to
+another mirror does not download it again).  A download that keeps failing is retried a few
+times with growing waits and then given up for this pass (:class:`ShardUnreadable`); the
+stream skips the shard and counts it.  A body shorter than its ``Content-Length`` (a connection
+cut mid-download) is weather like any other failure: without a checksum it would otherwise pass
+for a whole shard.  A checksum mismatch is tried once more (a transfer can be damaged on the way),
+then given up; a 4xx answer other than 408/429 is not weather and is not retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import logging
+import os
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from p2ptrain.config.schema import ConfigError
+from p2ptrain.data.readers import ShardUnreadable
+from p2ptrain.data.sources import ShardRef
+
+log = logging.getLogger(__name__)
+
+MAX_INDEX_BYTES = 16 * 1024 * 1024
+MAX_BACKOFF_SECONDS = 30.0
+_CHUNK = 1 << 20
+_PERMANENT_STATUS = frozenset(range(400, 500)) - {408, 429}
+
+
+class _Permanent(Exception):
+    """A failure that another try would only repeat."""
+
+
+class _Mismatch(_Permanent):
+    """The bytes do not match the checksum: tried once more, in case the transfer was damaged."""
+
+
+class _Truncated(OSError):
+    """The body ended before the length the server announced."""
+
+
+class NotDownloaded(Exception):
+    """An offline fetcher was asked for a shard or index that is not in its cache.
+
+    Not a :class:`ShardUnreadable`: a reader that needs all of its shards (the held-out split an
+    export is scored on) must not quietly go on without one.
+    """
+
+
+class Fetcher:
+    """Downloads shards and indexes into ``cache_dir`` (created on first use)."""
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        *,
+        attempts: int = 4,
+        timeout: float = 60.0,
+        max_cache_bytes: int = 0,
+        backoff: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+        opener: Callable[..., Any] = urllib.request.urlopen,
+        offline: bool = False,
+    ) -> None:
+        self.cache_dir, self.attempts, self.timeout = Path(cache_dir), attempts, timeout
+        self.max_cache_bytes, self.backoff = max_cache_bytes, backoff
+        self._sleep, self._open = sleep, opener
+        #: Only what the cache holds: nothing is downloaded (:class:`NotDownloaded` instead).
+        self.offline = offline
+
+    def local_path(self, shard: ShardRef) -> Path:
+        """A local file with ``shard``'s content: the file itself, or its verified download."""
+        if not shard.url:
+            return Path(shard.path)
+        target = self.cache_dir / _cache_name(shard.url, shard.sha256)
+        if target.is_file():
+            _touch(target)  # least recently used goes first when the cache is trimmed
+            return target
+        if self.offline:
+            raise NotDownloaded(f"{shard.url} is not downloaded in {self.cache_dir}")
+        self._download(shard.url, target, shard.sha256, limit=0)
+        self._trim(keep=target)
+        return target
+
+    def read_index(self, url: str) -> str:
+        """The text of the shard index at ``url``; the cached copy if the server cannot be reached now."""
+        target = self.cache_dir / _cache_name(url, "", prefix="index")
+        if self.offline and not target.is_file():
+            raise NotDownloaded(f"the shard index {url} is not downloaded in {self.cache_dir}")
+        try:
+            if not self.offline:
+                self._download(url, target, "", limit=MAX_INDEX_BYTES, replace=True)
+        except ShardUnreadable as exc:
+            if not target.is_file():
+                raise ConfigError(f"task.data_path: cannot download the shard index {url}: {exc}") from None
+            log.warning("shard index %s unavailable (%s): using the copy cached at %s", url, exc, target)
+        try:
+            return target.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"task.data_path: the shard index {url} is not readable text ({exc})") from None
+
+    def _download(self, url: str, target: Path, sha256: str, *, limit: int, replace: bool = False) -> None:
+        last, mismatches = "", 0
+        for attempt in range(1, self.attempts + 1):
+            try:
+                self._download_once(url, target, sha256, limit)
+                return
+            except _Mismatch as exc:
+                mismatches += 1
+                if mismatches > 1 or attempt == self.attempts:
+                    raise ShardUnreadable(str(exc)) from None
+                last = str(exc)
+                log.debug("download of %s: %s; trying once more", url, last)
+            except _Permanent as exc:
+                raise ShardUnreadable(str(exc)) from None
+            except (OSError, urllib.error.URLError, TimeoutError, http.client.HTTPException) as exc:
+                last = _describe(exc)
+                if attempt < self.attempts:
+                    wait = min(MAX_BACKOFF_SECONDS, self.backoff * 2 ** (attempt - 1))
+                    log.debug("download of %s failed (%s); try %d of %d in %.1fs", url, last, attempt + 1,
+                              self.attempts, wait)
+                    self._sleep(wait)
+        raise ShardUnreadable(f"download failed {self.attempts} time(s), last: {last}")
+
+    def _download_once(self, url: str, target: Path, sha256: str, limit: int) -> None:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        fd, temp_name = tempfile.mkstemp(prefix=".part-", dir=self.cache_dir)
+        temp = Path(temp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                try:
+                    response = self._open(url, timeout=self.timeout)
+                except urllib.error.HTTPError as exc:
+                    if exc.code in _PERMANENT_STATUS:
+                        raise _Permanent(f"HTTP {exc.code} {exc.reason}") from None
+                    raise
+                with response:
+                    received, announced = 0, _content_length(response)
+                    while chunk := response.read(_CHUNK):
+                        received += len(chunk)
+                        if limit and received > limit:
+                            raise _Permanent(f"larger than {limit} bytes")
+                        digest.update(chunk)
+                        out.write(chunk)
+                    # http.client ends a body cut short silently (read() returns b""): check its length.
+                    if announced is not None and received != announced:
+                        raise _Truncated(f"the body ended after {received} of {announced} bytes")
+                out.flush()
+                os.fsync(out.fileno())
+            got = digest.hexdigest()
+            if sha256 and got != sha256:
+                raise _Mismatch(f"checksum mismatch: expected sha256 {sha256[:16]}..., got {got[:16]}...")
+            os.replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def _trim(self, keep: Path) -> None:
+        """Delete least recently used shards until the cache fits ``max_cache_bytes`` (0: no limit)."""
+        if not self.max_cache_bytes:
+            return
+        entries = []
+        for entry in self.cache_dir.iterdir():
+            if entry.is_file() and not entry.name.startswith((".part-", "index-")) and entry != keep:
+                stat = entry.stat()
+                entries.append((stat.st_mtime, stat.st_size, entry))
+        total = sum(size for _, size, _ in entries) + keep.stat().st_size
+        for _, size, entry in sorted(entries):
+            if total <= self.max_cache_bytes:
+                break
+            entry.unlink(missing_ok=True)
+            total -= size
+
+
+def _content_length(response: Any) -> int | None:
+    """The body length the server announced, or None (no header, or one that is not a count)."""
+    headers = getattr(response, "headers", None)
+    value = headers.get("Content-Length") if headers is not None else None
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
+def _cache_name(url: str, sha256: str, prefix: str = "") -> str:
+    base = urllib.parse.urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in base)[-80:] or "shard"
+    key = sha256[:32] if sha256 else hashlib.blake2b(url.encode(), digest_size=12).hexdigest()
+    return f"{prefix + '-' if prefix else ''}{key}-{safe}"
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):  # only the eviction order suffers
+        os.utime(path)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, urllib.error.URLError):
+        return str(exc.reason)
+    if isinstance(exc, http.client.IncompleteRead):
+        return f"the body ended after {len(exc.partial)} bytes"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

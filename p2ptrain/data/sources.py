@@ -1,0 +1,292 @@
+"""What ``task.data_path`` names, as a list of shards: files, byte ranges, row ranges and URLs.
+
+Finding the shards reads only names, sizes and Parquet footers (never the text), so it is quick
+even for a corpus far larger than memory.  A shard's ID depends only on the data's own layout
+(a path relative to the corpus root, a name in the index), never on where a node keeps it, so
+every node derives the same IDs, the same validation split and the same assignment.
+
+* no ``data_path``: the ``.py`` files of this Python's standard library, up to ``STDLIB_MAX_BYTES``;
+* a file: cut into about 20 ranges (at most ``RANGE_MAX_BYTES`` each), IDs ``name#00000003``;
+* a directory or glob: every non-hidden file; big ones cut into ranges, IDs ``rel/path[#n]``;
+* an index (``SHA256SUMS`` or ``*.sha256``, local or remote): one shard per listed file or URL;
+* an ``http(s)://`` URL of a data file: one shard, checked against ``#sha256=<hex>`` if given.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sysconfig
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from p2ptrain.config.schema import ConfigError
+from p2ptrain.errors import printable
+
+Kind = Literal["text", "jsonl", "parquet"]
+
+STDLIB_MAX_BYTES = 8 * 1024 * 1024
+"""Cap on the default corpus: files in sorted relative-path order, each taken while it still fits."""
+RANGE_MAX_BYTES = 16 * 1024 * 1024
+"""A text or JSONL file larger than this is read as several shards of at most this size."""
+SINGLE_FILE_SHARDS = 20
+"""A lone data file is cut into about this many shards, so several peers and a validation split fit."""
+
+_STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+_INDEX_SUFFIXES = (".sha256",)
+_INDEX_NAMES = ("SHA256SUMS",)
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """One unit of data: a whole file or a range of one, local or at a URL.
+
+    ``start``/``end`` count bytes for text and JSONL and rows for Parquet; ``end = -1`` means
+    "to the end of the file".  ``size`` is the range's length in bytes where known (-1 if not).
+    """
+
+    id: str
+    kind: Kind
+    path: str = ""
+    url: str = ""
+    sha256: str = ""
+    start: int = 0
+    end: int = -1
+    size: int = -1
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    shards: tuple[ShardRef, ...]
+    source: str
+
+
+IndexReader = Callable[[str], str]
+"""Returns the text of a shard index at a URL (downloads it, with retries and a cache)."""
+
+
+def kind_of(name: str, data_format: str) -> Kind:
+    if data_format != "auto":
+        return data_format  # type: ignore[return-value]
+    lowered = name.lower()
+    if lowered.endswith(".jsonl"):
+        return "jsonl"
+    if lowered.endswith((".parquet", ".pq")):
+        return "parquet"
+    return "text"
+
+
+def is_url(text: str) -> bool:
+    return text.lower().startswith(("http://", "https://"))
+
+
+def is_index(name: str) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    return base in _INDEX_NAMES or base.lower().endswith(_INDEX_SUFFIXES)
+
+
+def discover(data_path: str | None, data_format: str, seq_len: int, read_index: IndexReader) -> ShardSet:
+    """The shards of ``data_path``; raises :class:`ConfigError` naming ``task.data_path``."""
+    if data_path is None:
+        root = Path(sysconfig.get_paths()["stdlib"])
+        return ShardSet(tuple(stdlib_shards(root, STDLIB_MAX_BYTES)), f"stdlib {root}")
+    if is_url(data_path):
+        if is_index(urllib.parse.urlsplit(data_path).path):
+            return ShardSet(tuple(index_shards(read_index(data_path), data_path, data_format)), data_path)
+        return ShardSet((url_shard(data_path, data_format),), data_path)
+    text = os.path.expanduser(data_path)
+    if glob.has_magic(text):
+        return ShardSet(tuple(glob_shards(text, data_format, seq_len)), text)
+    path = Path(text)
+    if not path.exists():
+        raise ConfigError(f"task.data_path: {printable(path)} does not exist")
+    if path.is_dir():
+        files = _visible_files(path, sorted(p for p in path.rglob("*") if p.is_file()))
+        if not files:
+            raise ConfigError(f"task.data_path: {printable(path)} has no data files")
+        return ShardSet(tuple(_file_shards(files, path, data_format, seq_len, single=False)), str(path))
+    if is_index(path.name):
+        try:
+            listing = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"task.data_path: cannot read the index {printable(path)} ({printable(exc)})") from None
+        return ShardSet(tuple(index_shards(listing, str(path), data_format)), str(path))
+    shards = _file_shards([path], path.parent, data_format, seq_len, single=True)
+    if not shards:
+        raise ConfigError(f"task.data_path: {printable(path)} is empty")
+    return ShardSet(tuple(shards), str(path))
+
+
+def stdlib_shards(root: Path, max_bytes: int) -> list[ShardRef]:
+    """The stdlib's ``.py`` files as whole-file text shards, sorted, within ``max_bytes`` in all.
+
+    Skipped folders are pruned during the walk (site-packages alone can hold far more files).
+    """
+    found: list[tuple[str, Path]] = []
+    for folder, dirnames, filenames in os.walk(root):
+        dirnames[:] = [name for name in dirnames if name not in _STDLIB_SKIP_DIRS]
+        relative = Path(folder).relative_to(root)
+        found.extend(((relative / n).as_posix(), Path(folder, n)) for n in filenames if n.endswith(".py"))
+    shards, total = [], 0
+    for key, path in sorted(found):
+        try:
+            size = path.stat().st_size
+        except OSError:
+            continue  # an unreadable stdlib file only makes the default corpus a little smaller
+        if size == 0 or total + size > max_bytes:
+            continue  # a big file that does not fit must not end the walk: smaller ones after it may
+        shards.append(ShardRef(key, "text", path=str(path), start=0, end=size, size=size))
+        total += size
+    return shards
+
+
+def glob_shards(pattern: str, data_format: str, seq_len: int) -> list[ShardRef]:
+    base = Path(_glob_base(pattern))
+    matches = sorted(Path(p).absolute() for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    files = _visible_files(base, matches)
+    if not files:
+        raise ConfigError(f"task.data_path: no files match the glob {pattern!r}")
+    return _file_shards(files, base, data_format, seq_len, single=False)
+
+
+def _glob_base(pattern: str) -> str:
+    """The folder a glob's matches are named relative to: its longest prefix without wildcards."""
+    fixed: list[str] = []
+    for part in Path(pattern).parts[:-1]:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return str(Path(*fixed).absolute()) if fixed else str(Path.cwd())
+
+
+def _visible_files(root: Path, files: list[Path]) -> list[Path]:
+    visible = []
+    for path in files:
+        try:
+            relative = path.relative_to(root)
+        except ValueError:
+            relative = Path(path.name)
+        if not any(part.startswith(".") for part in relative.parts) and not is_index(path.name):
+            visible.append(path)
+    return visible
+
+
+def _file_shards(files: list[Path], root: Path, data_format: str, seq_len: int, *, single: bool) -> list[ShardRef]:
+    shards: list[ShardRef] = []
+    for path in files:
+        key = path.relative_to(root).as_posix() if not single else path.name
+        kind = kind_of(path.name, data_format)
+        try:
+            if kind == "parquet":
+                shards.extend(_parquet_ranges(path, key, single))
+                continue
+            size = path.stat().st_size
+        except OSError as exc:
+            reason = printable(exc.strerror or exc)
+            raise ConfigError(f"task.data_path: cannot read {printable(path)} ({reason})") from None
+        if size == 0:
+            continue  # nothing to read (an empty __init__.py)
+        chunk = RANGE_MAX_BYTES
+        if single:
+            chunk = max(seq_len + 1, min(RANGE_MAX_BYTES, -(-size // SINGLE_FILE_SHARDS)))
+        if size <= chunk and not single:
+            shards.append(ShardRef(key, kind, path=str(path), start=0, end=size, size=size))
+            continue
+        for i, start in enumerate(range(0, size, chunk)):
+            end = min(size, start + chunk)
+            shards.append(ShardRef(f"{key}#{i:08d}", kind, path=str(path), start=start, end=end, size=end - start))
+    return shards
+
+
+def _parquet_ranges(path: Path, key: str, single: bool) -> list[ShardRef]:
+    """Row ranges of a Parquet file: its row groups, or ~20 even ranges of a lone small file."""
+    import pyarrow.parquet as pq  # only runs that read Parquet pay for pyarrow
+
+    try:
+        metadata = pq.ParquetFile(path).metadata
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError...: all mean "not a Parquet file"
+        raise ConfigError(f"task.data_path: {printable(path)} is not a readable Parquet file "
+                          f"({_first_line(exc)})") from None
+    groups = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    total = sum(groups)
+    bounds: list[int] = [0]
+    if single and len(groups) < SINGLE_FILE_SHARDS:
+        step = max(1, -(-total // SINGLE_FILE_SHARDS))
+        bounds = list(range(0, total, step))
+    else:
+        for rows in groups[:-1]:
+            bounds.append(bounds[-1] + rows)
+    bounds.append(total)
+    size = path.stat().st_size
+    ranges = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return [
+        ShardRef(f"{key}#{i:08d}" if len(ranges) > 1 or single else key, "parquet", path=str(path),
+                 start=a, end=b, size=size * (b - a) // max(total, 1))
+        for i, (a, b) in enumerate(ranges)
+    ]
+
+
+def url_shard(url: str, data_format: str) -> ShardRef:
+    """One shard at ``url``; a ``#sha256=<hex>`` fragment (as in pip requirement URLs) is its checksum."""
+    parts = urllib.parse.urlsplit(url)
+    expected = ""
+    if parts.fragment:
+        name, _, value = parts.fragment.partition("=")
+        if name.lower() != "sha256" or not _is_sha256(value):
+            raise ConfigError(
+                f"task.data_path: the URL fragment must be #sha256=<64 hex digits>, got #{parts.fragment}"
+            )
+        expected = value.lower()
+    bare = urllib.parse.urlunsplit(parts._replace(fragment=""))
+    name = parts.path.rstrip("/").rsplit("/", 1)[-1] or parts.netloc
+    return ShardRef(name, kind_of(name, data_format), url=bare, sha256=expected)
+
+
+def index_shards(listing: str, location: str, data_format: str) -> list[ShardRef]:
+    """Shards listed in a ``sha256sum``-style index at ``location`` (a path or URL).
+
+    Each line is ``<sha256>  <name>`` (what ``sha256sum *.jsonl > SHA256SUMS`` writes) or just
+    ``<name>``; names are file names or URLs, relative names are resolved against the index's own
+    location; blank lines and ``#`` comments are ignored.
+    """
+    remote = is_url(location)
+    shards: dict[str, ShardRef] = {}
+    for number, raw in enumerate(listing.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        digest, _, rest = line.partition(" ")
+        if _is_sha256(digest) and rest.strip():
+            name = rest.strip().removeprefix("*")  # sha256sum's binary-mode marker
+        else:
+            digest, name = "", line
+        if remote or is_url(name):
+            target = urllib.parse.urljoin(location, name)
+            if not is_url(target):
+                raise ConfigError(
+                    f"task.data_path: {printable(location)} line {number}: only http(s) URLs can be read, got {name!r}"
+                )
+            shard = ShardRef(name, kind_of(urllib.parse.urlsplit(target).path, data_format),
+                             url=target, sha256=digest.lower())
+        else:
+            path = Path(location).parent / name
+            if not path.is_file():
+                raise ConfigError(f"task.data_path: {printable(location)} line {number}: "
+                                  f"{printable(path)} is not a file")
+            shard = ShardRef(name, kind_of(name, data_format), path=str(path), size=path.stat().st_size)
+        shards[shard.id] = shard
+    if not shards:
+        raise ConfigError(f"task.data_path: the index {printable(location)} lists no shards")
+    return sorted(shards.values(), key=lambda shard: shard.id)
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,9 @@
+"""What a run produces: checkpoints, exports, and loading a trained model back.
+
+- ``checkpoint``   atomic local checkpoints, the last ``keep`` retained, corrupt ones skipped
+- ``export``       a portable directory: ``model.safetensors``, ``config.json``, a model card
+- ``load``         a trained model from an export, a checkpoint or a node's config
+- ``fingerprint``  the hash of what makes two nodes' models averageable together
+
+May import: torch, safetensors, :mod:`p2ptrain.tasks`, :mod:`p2ptrain.config`.
+"""

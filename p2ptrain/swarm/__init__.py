@@ -1,0 +1,14 @@
+"""The node in the DHT: the one place a ``hivemind.DHT`` is made, and everything stored in it.
+
+- ``dht``              builds the DHT: identity, addresses, bootstrap, fingerprint, NAT settings
+- ``identity``         the libp2p identity key as a signer, bound to a peer ID
+- ``records``          signed per-peer records: publish our own, read and validate everyone's
+- ``recordcheck``      what one record must be to enter a swarm view
+- ``rejoin``           dialling lost peers again after a partition
+- ``dhtauth``          an invite run's DHT gate (a hivemind authorizer)
+- ``run_entries``      an owned run's entries: its manifest copies and members
+- ``manifest_source``  a run's manifest from a file, a running DHT or a swarm to dial
+- ``ownedrun``         a node's part in an owned run, before and after the DHT starts
+
+May import: hivemind, multiaddr, :mod:`p2ptrain.run`, :mod:`p2ptrain.trust`, :mod:`p2ptrain.config`.
+"""

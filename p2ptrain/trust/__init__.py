@@ -1,0 +1,12 @@
+"""Pure policy about other peers: who is admitted, who is banned, what they claim and what we believe.
+
+- ``verdicts``      a peer's claims about its state (epoch, layout, round position, loss) judged
+- ``peergate``      bans with expiry, offence counters, fork-shared so every process sees them
+- ``admission``     an owned run's admitted peers, one answer for every process
+- ``evidence``      what we know of peers from sources one stranger cannot forge alone
+- ``swarm_view``    the swarm's totals from a set of checked records
+- ``credit``        the samples this node contributed, settled epoch by epoch
+- ``swarm_credit``  the swarm's credit and coverage, every claim bounded
+
+No torch, no hivemind, no network: every rule is tested with plain values.
+"""
