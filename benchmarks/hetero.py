@@ -305,8 +305,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the peers share every core)")
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--global-batch", type=int, default=1024,
-                   help="gradient mode: sequences per epoch (1024: about 4 s here, over 5x the all-reduce time, "
-                        "as the tuning guidance asks; 256, the default until 2026-12-04, was about 1 s)")
+                   help="gradient mode: sequences per epoch (an epoch of at least 5x the all-reduce time, "
+                        "as the tuning guidance in docs/benchmarks.md asks)")
     p.add_argument("--inner-steps", type=int, default=25, help="DiLoCo: inner steps per round of the fastest peer")
     p.add_argument("--inner-batch", type=int, default=32, help="DiLoCo: sequences per inner step")
     p.add_argument("--lr", type=float, default=1e-3)

@@ -192,7 +192,7 @@ def model_version(runner: Runner, params: list[torch.Tensor]) -> tuple[int, floa
     """Changes whenever the swarm's model does: DiLoCo's outer steps applied; in the other modes the
     epoch and a checksum of the parameters, which change only at an optimizer step.  The epoch alone
     is not enough: hivemind applies an overlapped (delayed) optimizer step up to an epoch after the
-    epoch's number moves, and a validation at the number's change then measured the model before it."""
+    epoch's number moves, and a validation at the number's change would measure the model before it."""
     outer = getattr(runner.opt, "outer", None)
     if outer is not None:
         return int(outer.steps_applied), 0.0

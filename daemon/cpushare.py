@@ -10,8 +10,8 @@ What is held to the share is the node's own process (all its threads): the train
 which throttles the science application and not its own client, the swarm's helper processes
 (hivemind's DHT and averager processes, the p2p daemon) are not counted: a duty cycle can only hold
 back training steps, and counting work it cannot slow would starve training whenever the swarm is
-busy (measured: a peer's DHT process and p2p daemon at 26% of a core while its partner looks for a
-group, 1% when quiet).  For a hard cap on everything use systemd's ``CPUQuota=``.  Every CPU second
+busy (a peer's DHT process and p2p daemon are busiest while its partner looks for a group and nearly
+idle otherwise: docs/benchmarks.md).  For a hard cap on everything use systemd's ``CPUQuota=``.  Every CPU second
 the process uses is a debt that idling pays back at the share's rate, and unused time earns no credit; so
 before each step the node asks :meth:`CpuShare.wait_for_budget`, which idles (through the node's
 stop-aware wait, a bounded slice at a time) until the debt is paid.  The use over any window is

@@ -89,7 +89,7 @@ def _end_process(code: int) -> NoReturn:
 
     Interpreter shutdown would go on to run finalizers of hivemind's objects (asyncio reporting a
     dying event loop from a garbage collection, multiprocessing joining helpers) at a point where
-    no other thread can run any more; one of them has waited there for good, the node already
+    no other thread can run any more; one of them can wait there for good, with the node already
     STOPPED and its final checkpoint on disk.  Forked helpers die with this process (PDEATHSIG).
     """
     logging.shutdown()

@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 _MAX_BYTES_PER_ELEMENT = 8
 _PART_FRAMING_BYTES = 4096
 #: The dtypes a part may declare, each with its bytes per element uncompressed (hivemind sends bfloat16
-#: as 2 or, in its legacy mode, 4 bytes): see robustreduce.PART_DTYPES.
+#: as 2 or, in its legacy mode, 4 bytes): see robust_reduce.PART_DTYPES.
 _WIRE_DTYPES = {"float16": (2,), "bfloat16": (2, 4), "float32": (4,), "float64": (8,)}
 
 OnReject = Callable[[int, Rejection], None]
@@ -175,7 +175,7 @@ class CheckedTensorPartContainer(TensorPartContainer):
         self.distrusted: set[int] = set()
         self._filling_in = False
         super().__init__(*args, **kwargs)
-        #: For each peer's share, each part's floor as a reference (robustreduce.part_floors); none when
+        #: For each peer's share, each part's floor as a reference (robust_reduce.part_floors); none when
         #: ``floors`` is False (a peer tagging along with weight 0: its tensors say nothing).
         shares = [[part.numel() for part, _ in share] for share in self._input_parts_by_peer]
         flat = part_floors(self.local_tensors, self.num_parts_by_tensor, [n for share in shares for n in share],

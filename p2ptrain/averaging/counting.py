@@ -114,8 +114,8 @@ class CountingAveragerMixin(ServeGroupmatesMixin):
                     tensor.add_(update, alpha=self._averaging_alpha)  # type: ignore[attr-defined]
                     self.last_updated = get_dht_time()
                 # hivemind sets this per tensor: each set re-declares this peer as a state donor (a
-                # DHT store sent to every peer), ~30 stores a round for a small transformer.  Once
-                # per round says the same.
+                # DHT store sent to every peer), one per averaged tensor every round.  Once per round
+                # says the same.
                 self._state_updated.set()  # type: ignore[attr-defined]
             else:
                 async for _ in runner:

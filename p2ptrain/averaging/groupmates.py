@@ -10,9 +10,9 @@ gets two moments of that wrong for peers of different speeds:
   handler waits for "a group registered", an event that the end of our *previous* round has often
   set already (the next round is matched while the last one still runs), so it answers
   ``BAD_GROUP_ID``: the groupmate keeps its own values for our share, and our reducer averages
-  nothing but our own parts.  Measured in the heterogeneous chaos scenario: 5 rounds of 7 averaged
-  56% of the vector, and the two replicas drifted apart.  A slow follower may even get the parts
-  before it has read the leader's word that the group is complete.  Here a stream waits (bounded)
+  nothing but our own parts: such a round averages about half of the vector, and the replicas drift
+  apart (docs/reliability.md).  A slow follower may even get the parts before it has read the
+  leader's word that the group is complete.  Here a stream waits (bounded)
   while its group is one our matchmaking assembled and we have not registered yet, or while a
   search of ours that may end in it is under way.
 * **Leaving while groupmates still read.**  A member's own round ends as soon as it holds every

@@ -4,10 +4,9 @@ While an averager looks for its group, hivemind 1.1.12's matchmaking
 (``PotentialLeaders._update_queue_periodically``) re-reads the group key as soon as the previous
 read returned whenever its queue of leaders is empty or holds a peer that may still join: every
 leader, until its group closes, polls in a tight loop.  Each read is a message to the DHT process,
-an RPC through p2pd to the other peers and a reply back.  In a two-peer DiLoCo swarm on loopback
-(``benchmarks.hetero``) the leader made 2,156 reads in 43 s (about 200 a round); its helper
-processes used 17% of a core against 2.4% alone, taken from its trainer and from the other peer,
-which answers every read.
+an RPC through p2pd to the other peers and a reply back: hundreds of reads a round, whose CPU in
+the helper processes is taken from the peer's own trainer and from the other peers, which answer
+every read (docs/benchmarks.md has the figures).
 
 :func:`pace_group_polls` spaces those reads at least :data:`POLL_INTERVAL` apart in one averager
 process: a follower then learns of a new leader up to that much later, a small share of any

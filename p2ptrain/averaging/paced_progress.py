@@ -3,9 +3,9 @@
 hivemind 1.1.12's ``ProgressTracker`` wakes its reporter on every ``report_local_progress`` call,
 and both of p2ptrain's optimizers call it on every micro-batch: a DHT store (signed, sent to the
 other peers through p2pd, checked and stored by each of them) every few tens of milliseconds.  On a
-small model that was a steady 15% of a core per peer in helper processes (DHT process and p2pd,
-``benchmarks.hetero --pin-cores``: the fast peer trained at 0.84 of its solo rate in any swarm),
-taken from the core it trains on.  Peers extrapolate each other's samples from the last report's
+small model, whose micro-batches are short, that keeps every peer's helper processes (DHT process
+and p2pd) steadily busy, between rounds as much as during them, on the cores it trains on
+(docs/benchmarks.md has the figures).  Peers extrapolate each other's samples from the last report's
 time and rate, so a report a second old costs the round clock nothing.
 
 :class:`PacedReports` goes before hivemind's tracker in a class's bases: the local bookkeeping

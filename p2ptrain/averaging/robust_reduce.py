@@ -76,7 +76,7 @@ class ReduceRule:
         """Gradient rounds: weight = samples accumulated, at most ``max_weight`` (the target batch)
         and ``max_weight_ratio`` times the reference weight."""
         # A pair's bound is loose: a peer whose download failed computes gradients on its own fresh
-        # model, up to ~30x larger than a trained peer's (measured: tests/unit/test_robustreduce.py),
+        # model, up to ~30x larger than a trained peer's (tests/unit/test_robustreduce.py),
         # and the optimizer clips the averaged gradient anyway.
         return cls(max_weight=max_weight, max_weight_ratio=max_weight_ratio, pair_norm_ratio=64.0)
 
@@ -86,7 +86,8 @@ class ReduceRule:
         # No bound on the distance from ours: a node fresh from a state download (a donor a
         # few epochs behind) differs by that much, which is what these rounds repair.  Parameter chunks
         # are not sparse, so a pair's bound is tight: a replica trained for hundreds of steps next to
-        # one still at its initialisation measured up to ~4x (with the floor of part_floors), hence 8.
+        # one still at its initialisation is up to ~4x apart in norm (with the floor of part_floors),
+        # hence 8.
         return cls(max_weight=1.0, abs_tolerance=1e-3, pair_norm_ratio=PARAMETER_PAIR_RATIO,
                    max_result_ratio=PARAMETER_PAIR_RATIO + 1, vector_floor=1.0)
 

@@ -15,9 +15,9 @@ samples, in smaller inner steps (:func:`micro_batches_per_inner_step`), so it to
 peers it is the classic fixed-H DiLoCo.
 
 Why the fastest peer's pace: with the round counted per *average* peer, a peer at a quarter of
-the speed doubled a two-peer round's samples while adding a quarter to the swarm's rate, so the
-swarm made 40% fewer outer steps per second than the fast peer alone (6 rounds against 10 in
-40 s, ``benchmarks.hetero``), and reached the same loss later than the fast peer alone.
+the speed doubles a two-peer round's samples while adding only a quarter to the swarm's rate, so
+the swarm makes far fewer outer steps per second than the fast peer alone, and reaches the same
+loss later than the fast peer alone (docs/benchmarks.md, "Tried and dropped").
 """
 
 from __future__ import annotations
@@ -72,14 +72,13 @@ def micro_batches_per_inner_step(configured: int, own_rate: float, pace: float) 
     least one; the configured number while either rate is unknown.
 
     Every peer then makes about ``inner_steps`` inner steps a round, however fast.  With the
-    configured inner batch, a peer at a quarter of the pace made a quarter of the steps, and the
-    sample-weighted average of a five-step trajectory with a twenty-five-step one shortened the fast
-    peer's outer step: a swarm with such a peer reached the fast peer's solo loss no sooner than that
-    peer alone (``benchmarks.hetero``: median time ratios 0.99-1.10 over five runs).  With inner
-    steps of one micro-batch, as many as the fast peer's, it reached it 2-6% sooner (medians 0.943,
-    0.973 and 0.983; docs/benchmarks.md).  Rounded up, with a 5% margin: the fastest peer's own
-    rate, measured live, reads a little below the pace it published, and must keep the configured
-    size.
+    configured inner batch, a peer at a quarter of the pace would make a quarter of the steps, and
+    the sample-weighted average of a five-step trajectory with a twenty-five-step one shortens the
+    fast peer's outer step, so the slow peer's samples barely repay what they cost.  With inner steps
+    as many as the fast peer's, its trajectory is about as long, and its samples make the swarm reach
+    the fast peer's solo loss sooner than that peer alone (``benchmarks.hetero``; docs/benchmarks.md).
+    Rounded up, with a 5% margin: the fastest peer's own rate, measured live, reads a little below
+    the pace it published, and must keep the configured size.
     """
     if configured <= 1 or not (math.isfinite(own_rate) and own_rate > 0) or not (math.isfinite(pace) and pace > 0):
         return max(1, configured)

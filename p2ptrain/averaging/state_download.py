@@ -2,7 +2,7 @@
 
 hivemind 1.1.12's ``TrainingStateAverager`` copies whatever a donor sends into the model and then
 catches the LR schedule up with one ``scheduler.step()`` per epoch (``_update_scheduler``): a donor
-claiming epoch 2**40 froze a node in that loop for good.  :class:`SafeTrainingStateAverager`
+claiming epoch 2**40 would hold a node in that loop for good.  :class:`SafeTrainingStateAverager`
 overrides ``load_state_from_peers`` (validated, donor-aware, never raises, never adopts the donor's
 hyperparameters) and ``_update_scheduler`` (:func:`catch_up_scheduler`: the schedule's position is
 set, not walked).  :func:`training_state_validator` and :func:`diloco_state_validator` build the

@@ -28,9 +28,9 @@ from p2ptrain.status import StatusSnapshot
 from p2ptrain.waiting import WaitTimeout, wait_until
 
 #: Small enough for several nodes to share two cores and still learn visibly in 90 s.  An epoch of
-#: 512 sequences is 1.5-2 s for three nodes, several times a loopback round as the tuning guidance
-#: asks (docs/benchmarks.md); at 128 (0.4 s, shorter than the matchmaking window) a fifth to two
-#: fifths of the rounds were partial and the nodes trained 30% fewer samples, for the same loss.
+#: 512 sequences lasts several loopback rounds for three nodes, as the tuning guidance asks
+#: (docs/benchmarks.md); an epoch shorter than the matchmaking window leaves many rounds partial and
+#: the nodes train fewer samples for the same loss (docs/reliability.md).
 DEMO_OVERRIDES = {
     "training": {"target_batch_size": 512, "validate_every": 10.0, "lr": 2e-3, "warmup_epochs": 2},
     "checkpoint": {"interval": 20.0},

@@ -39,8 +39,8 @@ DEFAULT_API_PORT = 41480
 DAY = 86_400.0
 MAX_COUNT = 10**9  # epochs, steps, samples
 #: DiLoCo's inner batch when training.inner_batch_size is 0: this many micro-batches per inner AdamW
-#: step (4 x the default batch_size 8 = the 32 sequences measured in docs/benchmarks.md: 0.96 of
-#: ideal where 8-sequence steps reach 0.86).
+#: step (4 x the default batch_size 8 = 32 sequences), so the inner optimizer step is paid once per
+#: four micro-batches rather than on every one (docs/benchmarks.md compares the two).
 AUTO_INNER_MICRO_BATCHES = 4
 
 

@@ -240,9 +240,9 @@ class DiLoCoOptimizer(DiLoCoState):
         Each peer reads the clock from its own view of the DHT, refreshed every few seconds, so
         their readings differ by seconds; the all-reduce drops a member whose part comes later
         than ``averaging_timeout / 3`` after the others', and that member's round, which then ends
-        later still, made it late for the next round too (rounds stayed partial for good).  Once
-        the group has assembled, its members are all waiting for their trigger at the same moment:
-        every one of them ends its round then.
+        later still, would make it late for the next round too, and rounds would stay partial for
+        good.  Once the group has assembled, its members are all waiting for their trigger at the
+        same moment: every one of them ends its round then.
         """
         scheduled = self._scheduled
         return self._tracker.ready_to_update_epoch or (
@@ -424,7 +424,7 @@ class DiLoCoOptimizer(DiLoCoState):
 
         A round whose group has assembled is waited for (bounded by the averaging timeout).  One still
         looking for its group gets two matchmaking windows, not the whole timeout: at a stop, the peers
-        it would have met may have stopped too (a node a round behind waited 10 s for nobody)."""
+        it would have met may have stopped too, and the whole timeout would be spent waiting for nobody."""
         flight = self._in_flight
         if flight is not None:
             control = flight.control

@@ -1,6 +1,6 @@
 """DiLoCo's state: downloading a peer's outer parameters and round position, and checkpoints.
 
-Split from :mod:`p2ptrain.optim.diloco` (which runs the rounds) so each reads on its own.  A download
+The rounds are :mod:`p2ptrain.optim.diloco`'s, a subclass of this one; each reads on its own.  A download
 replaces the round in flight, never the reverse, and is checked before anything is copied
 (:mod:`p2ptrain.averaging.state_check`; with the peer checks also the donor's model's loss here).
 """

@@ -221,11 +221,10 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         Peers read the swarm's progress from their own views, a second or so apart, so one ends an
         epoch before another; hivemind then has the other download the whole state, throwing away
         the gradients of the epoch it had nearly finished, while the first peer's round waits for a
-        group (``benchmarks.hetero``: a slow peer ended the first epochs a second early and the fast
-        peer lost one in two of three runs).  With its previous epoch averaged, this peer holds the
-        parameters the swarm's round is for: hivemind's tracker already calls the epoch over (the
-        swarm is past it), and its round joins the others'.  Further behind, or out of step, it
-        downloads as before.
+        group that comes an epoch late (docs/reliability.md).  With its previous epoch averaged, this
+        peer holds the parameters the swarm's round is for: hivemind's tracker already calls the epoch
+        over (the swarm is past it), and its round joins the others'.  Further behind, or out of step,
+        it downloads instead.
         """
         tracker = self.tracker
         if not (self._should_check_synchronization_on_update and tracker.fetched_global_progress_this_epoch.is_set()):

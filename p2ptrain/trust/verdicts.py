@@ -152,15 +152,15 @@ def plausible_epoch(claim: int, others: Sequence[int], *, own: int, slack: int =
 #: Peers' reported validation losses "agree" when all lie within this share of their median.
 LOSS_AGREEMENT = 0.25
 #: How much worse than the reference a donor's model may score and still be taken.  Honest models
-#: wobble: a donor evaluated two seconds after the state we hold scored 4% worse than it in a
-#: two-node run (a judgement then bans the donor for ``swarm.ban_seconds``, which splits a small
-#: swarm), and reports are published minutes apart.  Garbage is far off: constant parameters score
-#: ln(256) = 5.5 on the byte-level model against 1-3 for a trained one.
+#: wobble by several per cent between evaluations seconds apart (docs/benchmarks.md), a judgement
+#: bans the donor for ``swarm.ban_seconds`` (which splits a small swarm), and reports are published
+#: minutes apart.  Garbage is far off: constant parameters score ln(256) = 5.5 on the byte-level
+#: model against 1-3 for a trained one.
 LOSS_TOLERANCE = 0.2
 #: Agreeing reports it takes to call a donor's model bad as a fact (an offence) rather than a view.
-#: One peer's report may be stale or its own outlier, and our own model may be in a loss spike; an
-#: honest peer's model can score worse than a fresh one (6.13 against 5.31 in one demo run, in a
-#: spike its whole group shared), so a poor model alone does not make its donor a liar.
+#: One peer's report may be stale or its own outlier, and our own model may be in a loss spike; in a
+#: spike its whole group shares, an honest peer's model can score worse than a freshly initialised
+#: one (docs/security.md), so a poor model alone does not make its donor a liar.
 LOSS_WITNESSES = 2
 
 
