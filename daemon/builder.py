@@ -34,6 +34,7 @@ from p2ptrain.swarm.dht import (
     PeersRefused,
     claim_fingerprint,
     identity_path,
+    invite_only_hint,
     peer_ids_of,
     start_dht,
     stop_stale_daemons,
@@ -158,8 +159,7 @@ class NodeBuilder:
         except PeersRefused as error:
             if plan is None or config.swarm.invite is not None:
                 raise
-            raise PeersRefused(f"{error}; run {plan.ref} may be invite-only: ask its owner for an invite for this "
-                               "node's peer ID (p2ptrain run peer-id prints it) and set swarm.invite") from None
+            raise PeersRefused(f"{error}{invite_only_hint(plan.ref)}") from None
         swarm = JoinedSwarm(dht, str(dht.peer_id), visible_maddrs(dht), state_dir, first_seen=wall_clock(),
                             trusted=tuple(peer_ids_of(list(initial_peers()))))
         swarm.rejoiner = Rejoiner(dht, lambda: list(initial_peers()))

@@ -1,8 +1,14 @@
-"""Waiting for a condition with a deadline: the one polling loop of the demo, LocalNode and the tests.
+"""Waiting for a condition with a deadline, and retrying what failed: the project's two waiting loops.
 
-:func:`wait_until` sleeps between tries; :func:`wait_until_async` is the same loop for code that
-runs on an event loop (the TUI's Pilot tests), where sleeping would block the very app being
-waited on, so it awaits instead.  Both share the deadline and the timeout message.
+:func:`wait_until` polls at a fixed interval (the demo, LocalNode and the tests); :func:`wait_until_async`
+is the same loop for code that runs on an event loop (the TUI's Pilot tests), where sleeping would
+block the very app being waited on, so it awaits instead.  Both share the deadline and the timeout
+message.
+
+:func:`retry` is the one retry loop of the library: joining a swarm, fetching a run's manifest,
+downloading a shard.  Its waits follow the one backoff policy, :data:`BACKOFF`, and it gives up
+after a number of tries, a timeout, or a stop, raising :class:`GaveUp`; each caller turns that into
+its own one line.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 _T = TypeVar("_T")
@@ -65,3 +72,67 @@ async def wait_until_async(predicate: Callable[[], _T | None], timeout: float, w
         if value:
             return value
         await pause(deadline.next_pause(interval))
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits that grow between tries: ``first`` seconds, doubling, never more than ``cap``.
+
+    Doubling spreads a swarm's retries out when a peer is down for a while; the cap keeps a retry
+    within seconds of a peer coming back (a join waits at most ``cap`` seconds longer than it must).
+    """
+
+    first: float = 1.0
+    cap: float = 10.0
+
+    def delay(self, failures: int) -> float:
+        """The wait after the ``failures``-th failed try (1: the first)."""
+        return min(self.cap, self.first * 2.0 ** (failures - 1))
+
+
+#: The one backoff policy of the project: 1, 2, 4, 8, 10, 10, ... seconds.
+BACKOFF = Backoff()
+
+
+class GaveUp(Exception):
+    """:func:`retry` stopped trying: its tries or its time ran out, or (``stopped``) a stop cut a wait short."""
+
+    def __init__(self, tries: int, stopped: bool) -> None:
+        super().__init__(f"gave up after {tries} tries" + (" (stopped)" if stopped else ""))
+        self.tries, self.stopped = tries, stopped
+
+
+def retry(attempt: Callable[[], _T | None], *, tries: int | None = None, timeout: float | None = None,
+          backoff: Backoff = BACKOFF, on_retry: Callable[[int, float], None] | None = None,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep) -> _T:
+    """Call ``attempt`` until it returns something other than None and return that.
+
+    None means "failed, try again" (the attempt keeps what it needs for its caller's message); an
+    exception from it propagates, so what another try would only repeat ends the loop at once.
+    Between tries it waits ``backoff``'s delays; the last wait is shortened to end at the deadline,
+    where it tries once more.  ``on_retry(tries_so_far, wait)`` runs before each wait (a log line).
+    ``sleep`` may be a stop event's ``wait``: when it returns True a stop was requested and retry
+    gives up at once.  Gives up with :class:`GaveUp` after ``tries`` tries or ``timeout`` seconds
+    (None: no such bound; at least one is needed).
+    """
+    if tries is None and timeout is None:
+        raise ValueError("retry needs tries or a timeout")
+    end = None if timeout is None else clock() + timeout
+    made = 0
+    while True:
+        value = attempt()
+        made += 1
+        if value is not None:
+            return value
+        wait = backoff.delay(made)
+        if tries is not None and made >= tries:
+            raise GaveUp(made, stopped=False)
+        if end is not None:
+            remaining = end - clock()
+            if remaining <= 0:
+                raise GaveUp(made, stopped=False)
+            wait = min(wait, remaining)
+        if on_retry is not None:
+            on_retry(made, wait)
+        if sleep(wait) is True:
+            raise GaveUp(made, stopped=True)

@@ -4,11 +4,11 @@ A shard is downloaded to a temp file beside the cache, hashed while it streams i
 into place only when complete and matching its checksum, so a file in the cache is always a
 whole, verified shard.  Files with a checksum are named by it (an index that moves a shard to
 another mirror does not download it again).  A download that keeps failing is retried a few
-times with growing waits and then given up for this pass (:class:`ShardUnreadable`); the
-stream skips the shard and counts it.  A body shorter than its ``Content-Length`` (a connection
-cut mid-download) is weather like any other failure: without a checksum it would otherwise pass
-for a whole shard.  A checksum mismatch is tried once more (a transfer can be damaged on the way),
-then given up; a 4xx answer other than 408/429 is not weather and is not retried.
+times with growing waits (:func:`p2ptrain.waiting.retry`) and then given up for this pass
+(:class:`ShardUnreadable`); the stream skips the shard and counts it.  A body shorter than its
+``Content-Length`` (a connection cut mid-download) is weather like any other failure: without a
+checksum it would otherwise pass for a whole shard.  A checksum mismatch is tried once more (a
+transfer can be damaged on the way), then given up; a 4xx answer other than 408/429 is not weather and is not retried.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Any
 from p2ptrain.config.schema import ConfigError
 from p2ptrain.data.readers import ShardUnreadable
 from p2ptrain.data.sources import ShardRef
+from p2ptrain.waiting import BACKOFF, Backoff, GaveUp, retry
 
 log = logging.getLogger(__name__)
 
 MAX_INDEX_BYTES = 16 * 1024 * 1024
-MAX_BACKOFF_SECONDS = 30.0
 _CHUNK = 1 << 20
 _PERMANENT_STATUS = frozenset(range(400, 500)) - {408, 429}
 
@@ -69,7 +69,7 @@ class Fetcher:
         attempts: int = 4,
         timeout: float = 60.0,
         max_cache_bytes: int = 0,
-        backoff: float = 1.0,
+        backoff: Backoff = BACKOFF,
         sleep: Callable[[float], None] = time.sleep,
         opener: Callable[..., Any] = urllib.request.urlopen,
         offline: bool = False,
@@ -112,27 +112,33 @@ class Fetcher:
             raise ConfigError(f"task.data_path: the shard index {url} is not readable text ({exc})") from None
 
     def _download(self, url: str, target: Path, sha256: str, *, limit: int, replace: bool = False) -> None:
-        last, mismatches = "", 0
-        for attempt in range(1, self.attempts + 1):
+        last, mismatches, mismatched = "", 0, False
+
+        def attempt() -> bool | None:
+            nonlocal last, mismatches, mismatched
             try:
                 self._download_once(url, target, sha256, limit)
-                return
+                return True
             except _Mismatch as exc:
                 mismatches += 1
-                if mismatches > 1 or attempt == self.attempts:
+                if mismatches > 1:
                     raise ShardUnreadable(str(exc)) from None
-                last = str(exc)
-                log.debug("download of %s: %s; trying once more", url, last)
+                last, mismatched = str(exc), True
             except _Permanent as exc:
                 raise ShardUnreadable(str(exc)) from None
             except (OSError, urllib.error.URLError, TimeoutError, http.client.HTTPException) as exc:
-                last = _describe(exc)
-                if attempt < self.attempts:
-                    wait = min(MAX_BACKOFF_SECONDS, self.backoff * 2 ** (attempt - 1))
-                    log.debug("download of %s failed (%s); try %d of %d in %.1fs", url, last, attempt + 1,
-                              self.attempts, wait)
-                    self._sleep(wait)
-        raise ShardUnreadable(f"download failed {self.attempts} time(s), last: {last}")
+                last, mismatched = _describe(exc), False
+            return None
+
+        def say_retry(tries: int, wait: float) -> None:
+            log.debug("download of %s failed (%s); try %d of %d in %.1fs", url, last, tries + 1, self.attempts, wait)
+
+        try:
+            retry(attempt, tries=self.attempts, backoff=self.backoff, on_retry=say_retry, sleep=self._sleep)
+        except GaveUp:
+            if mismatched:  # the last try's checksum mismatch says more than a count
+                raise ShardUnreadable(last) from None
+            raise ShardUnreadable(f"download failed {self.attempts} time(s), last: {last}") from None
 
     def _download_once(self, url: str, target: Path, sha256: str, limit: int) -> None:
         self.cache_dir.mkdir(parents=True, exist_ok=True)

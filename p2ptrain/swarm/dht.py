@@ -27,11 +27,11 @@ from hivemind.utils import get_dht_time
 
 from p2ptrain.config.schema import SwarmSection
 from p2ptrain.proc import processes_matching, stop_processes
+from p2ptrain.waiting import GaveUp, retry
 
 logger = logging.getLogger(__name__)
 
 FINGERPRINT_TTL = 600.0
-_MAX_BACKOFF = 15.0
 #: What hivemind's DHT raises when initial peers were reached but none answered a ping (e.g. the
 #: closed DHT of an invite run refusing a stranger).
 BOOTSTRAP_FAILED = "bootstrap failed"
@@ -122,15 +122,16 @@ def start_dht(
     clock: Callable[[], float] = time.monotonic,
     **options: Any,
 ) -> hivemind.DHT:
-    """Start the DHT, retrying with backoff while no initial peer answers, bounded by bootstrap_timeout.
+    """Start the DHT, retrying (:func:`p2ptrain.waiting.retry`) while no initial peer answers, bounded by
+    bootstrap_timeout.
 
     ``options`` go to ``hivemind.DHT`` as they are (an owned run's ``authorizer``).
     """
     kwargs = {**dht_kwargs(cfg, identity_path(state_dir), initial_peers), **options}
-    deadline = clock() + cfg.bootstrap_timeout
-    delay, attempt = 1.0, 0
-    while True:
-        attempt += 1
+    refused, last = False, ""
+
+    def attempt() -> hivemind.DHT | None:
+        nonlocal refused, last
         try:
             return dht_factory(start=True, record_validators=list(record_validators), **kwargs)
         except (P2PDaemonError, RuntimeError) as exc:
@@ -141,20 +142,34 @@ def start_dht(
                 raise SwarmError(f"cannot start the p2p daemon on {list(cfg.listen_addrs)}: {exc}") from None
             if refused:  # the failed DHT process may leave its p2pd behind, with our identity
                 stop_stale_daemons(identity_path(state_dir))
-            remaining = deadline - clock()
-            if remaining <= 0:
-                how = "answered our DHT requests" if refused else "answered"
-                raise (PeersRefused if refused else SwarmError)(
-                    f"no initial peer {how} after {attempt} attempts in {cfg.bootstrap_timeout:.0f}s "
-                    f"(swarm.bootstrap_timeout); tried {', '.join(initial_peers)}"
-                ) from None
-            wait = min(delay, remaining)
-            logger.warning("no initial peer answered%s (attempt %d: %s); retrying in %.1fs",
-                           " our DHT requests" if refused else "", attempt,
-                           str(exc).splitlines()[-1][:200], wait)
-            if stop.wait(wait):
-                raise SwarmError("stopped while joining the swarm") from None
-            delay = min(delay * 2, _MAX_BACKOFF)
+            last = str(exc).splitlines()[-1][:200]
+            return None
+
+    def say_retry(tries: int, wait: float) -> None:
+        logger.warning("no initial peer answered%s (attempt %d: %s); retrying in %.1fs",
+                       " our DHT requests" if refused else "", tries, last, wait)
+
+    try:
+        return retry(attempt, timeout=cfg.bootstrap_timeout, on_retry=say_retry, clock=clock, sleep=stop.wait)
+    except GaveUp as gave_up:
+        if gave_up.stopped:
+            raise SwarmError("stopped while joining the swarm") from None
+        raise (PeersRefused if refused else SwarmError)(
+            unanswered(refused, gave_up.tries, cfg.bootstrap_timeout, initial_peers)) from None
+
+
+def unanswered(refused: bool, tries: int, timeout: float, peers: Sequence[str], hint: str = "") -> str:
+    """The one line for initial peers that never answered (``refused``: reached, but refusing our DHT
+    requests, as an invite run's closed DHT does with a stranger)."""
+    how = "answered our DHT requests" if refused else "answered"
+    return (f"no initial peer {how} after {tries} attempts in {timeout:.0f}s (swarm.bootstrap_timeout); "
+            f"tried {', '.join(peers)}{hint}")
+
+
+def invite_only_hint(run: object) -> str:
+    """What to add when an owned run's peers refused a node without an invite."""
+    return (f"; run {run} may be invite-only: ask its owner for an invite for this node's peer ID "
+            "(p2ptrain run peer-id prints it) and set swarm.invite")
 
 
 def stop_stale_daemons(identity_path: Path, grace: float = 2.0) -> int:

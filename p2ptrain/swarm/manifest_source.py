@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from p2ptrain.run.layout import manifest_path
 from p2ptrain.run.manifest import Manifest, ManifestError, read_manifest_file
 from p2ptrain.runref import RunRef
+from p2ptrain.waiting import GaveUp, retry
 
 
 class SourceUnavailable(Exception):
@@ -102,7 +103,6 @@ class SwarmSource:
 #: A DHT that only asks: dials out, listens on loopback alone, no NAT traversal, a throwaway identity.
 _CLIENT_DHT: dict[str, Any] = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True, nat_port_map=False,
                                    auto_nat=False)
-_MAX_BACKOFF = 10.0
 
 
 def fetch_before_join(ref: RunRef, peers: Sequence[str], *, timeout: float, stop: threading.Event,
@@ -137,14 +137,15 @@ def _fetch_through(ref: RunRef, peers: Sequence[str], timeout: float, stop: thre
     import hivemind
     from hivemind.p2p import P2PDaemonError
 
-    from p2ptrain.swarm.dht import BOOTSTRAP_FAILED
-    from p2ptrain.swarm.run_entries import fetch_manifest, run_validators
+    from p2ptrain.swarm.dht import BOOTSTRAP_FAILED, invite_only_hint, unanswered
+    from p2ptrain.swarm.run_entries import run_validators
 
     factory = dht_factory or hivemind.DHT
-    deadline, delay, attempts = clock() + timeout, 1.0, 0
-    refused, invalid = False, 0
-    while True:
-        attempts += 1
+    deadline = clock() + timeout
+    refused = False
+
+    def attempt() -> Manifest | None:
+        nonlocal refused
         try:
             dht = factory(start=True, initial_peers=list(peers), record_validators=run_validators(ref),
                           check_if_identity_free=False, **{**_CLIENT_DHT, **options})
@@ -152,29 +153,44 @@ def _fetch_through(ref: RunRef, peers: Sequence[str], timeout: float, stop: thre
             refused = not isinstance(exc, P2PDaemonError)
             if refused and BOOTSTRAP_FAILED not in str(exc):
                 raise
-        else:
-            try:
-                while True:
-                    found = fetch_manifest(dht, ref, timeout=max(1.0, min(10.0, deadline - clock())))
-                    invalid += found.invalid
-                    if found.manifest is not None:
-                        return found.manifest
-                    if clock() + delay > deadline or stop.wait(delay):
-                        ignored = f" ({invalid} invalid entries ignored)" if invalid else ""
-                        raise SourceUnavailable(f"no valid manifest of run {ref} found in the swarm within "
-                                                f"{timeout:.0f}s{ignored}")
-                    delay = min(delay * 2, _MAX_BACKOFF)
-            finally:
-                dht.shutdown()
-        remaining = deadline - clock()
-        if remaining <= 0 or stop.wait(min(delay, remaining)):
-            how = "answered our DHT requests" if refused else "answered"
-            hint = "" if invited or not refused else (
-                f"; run {ref} may be invite-only: ask its owner for an invite for this node's peer ID "
-                "(p2ptrain run peer-id prints it) and set swarm.invite")
-            raise SourceUnavailable(f"no initial peer {how} after {attempts} attempts in {timeout:.0f}s "
-                                    f"(swarm.bootstrap_timeout); tried {', '.join(peers)}{hint}")
-        delay = min(delay * 2, _MAX_BACKOFF)
+            return None
+        try:
+            return _await_manifest(dht, ref, deadline - clock(), stop, clock=clock, shown_timeout=timeout)
+        finally:
+            dht.shutdown()
+
+    try:
+        return retry(attempt, timeout=timeout, clock=clock, sleep=stop.wait)
+    except GaveUp as gave_up:
+        hint = "" if invited or not refused else invite_only_hint(ref)
+        raise SourceUnavailable(unanswered(refused, gave_up.tries, timeout, peers, hint)) from None
+
+
+def _await_manifest(dht: Any, ref: RunRef, timeout: float, stop: threading.Event, *,
+                   clock: Callable[[], float] = time.monotonic, shown_timeout: float | None = None) -> Manifest:
+    """The newest valid manifest of ``ref`` in a running DHT, looked up again (:func:`p2ptrain.waiting.retry`)
+    while none is found, for ``timeout`` seconds; then, or when ``stop`` is set, :func:`not_found`
+    (saying ``shown_timeout``, default ``timeout``)."""
+    from p2ptrain.swarm.run_entries import fetch_manifest
+
+    deadline, invalid = clock() + timeout, 0
+
+    def lookup() -> Manifest | None:
+        nonlocal invalid
+        found = fetch_manifest(dht, ref, timeout=max(1.0, min(10.0, deadline - clock())))
+        invalid += found.invalid
+        return found.manifest
+
+    try:
+        return retry(lookup, timeout=timeout, clock=clock, sleep=stop.wait)
+    except GaveUp:
+        raise not_found(ref, timeout if shown_timeout is None else shown_timeout, invalid) from None
+
+
+def not_found(ref: RunRef, timeout: float, invalid: int) -> SourceUnavailable:
+    """The one line for a swarm that held no valid manifest of ``ref`` for ``timeout`` seconds."""
+    ignored = f" ({invalid} invalid entries ignored)" if invalid else ""
+    return SourceUnavailable(f"no valid manifest of run {ref} found in the swarm within {timeout:.0f}s{ignored}")
 
 
 def open_source(target: str, *, join: list[str] | tuple[str, ...] = (), timeout: float = 15.0) -> ManifestSource:

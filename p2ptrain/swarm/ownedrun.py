@@ -32,8 +32,9 @@ from p2ptrain.run.manifest_store import ManifestStore
 from p2ptrain.run.runconfig import merge_manifest
 from p2ptrain.run.updates import ManifestTracker, Offer
 from p2ptrain.runref import RunRef
-from p2ptrain.swarm.manifest_source import FileSource, SourceUnavailable
+from p2ptrain.swarm.manifest_source import FileSource, SourceUnavailable, not_found
 from p2ptrain.trust.admission import AdmissionGate
+from p2ptrain.waiting import GaveUp, retry
 
 logger = logging.getLogger(__name__)
 
@@ -255,24 +256,24 @@ class RunKeeper:
         :class:`SourceUnavailable` after ``timeout`` without one."""
         from p2ptrain.swarm.run_entries import fetch_manifest
 
-        deadline, delay = self._clock() + timeout, 1.0
-        while True:
+        invalid = 0
+
+        def lookup() -> Manifest | None:
+            nonlocal invalid
             found = fetch_manifest(self._dht, self.plan.ref, timeout=self._timeout)
             self.invalid_manifests_total += found.invalid
+            invalid += found.invalid
             if found.manifest is not None:
                 offer = self.tracker.offer(found.manifest)
                 if offer.accepted and self.plan.manifest is not None:
                     logger.info("run %s: the swarm holds a newer manifest than this node started with: %s",
                                 self.plan.ref, offer.reason)
-            if self.tracker.current is not None:
-                break
-            if self._clock() + delay > deadline or stop.wait(delay):
-                raise SourceUnavailable(f"no valid manifest of run {self.plan.ref} found in the swarm within "
-                                        f"{timeout:.0f}s" + (f" ({found.invalid} invalid entries ignored)"
-                                                             if found.invalid else ""))
-            delay = min(delay * 2, 10.0)
-        manifest = self.tracker.current
-        assert manifest is not None
+            return self.tracker.current
+
+        try:
+            manifest = retry(lookup, timeout=timeout, clock=self._clock, sleep=stop.wait)
+        except GaveUp:
+            raise not_found(self.plan.ref, timeout, invalid) from None
         self.plan = settle(self.plan, manifest)
         self._keep(manifest)
         if self.plan.config.swarm.invite is not None:

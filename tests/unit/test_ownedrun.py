@@ -18,7 +18,7 @@ from p2ptrain.run.manifest import new_manifest, read_manifest_file
 from p2ptrain.run.manifest_store import ManifestStore
 from p2ptrain.run.owner import OwnerKey
 from p2ptrain.swarm.dhtauth import ensure_identity, peer_id_of_identity
-from p2ptrain.swarm.manifest_source import SourceUnavailable
+from p2ptrain.swarm.manifest_source import SourceUnavailable, fetch_before_join
 from p2ptrain.swarm.ownedrun import RunKeeper, apply_run_flags, prepare_run
 from p2ptrain.swarm.run_entries import manifest_key, members_key, publish_manifest
 
@@ -362,3 +362,74 @@ def test_the_owner_s_own_node_in_an_invite_run_is_told_how_to_invite_itself(tmp_
                                           rf"owner's nodes too: invite this node with p2ptrain run invite {path} "
                                           r"PEER_ID \(PEER_ID: what p2ptrain run peer-id --config"):
         prepare_run(_config(tmp_path, manifest=path), tmp_path / "id.key")
+
+
+class _ClockStop:
+    """A stop event whose waits advance a fake clock instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.now, self.waits = 0.0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> bool:
+        self.waits.append(seconds)
+        self.now += seconds
+        return False
+
+
+@pytest.mark.parametrize("failure", [None, "unreachable", "refused"])
+def test_the_one_line_join_retries_joining_and_looking_up_within_the_bootstrap_timeout(owner, failure):
+    from hivemind.p2p import P2PDaemonError
+
+    _, manifest = owner
+    stop, dht = _ClockStop(), MemoryDHT()
+    dht.shutdown = lambda: None
+
+    def factory(**kwargs: Any) -> Any:
+        if failure == "unreachable":
+            raise P2PDaemonError("failed to connect to bootstrap peers")
+        if failure == "refused":
+            raise RuntimeError("DHTNode bootstrap failed: none of the initial_peers responded to a ping.")
+        return dht
+
+    def fetch() -> Any:
+        return fetch_before_join(manifest.ref, ["/ip4/127.0.0.1/tcp/1/p2p/" + OTHER], timeout=8.0, stop=stop,
+                                 dht_factory=factory, clock=stop.clock)
+
+    if failure is None:
+        dht.get = _counting(dht, publish_at=3, manifest=manifest)
+        assert fetch() == manifest
+        assert stop.waits == [1.0, 2.0]  # looked up again with backoff until the manifest was there
+        return
+    with pytest.raises(SourceUnavailable) as caught:
+        fetch()
+    how = "answered our DHT requests" if failure == "refused" else "answered"
+    assert str(caught.value).startswith(f"no initial peer {how} after 5 attempts in 8s (swarm.bootstrap_timeout); "
+                                        "tried /ip4/127.0.0.1/tcp/1/p2p/")
+    assert ("may be invite-only" in str(caught.value)) == (failure == "refused")
+    assert stop.waits == [1.0, 2.0, 4.0, 1.0]  # the last one cut to end at the deadline
+
+
+def _counting(dht: MemoryDHT, *, publish_at: int, manifest: Any) -> Any:
+    """``dht.get`` that finds nothing until its ``publish_at``-th call, when the manifest appears."""
+    get = dht.get
+
+    def counted(key, latest=False, return_future=False):
+        if dht.gets + 1 == publish_at:
+            publish_manifest(dht, manifest)
+        return get(key, latest=latest, return_future=return_future)
+
+    return counted
+
+
+def test_the_one_line_join_names_a_swarm_without_a_manifest(owner):
+    _, manifest = owner
+    stop, dht = _ClockStop(), MemoryDHT()
+    dht.shutdown = lambda: None
+    with pytest.raises(SourceUnavailable, match=rf"^no valid manifest of run {re.escape(str(manifest.ref))} found "
+                                                r"in the swarm within 8s$"):
+        fetch_before_join(manifest.ref, ["/ip4/127.0.0.1/tcp/1/p2p/" + OTHER], timeout=8.0, stop=stop,
+                          dht_factory=lambda **kwargs: dht, clock=stop.clock)
+    assert dht.gets == 5 and stop.waits == [1.0, 2.0, 4.0, 1.0]

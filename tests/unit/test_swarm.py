@@ -95,7 +95,7 @@ def test_bootstrap_retries_with_backoff_then_gives_up(tmp_path: Path) -> None:
     cfg = SwarmSection(bootstrap_timeout=40)
     with pytest.raises(SwarmError, match=r"no initial peer answered after \d+ attempts in 40s"):
         start_dht(cfg, tmp_path, [PEER], [], stop, dht_factory=failing_dht, clock=clock)
-    assert stop.waits[:5] == [1.0, 2.0, 4.0, 8.0, 15.0]  # exponential, capped
+    assert stop.waits[:6] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]  # exponential, capped (p2ptrain.waiting.BACKOFF)
     assert sum(stop.waits) == pytest.approx(40.0)
 
 

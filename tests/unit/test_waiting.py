@@ -1,4 +1,4 @@
-"""wait_until: the one polling loop, on a fake clock."""
+"""wait_until and retry: the project's polling and retry loops, on a fake clock."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from p2ptrain.waiting import WaitTimeout, wait_until, wait_until_async
+from p2ptrain.waiting import BACKOFF, Backoff, GaveUp, WaitTimeout, retry, wait_until, wait_until_async
 
 
 class FakeClock:
@@ -64,3 +64,61 @@ def test_the_async_wait_awaits_its_pause_and_shares_the_deadline() -> None:
     with pytest.raises(WaitTimeout, match=r"^no screen within 1 s$"):
         asyncio.run(wait_until_async(lambda: None, 1, "screen", interval=0.4, pause=pause, clock=clock))
     assert paused[2:] == [0.4, 0.4, pytest.approx(0.2)]
+
+
+def test_the_one_backoff_policy_doubles_from_a_second_up_to_ten() -> None:
+    assert [BACKOFF.delay(n) for n in range(1, 8)] == [1, 2, 4, 8, 10, 10, 10]
+    assert [Backoff(first=0.5, cap=3).delay(n) for n in range(1, 5)] == [0.5, 1, 2, 3]
+
+
+def test_retry_returns_the_first_answer_after_backing_off() -> None:
+    clock = FakeClock()
+    answers = iter([None, None, None, 0])  # 0 is an answer: only None means "try again"
+    retried: list[tuple[int, float]] = []
+    assert retry(lambda: next(answers), tries=5, on_retry=lambda n, wait: retried.append((n, wait)),
+                 clock=clock, sleep=clock.sleep) == 0
+    assert clock.sleeps == [1, 2, 4] and retried == [(1, 1), (2, 2), (3, 4)]
+
+
+def test_retry_gives_up_after_its_tries_without_a_last_wait() -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+    with pytest.raises(GaveUp) as caught:
+        retry(lambda: calls.append(clock.now), tries=3, clock=clock, sleep=clock.sleep)
+    assert caught.value.tries == 3 and not caught.value.stopped
+    assert calls == [0, 1, 3] and clock.sleeps == [1, 2]
+
+
+def test_retry_within_a_timeout_tries_once_more_at_the_deadline() -> None:
+    clock = FakeClock()
+    calls: list[float] = []
+    with pytest.raises(GaveUp) as caught:
+        retry(lambda: calls.append(clock.now), timeout=40, clock=clock, sleep=clock.sleep)
+    assert clock.sleeps == [1, 2, 4, 8, 10, 10, 5]  # capped, the last wait cut to end at the deadline
+    assert calls[-1] == 40 and caught.value.tries == len(calls) == 8
+
+
+def test_a_stop_cuts_the_wait_short_and_gives_up_at_once() -> None:
+    waits: list[float] = []
+
+    def stop_wait(seconds: float) -> bool:  # a stop event's wait: True once a stop was requested
+        waits.append(seconds)
+        return len(waits) == 2
+
+    calls = []
+    with pytest.raises(GaveUp) as caught:
+        retry(lambda: calls.append(1), timeout=600, sleep=stop_wait, clock=FakeClock())
+    assert caught.value.stopped and caught.value.tries == len(calls) == 2 and waits == [1, 2]
+
+
+def test_an_exception_from_the_attempt_is_not_retried() -> None:
+    clock = FakeClock()
+
+    def permanent() -> None:
+        raise PermissionError("refused for good")
+
+    with pytest.raises(PermissionError):
+        retry(permanent, tries=4, clock=clock, sleep=clock.sleep)
+    assert clock.sleeps == []
+    with pytest.raises(ValueError, match="needs tries or a timeout"):
+        retry(lambda: 1)
