@@ -20,22 +20,20 @@ the run's); 130 stopped by a signal.  Whatever the reason, nothing is written un
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import math
-import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from p2ptrain.config.schema import DAY, ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.builder import ClientParts, JoinedSwarm, NodeBuilder
+from p2ptrain.daemon.shutdown import close_within_deadline, end_process
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.model.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
 from p2ptrain.optim.protocol import SwarmOptimizer
@@ -58,8 +56,6 @@ SETTLE_WAIT = 10.0
 PROGRESS_EVERY = 10.0
 #: Records are read this often (a node reads them every 5 s; a fetcher has nothing else to do).
 RECORDS_PERIOD = 1.0
-#: Leaving the swarm that takes longer than this is cut short (the export is already on disk).
-SHUTDOWN_DEADLINE = 20.0
 
 
 class Unavailable(Exception):
@@ -263,17 +259,14 @@ class Fetcher:
     def _leave(self, code: int) -> None:
         """Leave the swarm (bounded: past the deadline every helper is stopped and the process ends
         with ``code``, the outcome already reported)."""
-        deadline = threading.Timer(SHUTDOWN_DEADLINE, _force_exit, args=(code,))
-        deadline.daemon = True
-        deadline.start()
+        closers = [self.records.stop]
+        if self.parts is not None:
+            closers.append(self.parts.close)
+        if self.swarm is not None:
+            closers.append(self.swarm.close)
         try:
-            self.records.stop()
-            if self.parts is not None:
-                self.parts.close()
-            if self.swarm is not None:
-                self.swarm.close()
+            close_within_deadline(closers, lambda: code)
         finally:
-            deadline.cancel()
             self.stopper.close()
 
 
@@ -310,20 +303,6 @@ def _fail(line: str, code: int, prefix: str = "p2ptrain fetch") -> int:
     return code
 
 
-def _force_exit(code: int) -> None:
-    """Runs on a timer thread when leaving the swarm hangs: stop every helper, then the process."""
-    from p2ptrain.proc import descendants, signal_all
-
-    helpers = descendants()
-    logger.warning("leaving the swarm took over %.0fs: stopping %d helper processes and exiting",
-                   SHUTDOWN_DEADLINE, len(helpers))
-    signal_all(helpers, signal.SIGTERM)
-    time.sleep(1.0)
-    signal_all(descendants(), signal.SIGKILL)
-    logging.shutdown()
-    os._exit(code)
-
-
 # ---------------------------------------------------------------------- the command
 
 
@@ -356,7 +335,7 @@ def fetch_command(args: argparse.Namespace) -> int:
     finally:
         if temporary:
             shutil.rmtree(state_dir, ignore_errors=True)
-    _end_process(code)
+    end_process(code)
 
 
 def client_state_dir(config: NodeConfig) -> tuple[Path, bool]:
@@ -368,13 +347,3 @@ def client_state_dir(config: NodeConfig) -> tuple[Path, bool]:
     if config.swarm.invite is not None:
         return config.state_dir(), False
     return Path(tempfile.mkdtemp(prefix="p2ptrain-fetch-")), True
-
-
-def _end_process(code: int) -> NoReturn:
-    """End here, as ``p2ptrain run`` does: interpreter shutdown would run finalizers of hivemind's
-    objects at a point where they can wait for good (see ``daemon.main``)."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)

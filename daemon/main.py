@@ -10,12 +10,10 @@ takes the new version up); 1 the swarm could not be joined or the node failed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import resource
 import signal
-import sys
 from types import FrameType
 from typing import NoReturn
 
@@ -26,6 +24,7 @@ from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.logsetup import configure_logging
 from p2ptrain.daemon.node import Node
 from p2ptrain.daemon.service import ServiceHooks
+from p2ptrain.daemon.shutdown import end_process
 from p2ptrain.daemon.systemd import SystemdNotifier
 from p2ptrain.swarm.ownedrun import apply_run_flags
 
@@ -81,19 +80,4 @@ def run_node(args: argparse.Namespace) -> NoReturn:
     hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ(os.environ), run_flags=run_flags)
     node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks)
     _install_signal_handlers(node)
-    _end_process(node.run())
-
-
-def _end_process(code: int) -> NoReturn:
-    """The node has stopped and closed what it owns: end the process here, with the node's exit code.
-
-    Interpreter shutdown would go on to run finalizers of hivemind's objects (asyncio reporting a
-    dying event loop from a garbage collection, multiprocessing joining helpers) at a point where
-    no other thread can run any more; one of them can wait there for good, with the node already
-    STOPPED and its final checkpoint on disk.  Forked helpers die with this process (PDEATHSIG).
-    """
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+    end_process(node.run())

@@ -1,5 +1,6 @@
-"""How a node leaves: land the round in flight, close what it owns within a deadline, and if
-closing hangs, stop every helper process and end the process with the exit code it has earned.
+"""How a node (or ``p2ptrain fetch``) leaves: land the round in flight, close what it owns within a
+deadline, and if closing hangs, stop every helper process and end the process with the exit code it
+has earned; then end the process without the interpreter's shutdown.
 
 hivemind can hang in a round or in its helpers' teardown; the final checkpoint is written before
 any of this runs, so cutting the shutdown short loses nothing.
@@ -7,12 +8,15 @@ any of this runs, so cutting the shutdown short loses nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 from p2ptrain.optim.protocol import SwarmOptimizer
 from p2ptrain.optim.round_stats import RoundStats
@@ -62,4 +66,19 @@ def _force_exit(code: int) -> None:
     time.sleep(1.0)  # on a timer thread with the main thread stuck: there is nothing to wait on but time
     signal_all(descendants(), signal.SIGKILL)
     logging.shutdown()
+    os._exit(code)
+
+
+def end_process(code: int) -> NoReturn:
+    """Everything is closed: end the process here, with ``code``.
+
+    Interpreter shutdown would go on to run finalizers of hivemind's objects (asyncio reporting a
+    dying event loop from a garbage collection, multiprocessing joining helpers) at a point where
+    no other thread can run any more; one of them can wait there for good, with the node already
+    STOPPED and its final checkpoint on disk.  Forked helpers die with this process (PDEATHSIG).
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     os._exit(code)
