@@ -35,6 +35,7 @@ from p2ptrain.config.schema import DAY, ConfigError, NodeConfig, load_config, pa
 from p2ptrain.daemon.builder import ClientParts, JoinedSwarm, NodeBuilder
 from p2ptrain.daemon.shutdown import close_within_deadline, end_process
 from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.errors import EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE
 from p2ptrain.model.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
 from p2ptrain.optim.protocol import SwarmOptimizer
 from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, IdentityLock, PeersRefused, SwarmError
@@ -44,9 +45,6 @@ from p2ptrain.trust.swarm_credit import credited_view, epoch_samples_bound
 
 logger = logging.getLogger(__name__)
 
-EX_UNAVAILABLE = 69
-EX_TEMPFAIL = 75
-EX_INTERRUPTED = 130
 #: The fetcher listens on loopback only: in client mode nobody dials it, and a node's port stays free.
 CLIENT_LISTEN = "/ip4/127.0.0.1/tcp/0"
 #: Longest wait for the run's progress and first peer records before the first download (a node waits
@@ -138,7 +136,7 @@ class Fetcher:
         """Fetch into ``out_dir``; the exit code says how it went (one line on stderr if badly)."""
         self._deadline = self.clock() + self.timeout
         lock: IdentityLock | None = None
-        code = 1
+        code = EX_FAILURE
         try:
             try:
                 state_dir = self.config.state_dir()
@@ -160,9 +158,9 @@ class Fetcher:
         """The one line and the exit code for how the fetch failed (re-raises what is a bug)."""
         stopped = f"stopped ({self.stopper.reason}) before a state was adopted; nothing written"
         if isinstance(error, ConfigError):
-            return _fail(f"config error: {error}", 78, prefix="p2ptrain")
+            return _fail(f"config error: {error}", EX_CONFIG, prefix="p2ptrain")
         if isinstance(error, FingerprintMismatch):
-            return _fail(str(error), 78)
+            return _fail(str(error), EX_CONFIG)
         if isinstance(error, IdentityInUse):
             return _fail(str(error), EX_TEMPFAIL)
         if isinstance(error, SwarmError | SourceUnavailable | Unavailable) and self.stopper.is_set():
@@ -174,7 +172,7 @@ class Fetcher:
             return _fail(f"no peer answered within {self.timeout:.0f}s (--timeout); tried {peers}; nothing written",
                          EX_UNAVAILABLE)
         if isinstance(error, ExportError | OSError):  # OSError: e.g. the state directory cannot be made
-            return _fail(str(error), 1)
+            return _fail(str(error), EX_FAILURE)
         raise error
 
     def _fetch(self, config: NodeConfig, plan: Any, state_dir: Path, out_dir: Path, force: bool,
@@ -215,7 +213,7 @@ class Fetcher:
         print(f"fetched epoch {epoch} of run {run_ref} from peer {donor} (model {parts.fingerprint}) to {out}")
         if config.task.entrypoint is None:
             print(f"try it: p2ptrain sample {out} --prompt 'def '")
-        return 0
+        return EX_OK
 
     def _settle(self, optimizer: SwarmOptimizer, records: threading.Event) -> None:
         """Wait (bounded) for the run's progress and a first view of its records, as a joining node does."""
@@ -320,7 +318,7 @@ def fetch_command(args: argparse.Namespace) -> int:
     try:
         check_target(args.out_dir, args.force)
     except ExportError as error:
-        return _fail(str(error), 1)
+        return _fail(str(error), EX_FAILURE)
 
     from p2ptrain.daemon.children import tie_children_to_this_process
     from p2ptrain.daemon.logsetup import configure_logging

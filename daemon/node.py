@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from p2ptrain.config.schema import EX_CONFIG, ConfigError, NodeConfig
+from p2ptrain.config.schema import ConfigError, NodeConfig
 from p2ptrain.daemon.builder import JoinedSwarm, NodeBuilder, TrainingParts
 from p2ptrain.daemon.control import ControlQueue
 from p2ptrain.daemon.cpushare import CpuShare, default_cpu_source
@@ -35,7 +35,7 @@ from p2ptrain.daemon.shutdown import close_within_deadline, land_round_in_flight
 from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures, data_figures
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.daemon.sync import sync_with_swarm
-from p2ptrain.errors import error_line
+from p2ptrain.errors import EX_CONFIG, EX_FAILURE, EX_OK, EX_TEMPFAIL, error_line
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
@@ -45,8 +45,6 @@ from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan
 from p2ptrain.trust.swarm_credit import epoch_samples_bound
 
 logger = logging.getLogger(__name__)
-
-EX_TEMPFAIL = 75
 
 
 class Node:
@@ -93,11 +91,11 @@ class Node:
         self.parts: TrainingParts | None = None
         self.loop: TrainingLoop | None = None
         #: How the node ends when nothing goes wrong: 0, or what a manifest update asked for.
-        self.exit_code = 0
+        self.exit_code = EX_OK
         self._exit_reason = ""
         self._not_admitted = 0
         #: Exit code if shutdown has to be cut short: 0 only once the final checkpoint is safe.
-        self._forced_exit_code = 1
+        self._forced_exit_code = EX_FAILURE
 
     def request_stop(self, reason: str) -> None:
         """Thread- and signal-safe: the loop notices between steps and leaves cleanly."""
@@ -122,7 +120,7 @@ class Node:
 
     def request_exit(self, reason: str, code: int) -> None:
         """Stop (final checkpoint and all) and end with ``code``; from the training thread only."""
-        if self.exit_code == 0:
+        if self.exit_code == EX_OK:
             self.exit_code, self._exit_reason = code, reason
             logger.warning("%s", reason)
         self.stopper.request(reason)
@@ -172,10 +170,10 @@ class Node:
         except (SwarmError, SourceUnavailable) as error:
             if self.stopper.is_set():  # asked to stop while still joining: a clean stop, not a failure
                 logger.info("stopped before joining the swarm (%s)", self.stopper.reason)
-                return 0
-            return _fail(error, 1)
+                return EX_OK
+            return _fail(error, EX_FAILURE)
         except OSError as error:  # e.g. the API port is taken, the state directory is not writable
-            return _fail(error, 1)
+            return _fail(error, EX_FAILURE)
 
     def _run(self, state_dir: Path) -> int:
         cfg = self.config

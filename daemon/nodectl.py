@@ -13,11 +13,7 @@ from typing import Any
 
 from p2ptrain.client.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
 from p2ptrain.client.http import NodeAuthError, NodeClient, NodeError, NodeUnreachable
-
-EX_REFUSED = 1  # the node answered but did not accept the command
-EX_NOINPUT = 66  # the --config file cannot be read
-EX_UNAVAILABLE = 69  # nothing answers at the node's URL
-EX_NOPERM = 77  # no readable token, or the node refused it
+from p2ptrain.errors import EX_FAILURE, EX_NOINPUT, EX_NOPERM, EX_OK, EX_UNAVAILABLE
 
 
 def _fail(message: str, code: int) -> int:
@@ -56,11 +52,11 @@ def send(args: argparse.Namespace, command: str, duration: float | None = None) 
     except NodeAuthError as error:
         return _fail(f"{url}: {error}", EX_NOPERM), {}
     except NodeError as error:
-        return _fail(f"{url}: {error}", EX_REFUSED), {}
+        return _fail(f"{url}: {error}", EX_FAILURE), {}  # answered, did not accept
     if answer.get("accepted") is False:
         reason = answer.get("error") or answer.get("reason") or "no reason given"
-        return _fail(f"the node did not accept {command!r}: {reason}", EX_REFUSED), answer
-    return 0, answer
+        return _fail(f"the node did not accept {command!r}: {reason}", EX_FAILURE), answer
+    return EX_OK, answer
 
 
 def pause(args: argparse.Namespace) -> int:

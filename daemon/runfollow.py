@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from p2ptrain.config.schema import EX_CONFIG, ConfigError, NodeConfig, TrainingSection
+from p2ptrain.config.schema import ConfigError, NodeConfig, TrainingSection
+from p2ptrain.errors import EX_CONFIG, EX_TEMPFAIL
 from p2ptrain.optim.protocol import SwarmOptimizer
 from p2ptrain.run.invite import Invite, warn_ahead, when
 from p2ptrain.run.manifest import Manifest
@@ -34,7 +35,6 @@ from p2ptrain.run.updates import Offer, classify
 
 logger = logging.getLogger(__name__)
 
-EX_TEMPFAIL = 75
 #: A failing poll is logged at most this often.
 _WARN_EVERY = 60.0
 

@@ -18,9 +18,8 @@ from pathlib import Path
 
 from p2ptrain.config.template import render_template
 from p2ptrain.daemon.units import SYSUSERS, render_unit
+from p2ptrain.errors import EX_CANTCREAT, EX_OK, EX_USAGE
 
-EX_USAGE = 64
-EX_CANTCREAT = 73
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The system unit's sandbox hides these from the service user (ProtectHome=yes).
 _HIDDEN_PREFIXES = ("/home/", "/root/", "/run/user/")
@@ -122,7 +121,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> 
                 print(planned.text, end="" if planned.text.endswith("\n") else "\n")
         print("# --- then run:")
         print("\n".join(plan.commands))
-        return 0
+        return EX_OK
     for planned in plan.files:
         try:
             print(_write(planned))
@@ -135,4 +134,4 @@ def main(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> 
             return EX_CANTCREAT
     print("Now run:")
     print("\n".join(f"  {command}" for command in plan.commands))
-    return 0
+    return EX_OK

@@ -19,6 +19,8 @@ import select
 import signal
 from types import FrameType
 
+from p2ptrain.errors import killed_by
+
 
 class Stopper:
     def __init__(self) -> None:
@@ -57,7 +59,7 @@ class Stopper:
         128 + the signal's number (forked helpers die with it: PDEATHSIG)."""
         self.signals += 1
         if self.signals > 1:
-            os._exit(128 + signum)
+            os._exit(killed_by(signum))
         self.request(signal.Signals(signum).name)
 
     def handle_stop_signals(self) -> None:

@@ -26,6 +26,7 @@ from textual.worker import get_current_worker
 
 from p2ptrain.client.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
 from p2ptrain.client.http import NodeClient, NodeError, NodeUnreachable
+from p2ptrain.errors import EX_CONFIG, EX_OK  # stdlib only: no pydantic at start-up
 from p2ptrain.status import SCHEMA_VERSION, StatusSnapshot, SwarmView
 from p2ptrain.tui.widgets.contributors import ContributorsPanel
 from p2ptrain.tui.widgets.dialogs import ConfirmScreen, HelpScreen
@@ -34,7 +35,6 @@ from p2ptrain.tui.widgets.logs import LocalTime, LogPane
 from p2ptrain.tui.widgets.node import History, NodePanel
 from p2ptrain.tui.widgets.swarm import SwarmPanel
 
-EX_CONFIG = 78  # same code as p2ptrain.config.schema.EX_CONFIG, without importing pydantic
 HISTORY_POINTS = 60
 MAX_BACKOFF = 5.0
 
@@ -345,4 +345,4 @@ def main(args: argparse.Namespace) -> int:
 
     app = TopApp(NodeClient(url, None), token_file, rediscover=None if url_flag else rediscover)
     app.run()
-    return 0
+    return EX_OK

@@ -13,7 +13,7 @@ from pathlib import Path
 from p2ptrain.atomicfile import write_atomic
 from p2ptrain.config.schema import ConfigError, load_config
 from p2ptrain.config.template import render_template
-from p2ptrain.errors import printable
+from p2ptrain.errors import EX_FAILURE, EX_OK, printable
 
 
 def init_command(args: argparse.Namespace) -> int:
@@ -21,21 +21,21 @@ def init_command(args: argparse.Namespace) -> int:
     path: Path | None = args.path
     if path is None:
         sys.stdout.write(text)
-        return 0
+        return EX_OK
     if path.exists() and not args.force:
         print(f"p2ptrain: {path} already exists (use --force to overwrite)", file=sys.stderr)
-        return 1
+        return EX_FAILURE
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text.encode("utf-8"))
     print(f"wrote {path}")
-    return 0
+    return EX_OK
 
 
 def check_command(args: argparse.Namespace) -> int:
     config = load_config(args.path)  # ConfigError -> one line + exit 78 in the CLI
     if config.swarm.run is None and config.swarm.manifest is None and config.swarm.invite is None:
         print(f"{printable(args.path)}: ok (run_id={config.swarm.run_id}, state_dir={printable(config.state_dir())})")
-        return 0
+        return EX_OK
     # An owned run: check the manifest and invite as the node would, and show what it would use.
     from p2ptrain.cli.run import show_lines
     from p2ptrain.swarm.dht import identity_path
@@ -53,4 +53,4 @@ def check_command(args: argparse.Namespace) -> int:
               f"p2ptrain run show {plan.ref} --join ADDR")
     else:
         print("\n".join(show_lines(plan.manifest, plan.source)))
-    return 0
+    return EX_OK

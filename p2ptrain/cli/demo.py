@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from p2ptrain.errors import ConfigError
+from p2ptrain.errors import EX_BAD_ARGUMENT, EX_FAILURE, EX_INTERRUPTED, EX_OK, ConfigError
 from p2ptrain.local.run import LocalRun, create_local_run
 from p2ptrain.local.swarm import LocalNode
 from p2ptrain.run.runconfig import local_only
@@ -303,7 +303,7 @@ def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
     peers, duration = int(args.peers), float(args.duration)
     if not 1 <= peers <= 8:
         print("p2ptrain demo: --peers must be between 1 and 8", file=sys.stderr)
-        return 2
+        return EX_BAD_ARGUMENT
     private = bool(getattr(args, "private", False))
     # The work directory is kept: its node logs and checkpoints are worth a look afterwards.
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="p2ptrain-demo-"))
@@ -342,16 +342,16 @@ def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
         run.stop_all()
         print_summary(run, time.monotonic() - started, out)
         export_and_sample(run, out)
-        return 1 if run.stranger_seen is not None and run.stranger_seen.doubts() else 0
+        return EX_FAILURE if run.stranger_seen is not None and run.stranger_seen.doubts() else EX_OK
     except KeyboardInterrupt:
         out.write("\ninterrupted: stopping all nodes ...\n")
         run.stop_all()
         print_summary(run, time.monotonic() - started, out)
-        return 130
+        return EX_INTERRUPTED
     except (TimeoutError, RuntimeError) as error:
         out.write(f"\np2ptrain demo: {error}\n")
         run.stop_all()
-        return 1
+        return EX_FAILURE
     finally:
         for node in run.nodes:  # nothing outlives the demo, whatever happened above
             if node.running:

@@ -17,7 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from p2ptrain import __version__
-from p2ptrain.errors import EX_CONFIG, ConfigError, error_line  # not p2ptrain.config.schema: no pydantic at start-up
+from p2ptrain.errors import (  # not p2ptrain.config.schema: no pydantic at start-up
+    EX_BROKEN_PIPE,
+    EX_CONFIG,
+    EX_INTERRUPTED,
+    EX_OK,
+    ConfigError,
+    error_line,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -304,22 +311,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         args = build_parser().parse_args(argv)
     try:
-        code = int(args.handler(args) or 0)
+        code = int(args.handler(args) or EX_OK)
         sys.stdout.flush()  # a reader that left (``| head``) shows here, not at interpreter exit
         return code
     except ConfigError as error:
         print(error_line(error), file=sys.stderr)
         return EX_CONFIG
     except KeyboardInterrupt:
-        return 130
+        return EX_INTERRUPTED
     except BrokenPipeError:
         # SIGPIPE stays ignored (the node writes to sockets); a closed stdout is the reader's choice.
         _discard_stdout()
         return EX_BROKEN_PIPE
-
-
-#: What a shell reports for a command killed by SIGPIPE (128 + 13).
-EX_BROKEN_PIPE = 141
 
 
 def _discard_stdout() -> None:

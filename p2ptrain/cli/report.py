@@ -20,11 +20,9 @@ from typing import Any
 from p2ptrain.atomicfile import write_atomic
 from p2ptrain.client.discovery import DiscoveryError, TokenUnavailable, discover_node, read_token
 from p2ptrain.client.http import NodeClient, NodeError, NodeUnreachable
+from p2ptrain.errors import EX_FAILURE, EX_NOINPUT, EX_OK, EX_UNAVAILABLE
 from p2ptrain.status import StatusSnapshot, SwarmView
 
-EX_FAILED = 1  # the node answered badly, or the JSON file cannot be written
-EX_NOINPUT = 66  # the --config file cannot be read
-EX_UNAVAILABLE = 69  # nothing answers at the node's URL
 CHART_WIDTH, CHART_HEIGHT = 56, 8
 REPORT_FORMAT = "p2ptrain-report"
 
@@ -187,19 +185,19 @@ def main(args: argparse.Namespace) -> int:
         return _fail(f"no node answers at {url} ({reason}); is it running? (--url or -c name another node)",
                      EX_UNAVAILABLE)
     except NodeError as error:
-        return _fail(f"{url}: {error}", EX_FAILED)
+        return _fail(f"{url}: {error}", EX_FAILURE)  # the node answered badly
     report = build_report(status, view, url)
     target: Path | None = getattr(args, "json", None)
     if target is not None and str(target) != "-":
         try:
             write_json(report, target)
         except OSError as error:
-            return _fail(f"cannot write {target}: {error.strerror or error}", EX_FAILED)
+            return _fail(f"cannot write {target}: {error.strerror or error}", EX_FAILURE)
     if target is not None and str(target) == "-":
         sys.stdout.write(json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n")
     else:
         sys.stdout.write(render_text(report))
         if target is not None:
             print(f"(written as JSON to {target})")
-    return 0
+    return EX_OK
 

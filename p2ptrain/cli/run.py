@@ -17,6 +17,7 @@ from typing import Any
 from p2ptrain.atomicfile import write_atomic
 from p2ptrain.config.schema import ConfigError, NodeConfig, load_config
 from p2ptrain.config.tomlfile import read_toml
+from p2ptrain.errors import EX_CANTCREAT, EX_FAILURE, EX_OK
 from p2ptrain.model.fingerprint import choose_fingerprint
 from p2ptrain.peerid import check_peer_id
 from p2ptrain.run.invite import issue_invite, parse_invite, when
@@ -48,8 +49,6 @@ class CannotCreate(Exception):
     """The run's folder cannot be made; the message is the one line to show."""
 
 
-#: sysexits.h EX_CANTCREAT: a (user specified) output file cannot be created.
-EX_CANTCREAT = 73
 
 
 def _blocking_file(directory: Path) -> Path | None:
@@ -142,7 +141,7 @@ def init_command(args: argparse.Namespace) -> int:
         print("this run is invite-only: invite each node, your own too, by its peer ID "
               f"(p2ptrain run peer-id --config {node_path} prints it), and put the token in its swarm.invite:")
         print(f"  p2ptrain run invite {manifest_path} PEER_ID --days 30")
-    return 0
+    return EX_OK
 
 
 def show_lines(manifest: Manifest, origin: str) -> list[str]:
@@ -177,12 +176,12 @@ def show_command(args: argparse.Namespace) -> int:
         manifest = source.fetch()
     except SourceUnavailable as error:
         print(f"p2ptrain: {error}", file=sys.stderr)
-        return 1
+        return EX_FAILURE
     if args.toml:
         sys.stdout.write(manifest.to_toml())
     else:
         print("\n".join(show_lines(manifest, source.describe())))
-    return 0
+    return EX_OK
 
 
 def _run_and_manifest(target: str) -> tuple[RunRef, Path | None]:
@@ -226,7 +225,7 @@ def invite_command(args: argparse.Namespace) -> int:
     print(f"invite for peer {peer_id} to run {ref}, valid until {when(invite.expires_at)} "
           f"({_lasts(invite.expires_at - invite.issued_at)}). In that node's config:\n"
           f'  [swarm]\n  run = "{ref}"\n  invite = "<the token above>"', file=sys.stderr)
-    return 0
+    return EX_OK
 
 
 def _lasts(seconds: int) -> str:
@@ -280,7 +279,7 @@ def update_command(args: argparse.Namespace) -> int:
         print(f"  {item.field}: {item.old!r} -> {item.new!r}  ({item.when})")
     print("nodes pick it up from the swarm once a node of the run holds it "
           f"(start one with --manifest {path}, or restart one)")
-    return 0
+    return EX_OK
 
 
 def peer_id_command(args: argparse.Namespace) -> int:
@@ -293,4 +292,4 @@ def peer_id_command(args: argparse.Namespace) -> int:
     path = identity_path(state_dir)
     ensure_identity(path)
     print(peer_id_of_identity(path))
-    return 0
+    return EX_OK

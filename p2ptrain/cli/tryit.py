@@ -17,13 +17,13 @@ from typing import Any
 
 from p2ptrain.config.schema import ConfigError, load_config
 from p2ptrain.data.remote import NotDownloaded
+from p2ptrain.errors import EX_BAD_ARGUMENT, EX_FAILURE, EX_OK
 from p2ptrain.model.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
 from p2ptrain.model.load import LoadedModel, ModelError, from_checkpoint, resolve
 from p2ptrain.tasks.base import SampleRequest
 from p2ptrain.tasks.generate import prompt_bytes
 
 MAX_TOKENS = 100_000
-EX_USAGE = 2
 
 
 class _BadValue(Exception):
@@ -66,7 +66,7 @@ def export_command(args: argparse.Namespace) -> int:
                            torch_copy=args.torch)
     except (ModelError, ExportError) as error:
         say(str(error))
-        return 1
+        return EX_FAILURE
     epoch = "?" if card.epoch is None else card.epoch
     measured = ""
     if card.val_of == VAL_OF_EXPORT and card.val_loss is not None:
@@ -74,7 +74,7 @@ def export_command(args: argparse.Namespace) -> int:
     print(f"exported {loaded.source} (epoch {epoch}{measured}, model {loaded.fingerprint}) to {out}")
     if loaded.task.entrypoint is None:
         print(f"try it: p2ptrain sample {out} --prompt 'def '")
-    return 0
+    return EX_OK
 
 
 def measured_card(loaded: LoadedModel, say: Any) -> CardInfo:
@@ -122,25 +122,25 @@ def sample_command(args: argparse.Namespace) -> int:
         hook = _sample_hook(loaded)
     except _BadValue as error:
         say(str(error))
-        return EX_USAGE
+        return EX_BAD_ARGUMENT
     except ModelError as error:
         say(str(error))
-        return 1
+        return EX_FAILURE
     if hook is None:
         say(f"the task {loaded.task.entrypoint} has no sample hook (Task.sample); nothing to generate")
-        return 1
+        return EX_FAILURE
     try:
         text = hook(loaded.model, request)
     except Exception as error:  # a user task's code: its failure is one line, not a traceback
         say(f"the task's sample hook failed: {_one_line(error)}")
-        return 1
+        return EX_FAILURE
     if not isinstance(text, str):
         say(f"the task's sample hook returned a {type(text).__name__}, not text")
-        return 1
+        return EX_FAILURE
     # The prompt as text: bytes that are not UTF-8 show as U+FFFD, as in the generated text.
     shown = prompt_bytes(request.prompt).decode("utf-8", "replace") + text
     _write(shown + ("" if shown.endswith("\n") else "\n"))
-    return 0
+    return EX_OK
 
 
 def _write(text: str) -> None:
@@ -178,7 +178,7 @@ def eval_command(args: argparse.Namespace) -> int:
         hook = _evaluate_hook(loaded, say)
         if hook is None:
             say(f"the task {loaded.task.entrypoint} has no evaluate hook (Task.evaluate); nothing to report")
-            return 1
+            return EX_FAILURE
         try:
             metrics = _check_metrics(hook(loaded.model, None if args.data is None else str(args.data)))
         except (ModelError, ConfigError, OSError):
@@ -187,10 +187,10 @@ def eval_command(args: argparse.Namespace) -> int:
             raise ModelError(f"the task's evaluate hook failed: {_one_line(error)}") from None
     except ModelError as error:
         say(str(error))
-        return 1
+        return EX_FAILURE
     except OSError as error:
         say(f"cannot read {args.data}: {error.strerror or error}")
-        return 1
+        return EX_FAILURE
     where = "the held-out split" if args.data is None else str(args.data)
     if "loss" in metrics and "bits_per_byte" in metrics:
         print(f"{loaded.source} on {where} ({int(metrics.get('bytes', 0)):,} bytes scored):")
@@ -201,7 +201,7 @@ def eval_command(args: argparse.Namespace) -> int:
         print(f"{loaded.source} on {where}:")
         for name, value in metrics.items():
             print(f"  {name:<16} {value:.6g}")
-    return 0
+    return EX_OK
 
 
 def _sample_hook(loaded: LoadedModel) -> Any:

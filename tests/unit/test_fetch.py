@@ -15,7 +15,8 @@ import torch
 from p2ptrain.cli import main as cli
 from p2ptrain.config.schema import TaskSection, TrainingSection, load_config, parse_config
 from p2ptrain.daemon.builder import ClientParts, NodeBuilder
-from p2ptrain.daemon.fetch import EX_UNAVAILABLE, Fetcher, client_state_dir, fetch_config
+from p2ptrain.daemon.fetch import Fetcher, client_state_dir, fetch_config
+from p2ptrain.errors import EX_UNAVAILABLE
 from p2ptrain.model.export import CARD_FILE, CONFIG_FILE
 from p2ptrain.model.fingerprint import model_fingerprint
 from p2ptrain.model.load import from_export

@@ -13,6 +13,7 @@ import pytest
 
 from p2ptrain.cli.main import main
 from p2ptrain.daemon import nodectl
+from p2ptrain.errors import EX_FAILURE, EX_NOINPUT, EX_NOPERM, EX_UNAVAILABLE
 
 TOKEN = "s3cret-token"
 
@@ -89,21 +90,21 @@ def test_url_and_token_found_through_the_config(node: FakeNode, tmp_path: Path) 
 def test_refused_command_exits_1(node: FakeNode, token_file: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     node.answer = {"accepted": False, "error": "node is stopping"}
-    assert main(["pause", "--url", node.url, "--token-file", str(token_file)]) == nodectl.EX_REFUSED
+    assert main(["pause", "--url", node.url, "--token-file", str(token_file)]) == EX_FAILURE
     assert capsys.readouterr().err == "p2ptrain: the node did not accept 'pause': node is stopping\n"
 
 
 def test_wrong_token(node: FakeNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     wrong = tmp_path / "wrong"
     wrong.write_text("nope")
-    assert main(["resume", "--url", node.url, "--token-file", str(wrong)]) == nodectl.EX_NOPERM
+    assert main(["resume", "--url", node.url, "--token-file", str(wrong)]) == EX_NOPERM
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "refused the token" in err
 
 
 def test_unreadable_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "missing.token"
-    assert main(["leave", "--url", "http://127.0.0.1:9", "--token-file", str(missing)]) == nodectl.EX_NOPERM
+    assert main(["leave", "--url", "http://127.0.0.1:9", "--token-file", str(missing)]) == EX_NOPERM
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(missing) in err
 
@@ -111,13 +112,13 @@ def test_unreadable_token(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_unreachable_node(token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Port 9 (discard) on loopback: nothing listens there in a test environment.
     code = main(["pause", "--url", "http://127.0.0.1:9", "--token-file", str(token_file)])
-    assert code == nodectl.EX_UNAVAILABLE
+    assert code == EX_UNAVAILABLE
     err = capsys.readouterr().err
     assert err.startswith("p2ptrain: no node answers at http://127.0.0.1:9") and err.count("\n") == 1
 
 
 def test_unreadable_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["pause", "--config", str(tmp_path / "none.toml")]) == nodectl.EX_NOINPUT
+    assert main(["pause", "--config", str(tmp_path / "none.toml")]) == EX_NOINPUT
     assert "no such file" in capsys.readouterr().err
 
 

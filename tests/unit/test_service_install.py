@@ -11,6 +11,7 @@ import pytest
 from p2ptrain.cli.main import build_parser
 from p2ptrain.config.schema import load_config
 from p2ptrain.daemon import service_install
+from p2ptrain.errors import EX_CANTCREAT, EX_USAGE
 
 
 def run(argv: list[str], environ: dict[str, str] | None = None) -> int:
@@ -77,7 +78,7 @@ def test_dry_run_prints_and_writes_nothing(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_bad_instance_name_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["--root", str(tmp_path), "--instance", "../etc"]) == service_install.EX_USAGE
+    assert run(["--root", str(tmp_path), "--instance", "../etc"]) == EX_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--instance '../etc'" in err
     assert list(tmp_path.iterdir()) == []
@@ -85,7 +86,7 @@ def test_bad_instance_name_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_unwritable_target_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "etc").write_text("a file where a directory should be")
-    assert run(["--root", str(tmp_path)]) == service_install.EX_CANTCREAT
+    assert run(["--root", str(tmp_path)]) == EX_CANTCREAT
     err = capsys.readouterr().err
     assert err.startswith("p2ptrain: cannot write ") and err.count("\n") == 1
 

@@ -50,3 +50,25 @@ def test_the_import_contracts_hold() -> None:
     result = lint_imports.run([], capture=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout and "5 kept" in result.stdout
+
+
+def test_every_exit_code_is_named_once_in_errors() -> None:
+    """The CLI, the daemon and the TUI take their exit codes from p2ptrain.errors, sysexits.h's as os has them."""
+    import os
+
+    from p2ptrain import errors
+
+    assert (errors.EX_CONFIG, errors.EX_TEMPFAIL, errors.EX_UNAVAILABLE) == (os.EX_CONFIG, os.EX_TEMPFAIL,
+                                                                           os.EX_UNAVAILABLE) == (78, 75, 69)
+    assert (errors.EX_INTERRUPTED, errors.EX_BROKEN_PIPE) == (130, 141)
+    defined: dict[str, list[str]] = {}
+    for folder in ("p2ptrain", "daemon", "tui"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                targets = node.targets if isinstance(node, ast.Assign) else (
+                    [node.target] if isinstance(node, ast.AnnAssign) else [])
+                for target in targets:
+                    if isinstance(target, ast.Name) and target.id.startswith("EX_"):
+                        defined.setdefault(target.id, []).append(str(path.relative_to(REPO)))
+    assert "EX_CONFIG" in defined  # the scan sees assignments
+    assert {name: where for name, where in defined.items() if where != ["p2ptrain/errors.py"]} == {}
