@@ -33,13 +33,13 @@ from p2ptrain.swarm.dht import (
     FingerprintMismatch,
     PeersRefused,
     claim_fingerprint,
-    identity_path,
     invite_only_hint,
     peer_ids_of,
     start_dht,
     stop_stale_daemons,
     visible_maddrs,
 )
+from p2ptrain.swarm.identity import identity_path
 from p2ptrain.swarm.manifest_source import fetch_before_join
 from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan, fetch_readmitting, prepare_run, settle
 from p2ptrain.swarm.rejoin import Rejoiner

@@ -38,7 +38,7 @@ def check_command(args: argparse.Namespace) -> int:
         return EX_OK
     # An owned run: check the manifest and invite as the node would, and show what it would use.
     from p2ptrain.cli.run import show_lines
-    from p2ptrain.swarm.dht import identity_path
+    from p2ptrain.swarm.identity import identity_path
     from p2ptrain.swarm.ownedrun import prepare_run  # hivemind: only for owned runs
 
     plan = prepare_run(config, identity_path(config.state_dir()))

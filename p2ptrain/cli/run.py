@@ -283,8 +283,7 @@ def update_command(args: argparse.Namespace) -> int:
 
 
 def peer_id_command(args: argparse.Namespace) -> int:
-    from p2ptrain.swarm.dht import identity_path
-    from p2ptrain.swarm.dhtauth import ensure_identity, peer_id_of_identity  # hivemind
+    from p2ptrain.swarm.identity import ensure_identity, identity_path, peer_id_of_identity  # hivemind
 
     config = load_config(args.config)
     state_dir = config.state_dir()

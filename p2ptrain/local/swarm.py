@@ -234,8 +234,7 @@ class LocalNode:
 
     def peer_id(self) -> str:
         """This node's peer ID, creating its identity now if it has none (e.g. to invite it)."""
-        from p2ptrain.swarm.dht import identity_path
-        from p2ptrain.swarm.dhtauth import ensure_identity, peer_id_of_identity  # hivemind
+        from p2ptrain.swarm.identity import ensure_identity, identity_path, peer_id_of_identity  # hivemind
 
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         ensure_identity(identity_path(self.state_dir))

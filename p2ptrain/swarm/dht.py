@@ -27,6 +27,7 @@ from hivemind.utils import get_dht_time
 
 from p2ptrain.config.schema import SwarmSection
 from p2ptrain.proc import processes_matching, stop_processes
+from p2ptrain.swarm.identity import identity_path
 from p2ptrain.waiting import GaveUp, retry
 
 logger = logging.getLogger(__name__)
@@ -84,11 +85,6 @@ class IdentityLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def identity_path(state_dir: Path) -> Path:
-    """Where the node's libp2p private key (and so its peer ID) lives."""
-    return state_dir / "identity.key"
 
 
 def dht_kwargs(cfg: SwarmSection, identity_path: Path, initial_peers: Sequence[str]) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import multiprocessing as mp
 import sys
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
@@ -35,7 +34,6 @@ from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.auth import AuthorizedRequestBase, TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
-from p2ptrain.errors import ConfigError, printable
 from p2ptrain.run.invite import Invite, InviteError, verify_invite
 from p2ptrain.runref import RunRef
 from p2ptrain.trust.admission import AdmissionGate
@@ -44,33 +42,6 @@ logger = logging.getLogger(__name__)
 
 _CACHE = 1024
 _LOGGED_PEERS = 256
-
-
-def ensure_identity(path: Path) -> None:
-    """Create the node's libp2p identity now if it has none yet (hivemind's own format and mode)."""
-    if not path.exists():
-        from hivemind.p2p import P2P
-
-        P2P.generate_identity(str(path))
-
-
-def load_identity_key(path: Path) -> RSAPrivateKey:
-    """The RSA private key of a libp2p identity file written by hivemind."""
-    try:
-        protobuf = crypto_pb2.PrivateKey.FromString(path.read_bytes())
-        if protobuf.key_type != crypto_pb2.KeyType.RSA:
-            raise ValueError("not an RSA identity")
-        key = RSAPrivateKey.__new__(RSAPrivateKey)
-        key.__setstate__({"_private_key": protobuf.data})
-    except FileNotFoundError:
-        raise ConfigError(f"identity {printable(path)}: no such file") from None
-    except Exception as exc:
-        raise ConfigError(f"identity {printable(path)}: not a libp2p RSA identity ({type(exc).__name__})") from None
-    return key
-
-
-def peer_id_of_identity(path: Path) -> str:
-    return PeerID.from_identity(path.read_bytes()).to_base58()
 
 
 def peer_id_of_public_key(openssh: bytes) -> str:

@@ -1,4 +1,10 @@
-"""The node's libp2p identity key as a signer, and the check that a key really belongs to a peer ID.
+"""The node's libp2p identity: where it lives, how it is created and read, and the check that a key
+really belongs to a peer ID.
+
+The identity file (``<state_dir>/identity.key``, which hivemind's p2p daemon reads with ``-id``) is
+created by :func:`ensure_identity` and read only by :meth:`NodeIdentity.from_file`: peer records sign
+with it, an invite run's DHT gate signs with it (:meth:`NodeIdentity.hivemind_key`), and ``p2ptrain
+run peer-id`` prints its peer ID.
 
 A libp2p peer ID is the multihash of the peer's serialised public key (SHA-256 for RSA keys, the key
 itself for keys of at most 42 bytes), so anyone holding the public key can check the ID, and only
@@ -16,12 +22,37 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from hivemind.proto import crypto_pb2
+from hivemind.utils.crypto import RSAPrivateKey
+
+from p2ptrain.errors import ConfigError, printable
 
 _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
 #: Serialised public keys up to this size are inlined into the peer ID ("identity" multihash).
 _MAX_INLINE_KEY_BYTES = 42
 #: Accepted serialised public key sizes: enough for RSA-4096, small enough to bound a record.
 MAX_PUBLIC_KEY_BYTES = 800
+
+
+def identity_path(state_dir: Path) -> Path:
+    """Where the node's libp2p private key (and so its peer ID) lives."""
+    return state_dir / "identity.key"
+
+
+def ensure_identity(path: Path) -> None:
+    """Create the node's libp2p identity now if it has none yet (hivemind's own format and mode)."""
+    if not path.exists():
+        from hivemind.p2p import P2P
+
+        P2P.generate_identity(str(path))
+
+
+def peer_id_of_identity(path: Path) -> str:
+    """The peer ID of the identity file at ``path`` (:class:`IdentityError` if it cannot be read)."""
+    return NodeIdentity.from_file(path).peer_id
+
+
+class IdentityError(ConfigError):
+    """The identity file is missing or is not an RSA libp2p key; the message is the one line to show."""
 
 
 def peer_id_of(public_key: bytes) -> bytes:
@@ -48,17 +79,27 @@ class NodeIdentity:
 
     @classmethod
     def from_file(cls, path: Path | str) -> NodeIdentity:
-        """Read an identity file as hivemind/p2pd write it; ValueError if it is not an RSA libp2p key."""
+        """Read an identity file as hivemind/p2pd write it; :class:`IdentityError` if it is missing or not
+        an RSA libp2p key."""
+        shown = printable(path)
         try:
             message = crypto_pb2.PrivateKey.FromString(Path(path).read_bytes())
             key = serialization.load_der_private_key(message.data, password=None)
-        except (OSError, ValueError, TypeError) as exc:
-            raise ValueError(f"cannot read the identity key {path}: {exc}") from None
-        except Exception as exc:  # protobuf's DecodeError
-            raise ValueError(f"cannot read the identity key {path}: {type(exc).__name__}") from None
+        except FileNotFoundError:
+            raise IdentityError(f"identity {shown}: no such file") from None
+        except OSError as exc:
+            raise IdentityError(f"identity {shown}: cannot be read ({exc.strerror or exc})") from None
+        except Exception as exc:  # protobuf's DecodeError, DER garbage
+            raise IdentityError(f"identity {shown}: not a libp2p RSA identity ({type(exc).__name__})") from None
         if message.key_type != crypto_pb2.RSA or not isinstance(key, rsa.RSAPrivateKey):
-            raise ValueError(f"the identity key {path} is not an RSA key")
+            raise IdentityError(f"identity {shown}: not a libp2p RSA identity (not an RSA key)")
         return cls(key)
+
+    def hivemind_key(self) -> RSAPrivateKey:
+        """The same key as hivemind's authorizers take it (an invite run's DHT gate signs with it)."""
+        key = RSAPrivateKey.__new__(RSAPrivateKey)  # its __init__ would generate a fresh key
+        key._private_key = self._key
+        return key
 
     def write(self, path: Path | str) -> None:
         """Write the key the way p2pd reads ``-id`` (tests and tools; nodes let hivemind create it)."""

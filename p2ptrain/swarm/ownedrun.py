@@ -211,10 +211,12 @@ def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = 
         if not identity_file.exists():
             raise ConfigError(f"swarm.invite: is for peer {invite.peer_id}, but this node has no identity yet "
                               f"({identity_file}); create it with p2ptrain run peer-id and ask for an invite for it")
-        from p2ptrain.swarm.dhtauth import InviteAuthorizer, load_identity_key
+        from p2ptrain.swarm.dhtauth import InviteAuthorizer
+        from p2ptrain.swarm.identity import NodeIdentity
 
+        key = NodeIdentity.from_file(identity_file).hivemind_key()
         try:
-            plan.authorizer = InviteAuthorizer(ref, swarm.invite, load_identity_key(identity_file), gate, clock=clock)
+            plan.authorizer = InviteAuthorizer(ref, swarm.invite, key, gate, clock=clock)
         except InviteError as error:
             raise ConfigError(f"swarm.invite: {error}") from None
         gate.update(policy, (plan.authorizer.peer_id,), excluded)

@@ -34,7 +34,7 @@ from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
 from p2ptrain.status import PeerRecord, SwarmView
-from p2ptrain.swarm.identity import NodeIdentity
+from p2ptrain.swarm.identity import IdentityError, NodeIdentity
 from p2ptrain.swarm.recordcheck import (  # noqa: F401 - re-exported: the record's rules live there
     CLOCK_SKEW_SECONDS,
     CREDIT_COUNTS,
@@ -220,7 +220,7 @@ def identity_of(dht: Any) -> NodeIdentity | None:
         return None
     try:
         return NodeIdentity.from_file(path)
-    except ValueError as exc:
+    except IdentityError as exc:
         logger.warning("peer records go out unbound (%s): other nodes will not list this node", exc)
         return None
 

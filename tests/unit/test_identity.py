@@ -6,7 +6,8 @@ import base58
 import pytest
 from hivemind.p2p import PeerID
 
-from p2ptrain.swarm.identity import NodeIdentity, peer_id_of, verify_for_peer
+from p2ptrain.errors import ConfigError
+from p2ptrain.swarm.identity import IdentityError, NodeIdentity, peer_id_of, verify_for_peer
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +45,23 @@ def test_inline_keys_hash_to_identity_multihash():
     assert verify_for_peer(inline_id, b"k" * 10, b"d", b"s") == "identity key is not a libp2p public key"
 
 
-def test_unreadable_identity_files_are_one_line_errors(tmp_path):
-    with pytest.raises(ValueError, match="cannot read the identity key"):
+def test_unreadable_identity_files_are_one_line_config_errors(tmp_path):
+    with pytest.raises(IdentityError, match=r"^identity .*missing\.key: no such file$"):
         NodeIdentity.from_file(tmp_path / "missing.key")
     garbage = tmp_path / "garbage.key"
     garbage.write_bytes(b"\x08\x00\x12\x03abc")
-    with pytest.raises(ValueError, match="cannot read the identity key"):
+    with pytest.raises(ConfigError, match=r"^identity .*garbage\.key: not a libp2p RSA identity \(\w+\)$"):
         NodeIdentity.from_file(garbage)
+    (tmp_path / "bad.key").write_bytes(b"\x00garbage")
+    with pytest.raises(IdentityError, match="not a libp2p RSA identity"):
+        NodeIdentity.from_file(tmp_path / "bad.key")
+
+
+def test_the_one_loader_gives_hivemind_s_authorizers_the_same_key(tmp_path, ids):
+    from p2ptrain.swarm.dhtauth import peer_id_of_public_key
+
+    alice, _ = ids
+    alice.write(tmp_path / "identity.key")
+    key = NodeIdentity.from_file(tmp_path / "identity.key").hivemind_key()
+    assert peer_id_of_public_key(key.get_public_key().to_bytes()) == alice.peer_id
+    assert key.get_public_key().verify(b"data", key.sign(b"data"))

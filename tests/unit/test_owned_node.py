@@ -27,8 +27,8 @@ from p2ptrain.run.manifest import new_manifest
 from p2ptrain.run.manifest_store import ManifestStore
 from p2ptrain.run.owner import OwnerKey
 from p2ptrain.status import NodeState, PeerRecord, SwarmView
-from p2ptrain.swarm.dht import PeersRefused, identity_path
-from p2ptrain.swarm.dhtauth import ensure_identity, peer_id_of_identity
+from p2ptrain.swarm.dht import PeersRefused
+from p2ptrain.swarm.identity import ensure_identity, identity_path, peer_id_of_identity
 from p2ptrain.swarm.manifest_source import SourceUnavailable
 from p2ptrain.swarm.ownedrun import RunKeeper, prepare_run, settle
 from p2ptrain.swarm.run_entries import fetch_manifest, publish_manifest

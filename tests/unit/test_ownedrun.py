@@ -17,7 +17,7 @@ from p2ptrain.run.invite import issue_invite
 from p2ptrain.run.manifest import new_manifest, read_manifest_file
 from p2ptrain.run.manifest_store import ManifestStore
 from p2ptrain.run.owner import OwnerKey
-from p2ptrain.swarm.dhtauth import ensure_identity, peer_id_of_identity
+from p2ptrain.swarm.identity import ensure_identity, peer_id_of_identity
 from p2ptrain.swarm.manifest_source import SourceUnavailable, fetch_before_join
 from p2ptrain.swarm.ownedrun import RunKeeper, apply_run_flags, prepare_run
 from p2ptrain.swarm.run_entries import manifest_key, members_key, publish_manifest
@@ -149,7 +149,7 @@ def test_a_version_that_revokes_this_node_is_checked_with_the_swarm_first(tmp_pa
     """Only a newer version can readmit a revoked node: the plan asks the swarm for one (no manifest
     yet, its own invite not refused), and config check says the node may end there."""
     from p2ptrain.cli.main import main
-    from p2ptrain.swarm.dht import identity_path
+    from p2ptrain.swarm.identity import identity_path
 
     key, manifest = owner
     identity = identity_path(tmp_path / "state")

@@ -277,7 +277,8 @@ def test_peers_training_our_model_outweigh_a_foreign_entry_and_its_trainers(capl
 
 
 def test_stale_daemons_of_this_identity_are_stopped_and_no_others(tmp_path: Path) -> None:
-    from p2ptrain.swarm.dht import identity_path, stop_stale_daemons
+    from p2ptrain.swarm.dht import stop_stale_daemons
+    from p2ptrain.swarm.identity import identity_path
 
     ours, other = identity_path(tmp_path / "a"), identity_path(tmp_path / "b")
     sleeper = "import time; time.sleep(60)"
