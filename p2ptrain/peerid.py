@@ -26,6 +26,11 @@ def base58(raw: bytes) -> str:
     return "1" * leading_zeros + "".join(reversed(digits))
 
 
+def is_base58(text: object) -> bool:
+    """Whether ``text`` is base58btc text (any length), as every peer ID's is."""
+    return isinstance(text, str) and bool(text) and all(c in _BASE58_ALPHABET for c in text)
+
+
 def is_peer_id(text: object) -> bool:
     return isinstance(text, str) and _PEER_ID_RE.fullmatch(text) is not None
 

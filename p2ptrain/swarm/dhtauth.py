@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import hashlib
 import logging
 import multiprocessing as mp
 import sys
@@ -28,14 +27,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
-from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.auth import AuthorizedRequestBase, TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
+from p2ptrain.peerid import base58
 from p2ptrain.run.invite import Invite, InviteError, verify_invite
 from p2ptrain.runref import RunRef
+from p2ptrain.swarm.identity import peer_id_of
 from p2ptrain.trust.admission import AdmissionGate
 
 logger = logging.getLogger(__name__)
@@ -48,9 +48,7 @@ def peer_id_of_public_key(openssh: bytes) -> str:
     """The libp2p peer ID of an RSA public key in hivemind's wire form (OpenSSH)."""
     der = RSAPublicKey.from_bytes(openssh)._public_key.public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
-    # multihash sha2-256: code 0x12, length 0x20, digest (what PeerID.from_identity computes)
-    return PeerID(b"\x12\x20" + hashlib.sha256(encoded).digest()).to_base58()
+    return base58(peer_id_of(crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()))
 
 
 class InviteAuthorizer(TokenAuthorizerBase):

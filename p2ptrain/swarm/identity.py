@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import base58
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
@@ -25,6 +24,7 @@ from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
 from p2ptrain.errors import ConfigError, printable
+from p2ptrain.peerid import base58, is_base58
 
 _PSS = padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=padding.PSS.MAX_LENGTH)
 #: Serialised public keys up to this size are inlined into the peer ID ("identity" multihash).
@@ -56,7 +56,8 @@ class IdentityError(ConfigError):
 
 
 def peer_id_of(public_key: bytes) -> bytes:
-    """The raw peer ID (a multihash) of a protobuf-serialised libp2p public key."""
+    """The raw peer ID (a multihash) of a protobuf-serialised libp2p public key: the one place it is
+    computed (its text is :func:`p2ptrain.peerid.base58` of it)."""
     if len(public_key) <= _MAX_INLINE_KEY_BYTES:
         return b"\x00" + bytes([len(public_key)]) + public_key
     return b"\x12\x20" + hashlib.sha256(public_key).digest()
@@ -71,7 +72,7 @@ class NodeIdentity:
                                                     serialization.PublicFormat.SubjectPublicKeyInfo)
         #: The serialised libp2p public key (what peer IDs are computed from).
         self.public_key = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
-        self.peer_id = base58.b58encode(peer_id_of(self.public_key)).decode()
+        self.peer_id = base58(peer_id_of(self.public_key))
 
     @classmethod
     def generate(cls) -> NodeIdentity:
@@ -115,11 +116,9 @@ def verify_for_peer(peer_id: str, public_key: bytes, data: bytes, signature: byt
     """Why ``signature`` over ``data`` is not a valid signature by ``peer_id``'s identity ("" if it is)."""
     if not isinstance(public_key, bytes) or not 0 < len(public_key) <= MAX_PUBLIC_KEY_BYTES:
         return "identity key missing or oversized"
-    try:
-        claimed = base58.b58decode(peer_id)
-    except ValueError:
+    if not is_base58(peer_id):
         return "peer ID is not base58"
-    if peer_id_of(public_key) != claimed:
+    if base58(peer_id_of(public_key)) != peer_id:
         return "identity key does not hash to the claimed peer ID"
     try:
         message = crypto_pb2.PublicKey.FromString(public_key)
