@@ -21,6 +21,7 @@ from p2ptrain.config.schema import ConfigError, NodeConfig
 from p2ptrain.daemon.checkpointer import Checkpointer
 from p2ptrain.daemon.faults import with_faults
 from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.dhtkeys import averaging_prefix
 from p2ptrain.model.checkpoint import CheckpointStore
 from p2ptrain.model.fingerprint import model_fingerprint
 from p2ptrain.optim.build import bandwidth_hint, build_optimizer
@@ -249,7 +250,7 @@ def _optimizer(config: NodeConfig, swarm: JoinedSwarm, task: Task, fingerprint: 
                wait: Callable[[float], object] = time.sleep) -> SwarmOptimizer:
     """The swarm optimizer for ``task``'s model, averaging under the run's id and model fingerprint
     (``wait``: the pause between state-download attempts, the node's stop event's wait)."""
-    return build_optimizer(task.model, swarm.dht, f"{config.swarm.run_id}_{fingerprint}", config.training,
+    return build_optimizer(task.model, swarm.dht, averaging_prefix(config.swarm.run_id, fingerprint), config.training,
                            client_mode=config.swarm.client_mode, stats=stats,
                            bandwidth=bandwidth_hint(config.volunteer.upload_kbps, config.volunteer.download_kbps),
                            admission=run.plan.gate if run is not None else None,

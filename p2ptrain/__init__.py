@@ -15,7 +15,8 @@ The library, from the top layer down (a layer imports only those below it; see
 - ``trust``      pure policy about other peers
 - ``config``     the typed node config | ``client`` the local API's client
 - the stdlib-only base: ``status`` (the snapshot contract), ``health``, ``errors`` (exit codes),
-  ``paths``, ``peerid``, ``runref``, ``waiting``, ``proc``, ``atomicfile``
+  ``paths``, ``peerid``, ``runref``, ``dhtkeys`` (every DHT key), ``waiting`` (polling, retrying),
+  ``proc``, ``atomicfile``
 
 The node service (``p2ptrain.daemon``, in daemon/) and the monitor (``p2ptrain.tui``, in tui/) sit
 above all of it; the library never imports them.

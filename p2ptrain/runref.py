@@ -3,8 +3,8 @@
 A run is identified by its name *and* its owner: the reference carries 128 bits of a hash of the
 owner's Ed25519 public key, so a manifest is accepted for a reference only when its key hashes to
 it (finding another key with the same 128-bit hash is a second-preimage search, out of reach).
-Everything the run keeps in the DHT is named after :attr:`RunRef.run_id`, which contains that
-hash too, so two owners who pick the same NAME never share keys.
+Everything the run keeps in the DHT is named after :attr:`RunRef.run_id` (:mod:`p2ptrain.dhtkeys`),
+which contains that hash too, so two owners who pick the same NAME never share keys.
 
 Stdlib only: the CLI validates ``--run`` without loading cryptography, pydantic or hivemind.
 """
@@ -80,10 +80,6 @@ class RunRef:
     def run_id(self) -> str:
         """``swarm.run_id`` of this run: a valid hivemind key prefix (no '.' or '@')."""
         return f"{self.name}-{self.key_hash}"
-
-    def dht_key(self, suffix: str) -> str:
-        """A DHT key of this run, e.g. ``dht_key("manifest")``."""
-        return f"{self.run_id}_{suffix}"
 
     def __str__(self) -> str:
         return f"{self.name}@{self.key_hash}"

@@ -26,6 +26,8 @@ from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import P2P, P2PContext, P2PDaemonError, PeerID, StubBase
 from hivemind.proto import averaging_pb2
 
+from p2ptrain.dhtkeys import state_averager_prefix
+
 logger = logging.getLogger(__name__)
 
 _LOGGED_PEERS = 256
@@ -139,7 +141,7 @@ class AdmittingOptimizerMixin:
         # the same settings here, for the admitting class.
         opt: Any = self
         return admitting(TrainingStateAverager, self._admission)(
-            dht=opt.dht, prefix=f"{opt.run_id}_state_averager", min_matchmaking_time=opt.matchmaking_time,
+            dht=opt.dht, prefix=state_averager_prefix(opt.run_id), min_matchmaking_time=opt.matchmaking_time,
             allreduce_timeout=opt.allreduce_timeout, shutdown_timeout=opt.shutdown_timeout,
             offload_optimizer=opt.offload_optimizer, custom_gradients=opt.offload_optimizer,
             status_loglevel=opt.status_loglevel, next_chunk_timeout=opt.next_chunk_timeout,

@@ -46,6 +46,7 @@ from p2ptrain.averaging.counting import CountingAveragerMixin
 from p2ptrain.averaging.pinned import require_hivemind
 from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
 from p2ptrain.averaging.state_check import StateValidator
+from p2ptrain.dhtkeys import all_averagers_key
 from p2ptrain.trust.peergate import PeerGate
 from p2ptrain.trust.verdicts import MAX_EPOCH, Verdict, advertised_epoch
 
@@ -260,7 +261,7 @@ class HardenedAveragerMixin(CountingAveragerMixin):
     async def _donor_candidates(self, exclude: set[str], max_priority: float | None,
                                 prefer: set[str]) -> list[tuple[PeerID, float]]:
         """Donors by priority (an unsigned number any peer can write: only plausible ones count)."""
-        key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"  # type: ignore[attr-defined]
+        key = all_averagers_key(self._matchmaking.group_key_manager.prefix)  # type: ignore[attr-defined]
         found = await self.dht.get(key, latest=True, return_future=True)  # type: ignore[attr-defined]
         entries = found.value if found is not None and isinstance(found.value, dict) else {}
         ceiling = MAX_EPOCH if max_priority is None else min(MAX_EPOCH, max_priority)

@@ -62,6 +62,7 @@ from p2ptrain.averaging.roundclock import (
 )
 from p2ptrain.averaging.state_download import diloco_state_validator
 from p2ptrain.config.schema import TrainingSection
+from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_clock_prefix
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.diloco_state import DiLoCoState
 from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
@@ -138,18 +139,18 @@ class DiLoCoOptimizer(DiLoCoState):
         checks: dict[str, Any] = dict(round_reports=self._rounds)
         if defences is not None:
             self._tracker: SwarmRoundTracker | RobustRoundTracker = RobustRoundTracker(
-                dht, f"{run_id}_diloco", client_mode=client_mode, start=True, per_peer_samples=per_peer,
+                dht, diloco_clock_prefix(run_id), client_mode=client_mode, start=True, per_peer_samples=per_peer,
                 gate=defences.gate, bound=defences.evidence.bound_keys)
             tracker = self._tracker
             defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
             # A round's weight is its samples: a fast peer does a few times the average, never 16x.
             checks.update(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer))
         else:
-            self._tracker = SwarmRoundTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
+            self._tracker = SwarmRoundTracker(dht, diloco_clock_prefix(run_id), client_mode=client_mode, start=True,
                                               per_peer_samples=per_peer)
         # With an owned run's gate, only admitted peers are averaged with and served state.
         self.averager = averager_class(defences is not None, admission)(
-            self._buffers, dht, owner=self, start=True, prefix=f"{run_id}_diloco_avg", client_mode=client_mode,
+            self._buffers, dht, owner=self, start=True, prefix=diloco_averager_prefix(run_id), client_mode=client_mode,
             min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
             allreduce_timeout=cfg.averaging_timeout, next_chunk_timeout=cfg.averaging_timeout / 3,
             compression=make_compression(cfg.grad_compression),

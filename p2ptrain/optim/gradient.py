@@ -37,6 +37,7 @@ from p2ptrain.averaging.paced_progress import PacedProgressTracker, withdraw_pro
 from p2ptrain.averaging.robust_progress import RobustProgressTracker
 from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
 from p2ptrain.config.schema import TrainingSection
+from p2ptrain.dhtkeys import state_averager_prefix
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.inner import warmup_cosine
 from p2ptrain.optim.protocol import GlobalProgress, GuardTargets
@@ -189,7 +190,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         # hivemind.Optimizer names its state averager's settings in its own _make_state_averager;
         # the same settings here, for our class.
         opt: Any = self
-        return cls(dht=opt.dht, prefix=f"{opt.run_id}_state_averager", min_matchmaking_time=opt.matchmaking_time,
+        return cls(dht=opt.dht, prefix=state_averager_prefix(opt.run_id), min_matchmaking_time=opt.matchmaking_time,
                    allreduce_timeout=opt.allreduce_timeout, shutdown_timeout=opt.shutdown_timeout,
                    offload_optimizer=opt.offload_optimizer, custom_gradients=opt.offload_optimizer,
                    status_loglevel=opt.status_loglevel, next_chunk_timeout=opt.next_chunk_timeout,

@@ -10,5 +10,8 @@
 - ``manifest_source``  a run's manifest from a file, a running DHT or a swarm to dial
 - ``ownedrun``         a node's part in an owned run, before and after the DHT starts
 
+The names of the keys it stores are :mod:`p2ptrain.dhtkeys` (stdlib only, below every layer: the
+averaging adapters name keys too).
+
 May import: hivemind, multiaddr, :mod:`p2ptrain.run`, :mod:`p2ptrain.trust`, :mod:`p2ptrain.config`.
 """

@@ -26,6 +26,7 @@ from hivemind.p2p import P2PDaemonError
 from hivemind.utils import get_dht_time
 
 from p2ptrain.config.schema import SwarmSection
+from p2ptrain.dhtkeys import fingerprint_key, peers_key
 from p2ptrain.proc import processes_matching, stop_processes
 from p2ptrain.swarm.identity import identity_path
 from p2ptrain.waiting import GaveUp, retry
@@ -192,13 +193,9 @@ class FingerprintEntry:
     first_seen: float
 
 
-def _fingerprint_key(run_id: str) -> str:
-    return f"{run_id}_model_fingerprint"
-
-
 def read_run_fingerprints(dht: hivemind.DHT, run_id: str) -> list[FingerprintEntry]:
     """All model fingerprints published under the run, oldest first."""
-    found = dht.get(_fingerprint_key(run_id), latest=True)
+    found = dht.get(fingerprint_key(run_id), latest=True)
     if found is None or not isinstance(found.value, dict):
         return []
     entries = []
@@ -214,7 +211,7 @@ def fingerprint_evidence(dht: Any, run_id: str, fingerprints: Sequence[str],
     """How many distinct live peers (not us) are seen training each fingerprint, by their identity-bound
     peer records, and how many of those are ``trusted``.  hivemind's progress entries do not count: their
     peer ID is self-declared, so anyone can write one under any model's keys."""
-    from p2ptrain.swarm.records import bound_fingerprints, peers_key  # records pull in hivemind's validators
+    from p2ptrain.swarm.records import bound_fingerprints  # records pull in hivemind's validators
 
     own = str(getattr(dht, "peer_id", ""))
     try:
@@ -272,7 +269,7 @@ def claim_fingerprint(dht: hivemind.DHT, run_id: str, fingerprint: str, first_se
     first_seen = next((e.first_seen for e in entries if e.fingerprint == fingerprint), first_seen)
     if not publish:
         return first_seen
-    dht.store(_fingerprint_key(run_id), subkey=fingerprint, value=first_seen,
+    dht.store(fingerprint_key(run_id), subkey=fingerprint, value=first_seen,
               expiration_time=get_dht_time() + FINGERPRINT_TTL, return_future=True)
     return first_seen
 

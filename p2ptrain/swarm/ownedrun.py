@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.config.schema import ConfigError, NodeConfig
+from p2ptrain.dhtkeys import manifest_key, members_key
 from p2ptrain.run.invite import Invite, InviteError, verify_invite
 from p2ptrain.run.manifest import Manifest
 from p2ptrain.run.manifest_store import ManifestStore
@@ -291,11 +292,11 @@ class RunKeeper:
     def _join_members(self) -> None:
         """An invite run: announce this node's invite now and learn who else is admitted before the
         node first averages or downloads state (bounded; the polls keep the list current)."""
-        from p2ptrain.swarm.run_entries import members_key, publish_membership
+        from p2ptrain.swarm.run_entries import publish_membership
 
         assert self.plan.config.swarm.invite is not None
         publish_membership(self._dht, self.plan.ref, self.plan.config.swarm.invite)
-        future = self._dht.get(members_key(self.plan.ref), latest=True, return_future=True)
+        future = self._dht.get(members_key(self.plan.ref.run_id), latest=True, return_future=True)
         try:
             found = future.result(timeout=self._timeout)
         except Exception as exc:  # swarm weather: the polls try again
@@ -327,13 +328,7 @@ class RunKeeper:
         """Re-publish, look for a newer manifest and current members; returns the offer of a newly
         accepted manifest version. Its bans and revocations are in the gate when this returns; the node
         applies its training settings at the next epoch boundary, or restarts for the rest."""
-        from p2ptrain.swarm.run_entries import (
-            manifest_key,
-            members_key,
-            newest_manifest,
-            publish_manifest,
-            publish_membership,
-        )
+        from p2ptrain.swarm.run_entries import newest_manifest, publish_manifest, publish_membership
 
         now = self._clock()
         accepted: Offer | None = None
@@ -362,11 +357,11 @@ class RunKeeper:
             self._take_members(members, now)
         if now >= self._next_poll and "manifest" not in self._pending:
             self._next_poll = now + self._poll_every
-            self._pending["manifest"] = (self._dht.get(manifest_key(self.plan.ref), latest=True,
+            self._pending["manifest"] = (self._dht.get(manifest_key(self.plan.ref.run_id), latest=True,
                                                        return_future=True), now)
         if self.gate_policy == "invite" and now >= self._next_members and "members" not in self._pending:
             self._next_members = now + self._members_every
-            self._pending["members"] = (self._dht.get(members_key(self.plan.ref), latest=True,
+            self._pending["members"] = (self._dht.get(members_key(self.plan.ref.run_id), latest=True,
                                                       return_future=True), now)
         return accepted
 

@@ -33,6 +33,7 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
+from p2ptrain.dhtkeys import peers_key
 from p2ptrain.status import PeerRecord, SwarmView
 from p2ptrain.swarm.identity import IdentityError, NodeIdentity
 from p2ptrain.swarm.recordcheck import (  # noqa: F401 - re-exported: the record's rules live there
@@ -58,10 +59,6 @@ _DEDUP_CAPACITY = 4096
 MAX_SUBKEYS_HELD = 4 * MAX_RECORDS_PER_VIEW
 #: Room for the signature hivemind appends (a base64 RSA-2048 signature plus its brackets).
 _MAX_SIGNED_BYTES = MAX_RECORD_BYTES + 512
-
-def peers_key(run_id: str) -> str:
-    return f"{run_id}_peers"
-
 
 class PeersSchema(pyd.BaseModel):
     """The run's key ``<run_id>_peers``: one record per owner public key."""

@@ -1,10 +1,10 @@
 """An owned run's entries in the DHT: its signed manifest and its members' invites.
 
-``<run_id>_manifest`` holds manifests, one subkey per version and content (``"<version>:<sha256
-prefix>"``, so a stranger's entry can never displace an honest one). Every node that holds a
-verified manifest re-publishes it, so the run outlives its owner's machine. ``<run_id>_members``
-holds each admitted peer's invite token under its peer ID (invite runs), which is how every node
-learns who is admitted.
+``<run_id>_manifest`` (the keys: :mod:`p2ptrain.dhtkeys`) holds manifests, one subkey per version
+and content (``"<version>:<sha256 prefix>"``, so a stranger's entry can never displace an honest
+one). Every node that holds a verified manifest re-publishes it, so the run outlives its owner's
+machine. ``<run_id>_members`` holds each admitted peer's invite token under its peer ID (invite
+runs), which is how every node learns who is admitted.
 
 An owned run keeps its model fingerprint in the manifest, so ``<run_id>_model_fingerprint``, where
 plain runs claim theirs unsigned, holds nothing honest: every entry there is refused and counted.
@@ -30,6 +30,7 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
+from p2ptrain.dhtkeys import fingerprint_key, manifest_key, members_key
 from p2ptrain.errors import ConfigError
 from p2ptrain.run.invite import MAX_TOKEN_CHARS, parse_invite, verify_invite
 from p2ptrain.run.manifest import MAX_MANIFEST_BYTES, Manifest, load_manifest_bytes
@@ -45,19 +46,6 @@ MAX_ENTRIES = 1024
 _CACHE = 512
 
 
-def manifest_key(ref: RunRef) -> str:
-    return ref.dht_key("manifest")
-
-
-def members_key(ref: RunRef) -> str:
-    return ref.dht_key("members")
-
-
-def fingerprint_key(ref: RunRef) -> str:
-    """Where plain runs publish their (unsigned) model fingerprint; unused by owned runs."""
-    return ref.dht_key("model_fingerprint")
-
-
 def manifest_subkey(raw: bytes, version: int) -> str:
     return f"{version}:{hashlib.sha256(raw).hexdigest()[:16]}"
 
@@ -65,7 +53,7 @@ def manifest_subkey(raw: bytes, version: int) -> str:
 def publish_manifest(dht: Any, manifest: Manifest, *, ttl: float = MANIFEST_TTL) -> Any:
     """Store (or refresh) a verified manifest under the run's key; returns the DHT's future."""
     raw = manifest.to_toml().encode("utf-8")
-    return dht.store(manifest_key(manifest.ref), raw, expiration_time=get_dht_time() + ttl,
+    return dht.store(manifest_key(manifest.ref.run_id), raw, expiration_time=get_dht_time() + ttl,
                      subkey=manifest_subkey(raw, manifest.version), return_future=True)
 
 
@@ -99,8 +87,9 @@ def tell_excluded(dht: Any, manifest: Manifest, peer_ids: Iterable[str], *, ttl:
     in its own DHT storage its next poll finds it, and it stops with exit 78 and one line.
     """
     raw = manifest.to_toml().encode("utf-8")
-    return dht.run_coroutine(functools.partial(_store_on, sorted(peer_ids)[:MAX_TOLD], manifest_key(manifest.ref),
-                                               raw, manifest_subkey(raw, manifest.version), get_dht_time() + ttl),
+    key = manifest_key(manifest.ref.run_id)
+    return dht.run_coroutine(functools.partial(_store_on, sorted(peer_ids)[:MAX_TOLD], key, raw,
+                                               manifest_subkey(raw, manifest.version), get_dht_time() + ttl),
                              return_future=True)
 
 
@@ -108,7 +97,7 @@ def publish_membership(dht: Any, ref: RunRef, token: str, *, ttl: float = MEMBER
     """Store this node's invite under its peer ID, never past the invite's expiry."""
     invite, _, _ = parse_invite(token)
     expiration = min(get_dht_time() + ttl, float(invite.expires_at))
-    return dht.store(members_key(ref), token, expiration_time=expiration, subkey=invite.peer_id,
+    return dht.store(members_key(ref.run_id), token, expiration_time=expiration, subkey=invite.peer_id,
                      return_future=True)
 
 
@@ -152,7 +141,7 @@ def newest_manifest(found: Any, ref: RunRef) -> Found:
 
 def fetch_manifest(dht: Any, ref: RunRef, *, timeout: float = 10.0) -> Found:
     """The newest valid manifest of ``ref`` in the DHT; a slow or failed lookup finds nothing."""
-    future = dht.get(manifest_key(ref), latest=True, return_future=True)
+    future = dht.get(manifest_key(ref.run_id), latest=True, return_future=True)
     try:
         found = future.result(timeout=timeout)
     except Exception as exc:  # swarm weather, not an error of ours
@@ -193,9 +182,9 @@ class RunEntryValidator(RecordValidatorBase):
     def __init__(self, ref: RunRef, counter: RejectCounter | None = None,
                  fingerprint_counter: RejectCounter | None = None) -> None:
         self._ref = ref
-        self._manifest_id = DHTID.generate(source=manifest_key(ref)).to_bytes()
-        self._members_id = DHTID.generate(source=members_key(ref)).to_bytes()
-        self._fingerprint_id = DHTID.generate(source=fingerprint_key(ref)).to_bytes()
+        self._manifest_id = DHTID.generate(source=manifest_key(ref.run_id)).to_bytes()
+        self._members_id = DHTID.generate(source=members_key(ref.run_id)).to_bytes()
+        self._fingerprint_id = DHTID.generate(source=fingerprint_key(ref.run_id)).to_bytes()
         self.counter = counter if counter is not None else RejectCounter()
         #: Unsigned fingerprint entries refused (a stranger's claim of the run's model).
         self.fingerprint_counter = fingerprint_counter if fingerprint_counter is not None else RejectCounter()

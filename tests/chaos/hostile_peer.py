@@ -60,12 +60,13 @@ from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.utils import MSGPackSerializer, get_dht_time
 from hivemind.utils.crypto import RSAPublicKey
 
+from p2ptrain import dhtkeys
 from p2ptrain.config.schema import NodeConfig, load_config
+from p2ptrain.dhtkeys import peers_key
 from p2ptrain.model.fingerprint import model_fingerprint
 from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
 from p2ptrain.swarm.identity import NodeIdentity
 from p2ptrain.swarm.recordcheck import binding_message
-from p2ptrain.swarm.records import peers_key
 from p2ptrain.tasks.loader import build_task
 
 ATTACKS = ("donor", "freeze", "fingerprint", "scaled", "nonfinite", "records")
@@ -84,7 +85,7 @@ class Target:
 
     @property
     def averaging_run_id(self) -> str:
-        return f"{self.cfg.swarm.run_id}_{self.fingerprint}"
+        return dhtkeys.averaging_prefix(self.cfg.swarm.run_id, self.fingerprint)
 
     @property
     def diloco(self) -> bool:
@@ -137,16 +138,16 @@ def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.E
         return tensors[:-1] if state == "short" else tensors
 
     if target.diloco:
-        tracker = ProgressTracker(dht, f"{target.averaging_run_id}_diloco", training.inner_steps * training.batch_size,
-                                  start=True)
+        tracker = ProgressTracker(dht, dhtkeys.diloco_clock_prefix(target.averaging_run_id),
+                                  training.inner_steps * training.batch_size, start=True)
         served = spoil([p.detach().clone() for p in params] + [torch.zeros_like(p) for p in params])
 
         class Donor(_plain(hivemind.DecentralizedAverager, "_DiLoCoAverager")):  # type: ignore[misc]
             def get_current_state(self) -> Any:
                 return dict(epoch=claimed[0], inner_step=inner_step), served, None
 
-        averager = Donor([torch.zeros_like(p) for p in params], dht, prefix=f"{target.averaging_run_id}_diloco_avg",
-                         **common)
+        averager = Donor([torch.zeros_like(p) for p in params], dht,
+                         prefix=dhtkeys.diloco_averager_prefix(target.averaging_run_id), **common)
     else:
         tracker = ProgressTracker(dht, target.averaging_run_id, training.target_batch_size, start=True)
 
@@ -156,7 +157,7 @@ def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.E
                 return metadata, spoil(list(tensors)), spoil(list(infos))
 
         averager = StateDonor(
-            dht=dht, prefix=f"{target.averaging_run_id}_state_averager", params=params,
+            dht=dht, prefix=dhtkeys.state_averager_prefix(target.averaging_run_id), params=params,
             optimizer=lambda p: ClippedAdamW(p, lr=training.lr, max_grad_norm=training.max_grad_norm),
             scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
                 opt, warmup_cosine(training.warmup_epochs, training.total_epochs)),
@@ -189,7 +190,8 @@ def honest_epochs(dht: hivemind.DHT, target: Target, own: int | None = None) -> 
     """The epochs the run's progress entries report (what an honest donor's priority would be): all but
     ``own`` (this hostile's claim) and those beyond the first gap of over 1,000 epochs (other hostiles'
     claims: honest peers of these runs are within a few hundred epochs of each other)."""
-    key = f"{target.averaging_run_id}_diloco_progress" if target.diloco else f"{target.averaging_run_id}_progress"
+    tracker = dhtkeys.diloco_clock_prefix(target.averaging_run_id) if target.diloco else target.averaging_run_id
+    key = dhtkeys.progress_key(tracker)
     found = dht.get(key, latest=True)
     entries = found.value if found is not None and isinstance(found.value, dict) else {}
     epochs = []
@@ -229,15 +231,15 @@ def poison_rounds(dht: hivemind.DHT, target: Target, attack: str, stop: threadin
     weight = 1e6 if attack == "scaled" else float(training.batch_size)
     common = _averager_options(target)
     if target.diloco:
-        tracker = ProgressTracker(dht, f"{target.averaging_run_id}_diloco", training.inner_steps * training.batch_size,
-                                  start=True)
+        tracker = ProgressTracker(dht, dhtkeys.diloco_clock_prefix(target.averaging_run_id),
+                                  training.inner_steps * training.batch_size, start=True)
         averager = _plain(hivemind.DecentralizedAverager, "_DiLoCoAverager")(
-            [torch.zeros_like(p) for p in model.parameters()], dht, prefix=f"{target.averaging_run_id}_diloco_avg",
-            **common)
+            [torch.zeros_like(p) for p in model.parameters()], dht,
+            prefix=dhtkeys.diloco_averager_prefix(target.averaging_run_id), **common)
     else:
         tracker = ProgressTracker(dht, target.averaging_run_id, training.target_batch_size, start=True)
         averager = _plain(GradientAverager, "GradientAverager")(
-            list(model.parameters()), dht=dht, prefix=f"{target.averaging_run_id}_grad_averager", **common)
+            list(model.parameters()), dht=dht, prefix=dhtkeys.grad_averager_prefix(target.averaging_run_id), **common)
 
     def keep_averaging() -> None:
         rounds = missed = 0
@@ -269,7 +271,7 @@ def forge_fingerprint(dht: hivemind.DHT, target: Target, stop: threading.Event) 
 
     def keep_forging() -> None:
         while not stop.is_set():
-            dht.store(f"{target.cfg.swarm.run_id}_model_fingerprint", subkey=forged, value=0.0,
+            dht.store(dhtkeys.fingerprint_key(target.cfg.swarm.run_id), subkey=forged, value=0.0,
                       expiration_time=get_dht_time() + 600)
             stop.wait(10.0)
 

@@ -14,7 +14,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 
-from p2ptrain.swarm.records import peers_key
+from p2ptrain.dhtkeys import peers_key
 
 
 def _good_fields(peer_id: str) -> dict:

@@ -28,12 +28,12 @@ from hivemind.utils import get_dht_time
 from p2ptrain.averaging.admitting import admitting
 from p2ptrain.cli.main import main
 from p2ptrain.config.schema import EX_CONFIG, TaskSection, TrainingSection
+from p2ptrain.dhtkeys import fingerprint_key, manifest_key
 from p2ptrain.local.run import create_local_run
 from p2ptrain.local.swarm import LocalNode, local_node_config
 from p2ptrain.run.manifest import LOCAL_TRAINING, new_manifest
 from p2ptrain.run.owner import OwnerKey
 from p2ptrain.status import SwarmView
-from p2ptrain.swarm.run_entries import fingerprint_key, manifest_key
 from p2ptrain.trust.admission import AdmissionGate
 from p2ptrain.waiting import wait_until
 from tests.integration.conftest import FAST_TRAINING, TINY_TASK
@@ -93,8 +93,8 @@ def test_one_line_join_forgeries_refused_and_a_live_update(make_node, tmp_path, 
                                  version=99).signed(forger_key)
     forger = hivemind.DHT(start=True, initial_peers=join, **LOOPBACK_DHT)
     try:
-        forger.store(manifest_key(run.ref), forged.to_toml().encode(), get_dht_time() + 60, subkey="99:forged")
-        forger.store(fingerprint_key(run.ref), 1.0, get_dht_time() + 60, subkey="ffffffffffffffff")
+        forger.store(manifest_key(run.ref.run_id), forged.to_toml().encode(), get_dht_time() + 60, subkey="99:forged")
+        forger.store(fingerprint_key(run.ref.run_id), 1.0, get_dht_time() + 60, subkey="ffffffffffffffff")
         nodes = (owner, volunteer)
         wait_until(lambda: sum(_figure(n, "run_entries_refused_total") for n in nodes) >= 1
                    and sum(_figure(n, "fingerprint_entries_refused_total") for n in nodes) >= 1, 30,

@@ -10,6 +10,7 @@ import pytest
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.utils.crypto import RSAPrivateKey
 
+from p2ptrain.dhtkeys import peers_key
 from p2ptrain.status import PeerRecord
 from p2ptrain.swarm.identity import NodeIdentity
 from p2ptrain.swarm.records import (
@@ -18,7 +19,6 @@ from p2ptrain.swarm.records import (
     RecordBook,
     binding_message,
     bound_fingerprints,
-    peers_key,
     record_validators,
     to_wire,
 )

@@ -20,6 +20,7 @@ from hivemind.utils.auth import TokenAuthorizerBase
 
 from p2ptrain.cli.main import main
 from p2ptrain.config.schema import TaskSection, TrainingSection
+from p2ptrain.dhtkeys import manifest_key, members_key
 from p2ptrain.run.invite import issue_invite
 from p2ptrain.run.manifest import new_manifest
 from p2ptrain.run.owner import OwnerKey
@@ -29,8 +30,6 @@ from p2ptrain.swarm.run_entries import (
     RunEntryValidator,
     admitted_members,
     fetch_manifest,
-    manifest_key,
-    members_key,
     publish_manifest,
     publish_membership,
     tell_excluded,
@@ -86,8 +85,8 @@ def test_manifest_spreads_forgeries_are_refused_and_it_outlives_the_owner(dhts, 
     forged = dataclasses.replace(new_manifest(forger, "dht-run", TaskSection(), TrainingSection(lr=9.0)),
                                  version=99).signed(forger)
     raw = forged.to_toml().encode()
-    stranger.store(manifest_key(ref), raw, get_dht_time() + 60, subkey="99:forged")
-    stranger.store(manifest_key(ref), b"garbage", get_dht_time() + 60, subkey="100:junk")
+    stranger.store(manifest_key(ref.run_id), raw, get_dht_time() + 60, subkey="99:forged")
+    stranger.store(manifest_key(ref.run_id), b"garbage", get_dht_time() + 60, subkey="100:junk")
     assert owner_validator.counter.total + volunteer_validator.counter.total >= 2  # honest nodes refused both
 
     v2 = dataclasses.replace(v1, version=2, training={**v1.training, "lr": 3e-4}).signed(key)
@@ -143,7 +142,7 @@ def test_invite_run_dht_admits_invited_peers_only_and_cuts_off_revoked_ones(dhts
 
     for dht, name in ((owner, "owner"), (invited, "invited")):
         assert publish_membership(dht, ref, tokens[name]).result(timeout=10)
-    _eventually(lambda: admitted_members(invited.get(members_key(ref), latest=True), ref)[0]
+    _eventually(lambda: admitted_members(invited.get(members_key(ref.run_id), latest=True), ref)[0]
                 == {peers["owner"], peers["invited"]}, "both members admitted")
 
     with pytest.raises(Exception, match="bootstrap failed"):  # no invite at all: every request refused

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from p2ptrain.config.schema import ConfigError, TaskSection, TrainingSection, parse_config
+from p2ptrain.dhtkeys import manifest_key, members_key
 from p2ptrain.run.invite import issue_invite
 from p2ptrain.run.manifest import new_manifest, read_manifest_file
 from p2ptrain.run.manifest_store import ManifestStore
@@ -20,7 +21,7 @@ from p2ptrain.run.owner import OwnerKey
 from p2ptrain.swarm.identity import ensure_identity, peer_id_of_identity
 from p2ptrain.swarm.manifest_source import SourceUnavailable, fetch_before_join
 from p2ptrain.swarm.ownedrun import RunKeeper, apply_run_flags, prepare_run
-from p2ptrain.swarm.run_entries import manifest_key, members_key, publish_manifest
+from p2ptrain.swarm.run_entries import publish_manifest
 
 OTHER = "QmbLahVjuKupK4oJShzCEvicsdGHdfLebY8XPENns15iQ3"
 NOW = 1_800_000_000.0
@@ -192,8 +193,9 @@ def test_keeper_fetches_merges_follows_updates_and_members(tmp_path, owner):
     keeper.check_fingerprint("0123456789abcdef")  # no fingerprint recorded: nothing to compare
 
     assert keeper.poll() is None  # publishes and starts lookups
-    assert members_key(manifest.ref) in dht.data  # our own invite, for the others' gates
-    dht.store(members_key(manifest.ref), issue_invite(key, manifest.ref, OTHER, 1, now=NOW), NOW + 60, subkey=OTHER)
+    assert members_key(manifest.ref.run_id) in dht.data  # our own invite, for the others' gates
+    dht.store(members_key(manifest.ref.run_id), issue_invite(key, manifest.ref, OTHER, 1, now=NOW), NOW + 60,
+              subkey=OTHER)
     v2 = dataclasses.replace(private, version=2, training={**private.training, "lr": 1e-4},
                              revoked=(), fingerprint="0123456789abcdef").signed(key)
     publish_manifest(dht, v2)
@@ -253,7 +255,7 @@ def test_the_owner_s_node_takes_up_an_updated_manifest_file_and_publishes_it(tmp
     assert offer is not None and offer.change is not None and "training.lr" in offer.change.fields
     assert keeper.is_excluded(OTHER) and not plan.gate(OTHER)
     keeper.poll()  # published on the next pass, not after the usual re-publish period
-    entries = dht.data[manifest_key(manifest.ref)]
+    entries = dht.data[manifest_key(manifest.ref.run_id)]
     assert any(subkey.startswith("2:") for subkey in entries)
 
 
@@ -294,11 +296,11 @@ def test_an_invited_newcomer_knows_the_members_before_it_first_averages(tmp_path
     plan = prepare_run(_config(tmp_path, run=manifest.ref, invite=issue_invite(key, manifest.ref, me, 1)), identity)
     dht = MemoryDHT()
     publish_manifest(dht, private)
-    dht.store(members_key(manifest.ref), issue_invite(key, manifest.ref, OTHER, 1), NOW + 60, subkey=OTHER)
+    dht.store(members_key(manifest.ref.run_id), issue_invite(key, manifest.ref, OTHER, 1), NOW + 60, subkey=OTHER)
     assert not plan.gate(OTHER)
     RunKeeper(plan, dht).join(threading.Event(), timeout=5.0)
     assert plan.gate(OTHER) and plan.gate(me)
-    assert me in dht.data[members_key(manifest.ref)]  # announced at once, for the others' gates
+    assert me in dht.data[members_key(manifest.ref.run_id)]  # announced at once, for the others' gates
 
 
 def test_an_outdated_manifest_file_is_not_built_with_when_the_swarm_has_a_newer_version(tmp_path, owner, caplog):

@@ -36,7 +36,8 @@ def test_a_dht_node_holds_a_bounded_number_of_records_under_the_run_key_refreshe
     from hivemind.dht.validation import DHTRecord
     from hivemind.utils import get_dht_time
 
-    from p2ptrain.swarm.records import RejectCounter, SubkeyCapValidator, peers_key
+    from p2ptrain.dhtkeys import peers_key
+    from p2ptrain.swarm.records import RejectCounter, SubkeyCapValidator
 
     key = DHTID.generate(source=peers_key("capped")).to_bytes()
     counter = RejectCounter()

@@ -12,6 +12,7 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer
 
 from p2ptrain.config.schema import TaskSection, TrainingSection
+from p2ptrain.dhtkeys import fingerprint_key, manifest_key, members_key
 from p2ptrain.run.invite import issue_invite
 from p2ptrain.run.manifest import MAX_MANIFEST_BYTES, new_manifest
 from p2ptrain.run.owner import OwnerKey
@@ -19,10 +20,7 @@ from p2ptrain.swarm.run_entries import (
     MAX_ENTRIES,
     RunEntryValidator,
     admitted_members,
-    fingerprint_key,
-    manifest_key,
     manifest_subkey,
-    members_key,
     newest_manifest,
 )
 
@@ -98,7 +96,7 @@ def test_validator_keeps_only_owner_signed_entries_of_the_run(owner):
     key, v1, v2 = owner
     ref = v1.ref
     validator = RunEntryValidator(ref)
-    mkey, members = manifest_key(ref), members_key(ref)
+    mkey, members = manifest_key(ref.run_id), members_key(ref.run_id)
     assert validator.validate(_record(mkey, manifest_subkey(_raw(v2), 2), _raw(v2)))
     assert validator.validate(_record(mkey, manifest_subkey(_raw(v2), 2), _raw(v2)))  # cached verdict
     assert not validator.validate(_record(mkey, "2:0000000000000000", _raw(v2)))  # subkey not of its content
@@ -112,5 +110,6 @@ def test_validator_keeps_only_owner_signed_entries_of_the_run(owner):
     assert not validator.validate(_record(members, A, "p2ptrain-invite-v1.garbage"))
     assert validator.validate(_record("another_key", "anything", b"anything"))
     assert validator.counter.total == 6
-    assert not validator.validate(_record(fingerprint_key(ref), "ffffffffffffffff", 1.7e9))  # owned: never unsigned
+    # owned: never unsigned
+    assert not validator.validate(_record(fingerprint_key(ref.run_id), "ffffffffffffffff", 1.7e9))
     assert validator.fingerprint_counter.total == 1 and validator.counter.total == 6

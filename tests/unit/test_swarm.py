@@ -15,6 +15,7 @@ from hivemind.p2p import P2PDaemonError, PeerID
 
 from p2ptrain.config.schema import SwarmSection
 from p2ptrain.daemon.stopper import Stopper
+from p2ptrain.dhtkeys import averaging_prefix, progress_key
 from p2ptrain.swarm.dht import (
     FingerprintMismatch,
     IdentityInUse,
@@ -183,7 +184,8 @@ class _FakeDHT:
         """A hivemind progress entry under ``fingerprint``'s keys: self-declared, anyone can write it."""
         entry = {"peer_id": peer, "epoch": 3, "samples_accumulated": 8, "samples_per_second": 1.0, "time": 1.0,
                  "client_mode": False}
-        self.progress.setdefault(f"run_{fingerprint}_progress", {})[b"[owner:" + peer + b"]"] = entry
+        key = progress_key(averaging_prefix("run", fingerprint))
+        self.progress.setdefault(key, {})[b"[owner:" + peer + b"]"] = entry
 
 
 @pytest.fixture(autouse=True)
