@@ -33,7 +33,7 @@ PATHS = ("/metrics", "/api/v1/status", "/api/v1/peers")
 TINY_TASK = {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32}
 
 
-class Readers:
+class BackToBackReaders:
     """Threads that read the API back to back until closed; counts the answers by HTTP status."""
 
     def __init__(self, url: str, count: int) -> None:
@@ -102,7 +102,7 @@ def measure(workdir: Path, readers: int, pairs: int, seconds: float) -> dict[str
         for _ in range(pairs):
             time.sleep(SETTLE_SECONDS)
             quiet.append(training_rate(client, seconds))
-            phase = Readers(url, readers)
+            phase = BackToBackReaders(url, readers)
             try:
                 time.sleep(SETTLE_SECONDS)
                 busy.append(training_rate(client, seconds))

@@ -54,7 +54,7 @@ def _read(state_dirs: list[Path], paths: tuple[str, ...]) -> int:
     return answered
 
 
-class Readers:
+class MonitoringReaders:
     """Prometheus on every node and one ``p2ptrain top`` on the first, each on its own schedule."""
 
     def __init__(self, state_dirs: list[Path], scrape_every: float, watch_every: float) -> None:
@@ -120,7 +120,7 @@ def run_swarm(args: argparse.Namespace, hooks: str, run_dir: Path, overrides: di
 def run_once(args: argparse.Namespace, hooks: str, index: int) -> dict[str, Any]:
     """One swarm of ``--peers`` node loops with ``hooks``, read by its users while it trains."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"overhead-{index}-{hooks}-", dir=args.out))
-    readers = Readers([peer_state_dir(run_dir, rank) for rank in range(args.peers)], args.scrape_every,
+    readers = MonitoringReaders([peer_state_dir(run_dir, rank) for rank in range(args.peers)], args.scrape_every,
                       args.watch_every)
     results = run_swarm(args, hooks, run_dir, node_overrides(args), readers.tick if hooks == "service" else None)
     return {"hooks": hooks, "run": index, "seq_per_s": sum(r["seq_per_s"] for r in results),

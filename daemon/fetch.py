@@ -114,7 +114,7 @@ def fetch_config(config: NodeConfig, join: Sequence[str], state_dir: Path, timeo
     return config.model_copy(update=dict(swarm=swarm, training=training, node=node))
 
 
-class Fetcher:
+class ModelFetcher:
     """Join, download, write, leave.  Build it, call :meth:`run` from the main thread, get an exit code."""
 
     def __init__(self, config: NodeConfig, *, timeout: float, builder: Any = None, records: Any = None,
@@ -326,7 +326,7 @@ def fetch_command(args: argparse.Namespace) -> int:
     configure_logging(config.node.log_level, config.node.log_format)
     tie_children_to_this_process()
     state_dir, temporary = client_state_dir(config)
-    fetcher = Fetcher(fetch_config(config, args.join, state_dir, args.timeout), timeout=args.timeout)
+    fetcher = ModelFetcher(fetch_config(config, args.join, state_dir, args.timeout), timeout=args.timeout)
     fetcher.stopper.handle_stop_signals()  # a second SIGINT/SIGTERM exits at once
     try:
         code = fetcher.run(args.out_dir, force=args.force, torch_copy=args.torch)

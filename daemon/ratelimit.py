@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Admission:
+class RateDecision:
     """What to do with one request: wait ``wait`` seconds then serve it, or refuse it
     (``refused``) and tell the client to come back after ``retry_after`` whole seconds."""
 
@@ -42,17 +42,17 @@ class ClientLimiter:
         self._due: OrderedDict[str, float] = OrderedDict()
         self.refused_total = 0
 
-    def admit(self, client: str) -> Admission:
+    def admit(self, client: str) -> RateDecision:
         now = self.clock()
         due = max(self._due.get(client, now), now)
         wait = due - self.tolerance - now
         if wait > self.max_wait:
             self.refused_total += 1
-            return Admission(self.max_wait, refused=True, retry_after=max(1, math.ceil(wait - self.max_wait)))
+            return RateDecision(self.max_wait, refused=True, retry_after=max(1, math.ceil(wait - self.max_wait)))
         self._due[client] = due + self.interval
         self._due.move_to_end(client)
         self._forget_idle(now)
-        return Admission(max(0.0, wait))
+        return RateDecision(max(0.0, wait))
 
     def _forget_idle(self, now: float) -> None:
         """Keep the table bounded: drop clients whose budget is full again, then the least recent."""

@@ -4,7 +4,7 @@ hivemind calls a round done when its all-reduce returns, however few contributio
 (it only logs "Reducer: received 33.3% of input tensors").  :class:`CountingAveragerMixin` goes first
 in the bases of a hivemind 1.1.12 ``DecentralizedAverager`` subclass and overrides (in the averager's
 forked process) ``_run_allreduce_inplace_``, restated from hivemind's so that every round runs through
-a runner of our choice and ends with a :class:`~p2ptrain.averaging.robust_reduce.RoundReport` in a fork-shared
+a runner of our choice and ends with a :class:`~p2ptrain.averaging.robust_reduce.AllReduceReport` in a fork-shared
 :class:`~p2ptrain.averaging.robust_reduce.RoundReports`.  Without the peer checks that runner is hivemind's own
 all-reduce with one small change (:class:`CountingAllReduceRunner`: its reducer counts the
 contributions it mixed in); the hardened averagers (:mod:`p2ptrain.averaging.hardened`) build theirs with
@@ -31,7 +31,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 from p2ptrain.averaging.groupmates import ServeGroupmatesMixin
 from p2ptrain.averaging.matchmaking import pace_group_polls
 from p2ptrain.averaging.pinned import require_hivemind
-from p2ptrain.averaging.robust_reduce import RoundReport, RoundReports
+from p2ptrain.averaging.robust_reduce import AllReduceReport, RoundReports
 
 require_hivemind(__name__)
 
@@ -128,7 +128,7 @@ class CountingAveragerMixin(ServeGroupmatesMixin):
         if self._round_reports is None:
             return
         reducer, container = runner.tensor_part_reducer, runner.tensor_part_container
-        self._round_reports.put(RoundReport(
+        self._round_reports.put(AllReduceReport(
             averager=self.prefix, group_size=len(group_info.peer_ids),  # type: ignore[attr-defined]
             peers=tuple(str(peer) for peer in group_info.peer_ids),
             senders=len(runner.sender_peer_ids),

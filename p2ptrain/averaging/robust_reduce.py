@@ -279,7 +279,7 @@ def check_result(delta: torch.Tensor, local_part: torch.Tensor, rule: ReduceRule
 
 
 @dataclass(frozen=True)
-class RoundReport:
+class AllReduceReport:
     """What one all-reduce round looked like from this node (sent from the averager's process)."""
 
     averager: str
@@ -323,7 +323,7 @@ class RoundReport:
 
 
 class RoundReports:
-    """A fork-shared queue of :class:`RoundReport` from averager processes to the node.
+    """A fork-shared queue of :class:`AllReduceReport` from averager processes to the node.
 
     Create it before the averagers fork.  ``put`` never blocks the averager's event loop: when the
     node has not drained ``capacity`` reports, new ones are dropped and counted.
@@ -337,7 +337,7 @@ class RoundReports:
         self._lock = ctx.Lock()
         self._capacity = capacity
 
-    def put(self, report: RoundReport) -> None:
+    def put(self, report: AllReduceReport) -> None:
         # The count goes up only once the report is wholly in the pipe, so drain() never waits for
         # one that is still being written; at most ``capacity`` small reports fit the pipe's buffer.
         with self._lock:
@@ -347,7 +347,7 @@ class RoundReports:
             self._queue.put(report)
             self._pending.value += 1
 
-    def drain(self) -> list[RoundReport]:
+    def drain(self) -> list[AllReduceReport]:
         """Every report waiting now; never blocks for long (an averager mid-write: try later)."""
         if not self._lock.acquire(timeout=0.1):
             return []
@@ -358,7 +358,7 @@ class RoundReports:
             self._lock.release()
         return reports
 
-    def latest(self) -> RoundReport | None:
+    def latest(self) -> AllReduceReport | None:
         """The newest report waiting now (the others are dropped), or None."""
         reports = self.drain()
         return reports[-1] if reports else None

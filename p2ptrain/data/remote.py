@@ -59,7 +59,7 @@ class NotDownloaded(Exception):
     """
 
 
-class Fetcher:
+class ShardFetcher:
     """Downloads shards and indexes into ``cache_dir`` (created on first use)."""
 
     def __init__(

@@ -53,7 +53,7 @@ EMPTY_PASSES_LIMIT = 2
 
 
 class LocalFiles:
-    """The file behind a shard: only local shards (see ``remote.Fetcher`` for URLs)."""
+    """The file behind a shard: only local shards (see ``remote.ShardFetcher`` for URLs)."""
 
     def local_path(self, shard: ShardRef) -> Path:
         if shard.url:

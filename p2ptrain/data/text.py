@@ -24,7 +24,7 @@ from p2ptrain.data.readers import (
     read_block,
     read_prefix,
 )
-from p2ptrain.data.remote import Fetcher
+from p2ptrain.data.remote import ShardFetcher
 from p2ptrain.data.sources import ShardRef, ShardSet, discover
 from p2ptrain.data.stream import ShardStream
 from p2ptrain.paths import resolve_state_dir
@@ -57,10 +57,10 @@ def default_cache_dir() -> Path:
     return resolve_state_dir(None, os.environ) / "data-cache"
 
 
-def make_fetcher(cfg: TaskSection, cache_dir: Path | None, *, offline: bool = False) -> Fetcher:
+def make_fetcher(cfg: TaskSection, cache_dir: Path | None, *, offline: bool = False) -> ShardFetcher:
     """The downloader of ``cfg``'s URL shards; ``offline``: only what is already in the cache (no network)."""
     directory = cfg.cache_dir or cache_dir or default_cache_dir()
-    return Fetcher(Path(directory).expanduser(), attempts=cfg.download_attempts, timeout=cfg.download_timeout,
+    return ShardFetcher(Path(directory).expanduser(), attempts=cfg.download_attempts, timeout=cfg.download_timeout,
                    max_cache_bytes=cfg.cache_max_mb * MIB, offline=offline)
 
 
@@ -71,7 +71,7 @@ def budget(cfg: TaskSection, batch_size: int) -> tuple[int, int]:
     return max(buffer // 4, 4 * (cfg.seq_len + 1)), min(buffer // 4, max(16 * needed, VALIDATION_MIN_BYTES))
 
 
-def find_shards(cfg: TaskSection, fetcher: Fetcher) -> tuple[ShardSet, list[ShardRef], list[ShardRef]]:
+def find_shards(cfg: TaskSection, fetcher: ShardFetcher) -> tuple[ShardSet, list[ShardRef], list[ShardRef]]:
     """Every shard of ``task.data_path`` and its (train, validation) split; ConfigError if unusable."""
     found = discover(cfg.data_path, cfg.data_format, cfg.seq_len, fetcher.read_index)
     if len(found.shards) < 2:
@@ -91,7 +91,7 @@ def build_text_data(
     peer_id: str,
     live_peers: Callable[[], Sequence[str]],
     cache_dir: Path | None = None,
-    fetcher: Fetcher | None = None,
+    fetcher: ShardFetcher | None = None,
 ) -> TextData:
     """This node's stream over its training shards and the validation batches every node shares."""
     fetcher = fetcher or make_fetcher(cfg, cache_dir)
@@ -143,7 +143,7 @@ class ScoredText:
     skipped: tuple[str, ...]
 
 
-def text_batches(data_path: str, cfg: TaskSection, batch_size: int, fetcher: Fetcher, *, label: str,
+def text_batches(data_path: str, cfg: TaskSection, batch_size: int, fetcher: ShardFetcher, *, label: str,
                  max_bytes: int = SCORE_MAX_BYTES) -> ScoredText:
     """The text of ``data_path`` read as ``task.data_path`` is (a file, a directory, a glob, an index, a URL;
     text, JSONL's ``task.text_field``, Parquet), at most ``max_bytes`` of it, cut into ``seq_len + 1`` windows.

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from p2ptrain.averaging.robust_reduce import RoundReport, RoundReports
+from p2ptrain.averaging.robust_reduce import AllReduceReport, RoundReports
 from p2ptrain.config.schema import SwarmSection
 from p2ptrain.trust.evidence import PeerEvidence
 from p2ptrain.trust.peergate import OffenceFigures, PeerGate
@@ -73,7 +73,7 @@ class Defences:
 
     # ------------------------------------------------------------------ what rounds showed
 
-    def take_round(self, own_peer: str) -> RoundReport | None:
+    def take_round(self, own_peer: str) -> AllReduceReport | None:
         """The newest report of this node's main averager (None if none arrived); every report drained
         adds the peers it met to the evidence."""
         reports = self.rounds.drain()

@@ -50,8 +50,7 @@ from p2ptrain.averaging.compression import make_compression, wire_bytes
 from p2ptrain.averaging.diloco import averager_class
 from p2ptrain.averaging.matchmaking import looking_for_group
 from p2ptrain.averaging.paced_progress import withdraw_progress
-from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
-from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
+from p2ptrain.averaging.robust_reduce import AllReduceReport, ReduceRule, RoundReports
 from p2ptrain.averaging.roundclock import (
     RobustRoundTracker,
     SwarmRoundTracker,
@@ -70,7 +69,7 @@ from p2ptrain.optim.microbatches import MicroBatches
 from p2ptrain.optim.outer_step import OuterStep
 from p2ptrain.optim.protocol import GlobalProgress, GuardTargets
 from p2ptrain.optim.retune import retune
-from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.round_stats import RoundSummary
 from p2ptrain.optim.solo_round import SoloRounds
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.waiting import WaitTimeout, wait_until
@@ -408,12 +407,12 @@ class DiLoCoOptimizer(DiLoCoState):
             measured = self._measured_round()
             if group is not None and measured is not None:
                 group_size, received = measured.group_size, measured.averaged_fraction
-            report = RoundReport(ok=group is not None, duration=time.perf_counter() - started,
+            report = RoundSummary(ok=group is not None, duration=time.perf_counter() - started,
                                  group_size=group_size, peers_online=self._tracker.global_progress.num_peers,
                                  received_fraction=received)
             self.stats.record_round(report, self._payload_bytes)
 
-    def _measured_round(self) -> ReducerReport | None:
+    def _measured_round(self) -> AllReduceReport | None:
         """What the averager measured of the round that just ended (with the checks, also fed to the
         evidence: the peers it met)."""
         if self._defences is not None:

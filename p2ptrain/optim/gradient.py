@@ -42,7 +42,7 @@ from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.inner import warmup_cosine
 from p2ptrain.optim.protocol import GlobalProgress, GuardTargets
 from p2ptrain.optim.retune import retune
-from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.round_stats import RoundSummary
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.trust.verdicts import Verdict
 
@@ -297,7 +297,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
             group_size, received = measured.group_size, measured.averaged_fraction
         if ok and group_size >= 2:
             self._averaged_epoch = self._round_epoch
-        report = RoundReport(ok=ok, duration=time.perf_counter() - started, group_size=group_size,
+        report = RoundSummary(ok=ok, duration=time.perf_counter() - started, group_size=group_size,
                              peers_online=self.tracker.global_progress.num_peers, received_fraction=received)
         self.stats.record_round(report, self._payload_bytes)
         if not ok:

@@ -2,7 +2,7 @@
 
 hivemind calls a round done when its all-reduce returns, even if it averaged two peers of five or
 received a third of the contributions it expected (it logs "Reducer: received 33.3% of input
-tensors" and goes on).  Here each round is reported as a :class:`RoundReport` and sorted into one
+tensors" and goes on).  Here each round is reported as a :class:`RoundSummary` and sorted into one
 of three outcomes (:func:`classify`):
 
 - **ok** ("full"): it completed, its group held every peer of the run that was online (at least two;
@@ -45,9 +45,9 @@ RECENT_DURATIONS = 60
 
 
 @dataclass(frozen=True)
-class RoundReport:
+class RoundSummary:
     """One averaging round as this node saw it.  The averager reports ``received_fraction`` (what
-    was really averaged: see :attr:`p2ptrain.averaging.robust_reduce.RoundReport.averaged_fraction`); the node
+    was really averaged: see :attr:`p2ptrain.averaging.robust_reduce.AllReduceReport.averaged_fraction`); the node
     adds ``peers_online``."""
 
     #: The round completed (its all-reduce returned); False for no group, timeouts, errors.
@@ -62,7 +62,7 @@ class RoundReport:
     #: not measured (the averager's report of the round never arrived): the group alone decides then.
     received_fraction: float | None
 
-    def bounded(self) -> RoundReport:
+    def bounded(self) -> RoundSummary:
         """A copy with every figure made finite and in range (the averager process is trusted code,
         but a NaN here would poison every histogram after it)."""
 
@@ -73,7 +73,7 @@ class RoundReport:
         if fraction is not None:
             fraction = min(1.0, max(0.0, fraction)) if math.isfinite(fraction) else 0.0
         duration = self.duration if math.isfinite(self.duration) and self.duration > 0 else 0.0
-        return RoundReport(ok=bool(self.ok), duration=duration, group_size=count(self.group_size),
+        return RoundSummary(ok=bool(self.ok), duration=duration, group_size=count(self.group_size),
                            peers_online=count(self.peers_online), received_fraction=fraction)
 
 
@@ -83,7 +83,7 @@ class RoundOutcome(enum.StrEnum):
     FAILED = "failed"
 
 
-def classify(report: RoundReport) -> RoundOutcome:
+def classify(report: RoundSummary) -> RoundOutcome:
     """ok / partial / failed, by the rule in the module docstring (``report`` already bounded)."""
     if not report.ok:
         return RoundOutcome.FAILED
@@ -147,8 +147,8 @@ class RoundStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = {outcome: 0 for outcome in RoundOutcome}
-        self._last: RoundReport | None = None
-        self._last_completed: RoundReport | None = None
+        self._last: RoundSummary | None = None
+        self._last_completed: RoundSummary | None = None
         self._durations: collections.deque[float] = collections.deque(maxlen=RECENT_DURATIONS)
         self._duration_buckets = [0] * (len(ROUND_DURATION_BUCKETS) + 1)
         self._duration_sum = 0.0
@@ -160,7 +160,7 @@ class RoundStats:
         self._window_counts = {outcome: 0 for outcome in RoundOutcome}
         self._window_partial: list[float] = []
 
-    def record(self, report: RoundReport) -> RoundOutcome:
+    def record(self, report: RoundSummary) -> RoundOutcome:
         report = report.bounded()
         outcome = classify(report)
         with self._lock:

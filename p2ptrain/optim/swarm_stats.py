@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 
-from p2ptrain.optim.round_stats import RoundOutcome, RoundReport, RoundStats
+from p2ptrain.optim.round_stats import RoundOutcome, RoundStats, RoundSummary
 from p2ptrain.trust.credit import CreditLedger
 
 
@@ -43,7 +43,7 @@ class SwarmStats:
         with self._lock:
             return self._view
 
-    def record_round(self, report: RoundReport, payload_bytes: int) -> RoundOutcome:
+    def record_round(self, report: RoundSummary, payload_bytes: int) -> RoundOutcome:
         """One finished (or abandoned) averaging round.
 
         Traffic is estimated from the payload and the group size: a butterfly all-reduce makes each

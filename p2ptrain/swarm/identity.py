@@ -2,8 +2,8 @@
 really belongs to a peer ID.
 
 The identity file (``<state_dir>/identity.key``, which hivemind's p2p daemon reads with ``-id``) is
-created by :func:`ensure_identity` and read only by :meth:`NodeIdentity.from_file`: peer records sign
-with it, an invite run's DHT gate signs with it (:meth:`NodeIdentity.hivemind_key`), and ``p2ptrain
+created by :func:`ensure_identity` and read only by :meth:`IdentityKey.from_file`: peer records sign
+with it, an invite run's DHT gate signs with it (:meth:`IdentityKey.hivemind_key`), and ``p2ptrain
 run peer-id`` prints its peer ID.
 
 A libp2p peer ID is the multihash of the peer's serialised public key (SHA-256 for RSA keys, the key
@@ -48,7 +48,7 @@ def ensure_identity(path: Path) -> None:
 
 def peer_id_of_identity(path: Path) -> str:
     """The peer ID of the identity file at ``path`` (:class:`IdentityError` if it cannot be read)."""
-    return NodeIdentity.from_file(path).peer_id
+    return IdentityKey.from_file(path).peer_id
 
 
 class IdentityError(ConfigError):
@@ -63,7 +63,7 @@ def peer_id_of(public_key: bytes) -> bytes:
     return b"\x12\x20" + hashlib.sha256(public_key).digest()
 
 
-class NodeIdentity:
+class IdentityKey:
     """An RSA libp2p identity: signs with the key the node's peer ID is derived from."""
 
     def __init__(self, private_key: rsa.RSAPrivateKey) -> None:
@@ -75,11 +75,11 @@ class NodeIdentity:
         self.peer_id = base58(peer_id_of(self.public_key))
 
     @classmethod
-    def generate(cls) -> NodeIdentity:
+    def generate(cls) -> IdentityKey:
         return cls(rsa.generate_private_key(public_exponent=65537, key_size=2048))
 
     @classmethod
-    def from_file(cls, path: Path | str) -> NodeIdentity:
+    def from_file(cls, path: Path | str) -> IdentityKey:
         """Read an identity file as hivemind/p2pd write it; :class:`IdentityError` if it is missing or not
         an RSA libp2p key."""
         shown = printable(path)

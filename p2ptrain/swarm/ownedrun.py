@@ -213,9 +213,9 @@ def prepare_run(config: NodeConfig, identity_file: Path, *, now: float | None = 
             raise ConfigError(f"swarm.invite: is for peer {invite.peer_id}, but this node has no identity yet "
                               f"({identity_file}); create it with p2ptrain run peer-id and ask for an invite for it")
         from p2ptrain.swarm.dhtauth import InviteAuthorizer
-        from p2ptrain.swarm.identity import NodeIdentity
+        from p2ptrain.swarm.identity import IdentityKey
 
-        key = NodeIdentity.from_file(identity_file).hivemind_key()
+        key = IdentityKey.from_file(identity_file).hivemind_key()
         try:
             plan.authorizer = InviteAuthorizer(ref, swarm.invite, key, gate, clock=clock)
         except InviteError as error:

@@ -35,7 +35,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from p2ptrain.dhtkeys import peers_key
 from p2ptrain.status import PeerRecord, SwarmView
-from p2ptrain.swarm.identity import IdentityError, NodeIdentity
+from p2ptrain.swarm.identity import IdentityError, IdentityKey
 from p2ptrain.swarm.recordcheck import (  # noqa: F401 - re-exported: the record's rules live there
     CLOCK_SKEW_SECONDS,
     CREDIT_COUNTS,
@@ -209,14 +209,14 @@ def to_wire(record: PeerRecord) -> dict[str, Any]:
     return data
 
 
-def identity_of(dht: Any) -> NodeIdentity | None:
+def identity_of(dht: Any) -> IdentityKey | None:
     """The node's libp2p identity, read from the key file its DHT was started with (None if none)."""
     path = getattr(dht, "kwargs", {}).get("identity_path") if isinstance(getattr(dht, "kwargs", None), dict) \
         else None
     if not path:
         return None
     try:
-        return NodeIdentity.from_file(path)
+        return IdentityKey.from_file(path)
     except IdentityError as exc:
         logger.warning("peer records go out unbound (%s): other nodes will not list this node", exc)
         return None
@@ -238,7 +238,7 @@ class RecordBook:
         ttl: float = 20.0,
         get_timeout: float = 5.0,
         clock: Callable[[], float] = time.time,
-        identity: NodeIdentity | None = None,
+        identity: IdentityKey | None = None,
         fingerprint: str = "",
         max_records: int = MAX_RECORDS_PER_VIEW,
         trusted: Callable[[], Collection[str]] | None = None,

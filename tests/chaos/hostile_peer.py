@@ -65,7 +65,7 @@ from p2ptrain.config.schema import NodeConfig, load_config
 from p2ptrain.dhtkeys import peers_key
 from p2ptrain.model.fingerprint import model_fingerprint
 from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
-from p2ptrain.swarm.identity import NodeIdentity
+from p2ptrain.swarm.identity import IdentityKey
 from p2ptrain.swarm.recordcheck import binding_message
 from p2ptrain.tasks.loader import build_task
 
@@ -122,7 +122,7 @@ def _averager_options(target: Target) -> dict[str, Any]:
 
 
 def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.Event, state: str = "constant",
-                inner_step: int = 0, first_in_line: bool = False, identity: NodeIdentity | None = None,
+                inner_step: int = 0, first_in_line: bool = False, identity: IdentityKey | None = None,
                 ahead: int | None = None) -> list[Any]:
     """Advertise ``epoch`` in progress and serve a bad state: constant parameters, NaN parameters, or one
     tensor short (``state``), with DiLoCo's ``inner_step`` as given.  ``first_in_line``: a donor priority
@@ -206,7 +206,7 @@ def honest_epochs(dht: hivemind.DHT, target: Target, own: int | None = None) -> 
     return ordered
 
 
-def publish_own_record(dht: hivemind.DHT, target: Target, identity: NodeIdentity, record_key: bytes,
+def publish_own_record(dht: hivemind.DHT, target: Target, identity: IdentityKey, record_key: bytes,
                        epoch: int) -> None:
     """A valid record bound to the hostile's own identity: it looks like any training peer."""
     value = {**_record(identity.peer_id, epoch, 50.0, time.time()), "model_fingerprint": target.fingerprint,
@@ -370,7 +370,7 @@ def flood_records(addrs: list[str], target: Target, count: int, victim: str, sto
     keys = sybil_keys(count + 1)
     signer = ManyKeySigner(keys)
     signer.subkeys = list(signer._keys)
-    signer.identities = [NodeIdentity(key) for key in keys]
+    signer.identities = [IdentityKey(key) for key in keys]
     dht = hivemind.DHT(initial_peers=addrs, start=True, record_validators=[signer], **_LOOPBACK)
     run_id = target.cfg.swarm.run_id
     # Published "now + 50 s" (inside the allowed clock skew), so the records stay fresh for a while.
@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         identity = None
         options: dict[str, Any] = {}
         if args.first_in_line or args.bound_record:  # an identity of its own, so that its record can be bound
-            identity = NodeIdentity.generate()
+            identity = IdentityKey.generate()
             path = Path(tempfile.mkdtemp(prefix="hostile-")) / "identity.key"
             identity.write(path)
             options["identity_path"] = str(path)

@@ -12,7 +12,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from p2ptrain.dhtkeys import peers_key
 from p2ptrain.status import PeerRecord
-from p2ptrain.swarm.identity import NodeIdentity
+from p2ptrain.swarm.identity import IdentityKey
 from p2ptrain.swarm.records import (
     MAX_RECORD_BYTES,
     PeerRecordModel,
@@ -42,7 +42,7 @@ def _record(peer_id: str, sps: float, epoch: int, **extra) -> PeerRecord:
                       loss=2.5, val_loss=None, reachability="direct", uptime_seconds=12.0, **extra)
 
 
-def _bound(identity: NodeIdentity, record_key: bytes, record: PeerRecord, run: str = RUN, **extra) -> dict:
+def _bound(identity: IdentityKey, record_key: bytes, record: PeerRecord, run: str = RUN, **extra) -> dict:
     """A record as a node publishes it: the fields, its identity key and the identity's proof."""
     return {**to_wire(record), "identity_key": identity.public_key,
             "key_proof": identity.sign(binding_message(run, record_key)), **extra}
@@ -52,7 +52,7 @@ def _bound(identity: NodeIdentity, record_key: bytes, record: PeerRecord, run: s
 def swarm(tmp_path_factory):
     """A and B are honest nodes with identity files; C is a forger whose DHT only checks signatures."""
     root = tmp_path_factory.mktemp("identities")
-    ids = {name: NodeIdentity.generate() for name in "abc"}
+    ids = {name: IdentityKey.generate() for name in "abc"}
     for name, identity in ids.items():
         identity.write(root / f"{name}.key")
     val_a = record_validators(RUN, RSAPrivateKey())
@@ -178,7 +178,7 @@ class _Found:
 
 @pytest.fixture(scope="module")
 def identities():
-    return [NodeIdentity.generate() for _ in range(4)]
+    return [IdentityKey.generate() for _ in range(4)]
 
 
 def _entries(identities, now, epochs):

@@ -25,7 +25,7 @@ from p2ptrain.run.invite import issue_invite
 from p2ptrain.run.manifest import new_manifest
 from p2ptrain.run.owner import OwnerKey
 from p2ptrain.swarm.dhtauth import InviteAuthorizer, forget_peers
-from p2ptrain.swarm.identity import NodeIdentity, ensure_identity, peer_id_of_identity
+from p2ptrain.swarm.identity import IdentityKey, ensure_identity, peer_id_of_identity
 from p2ptrain.swarm.run_entries import (
     RunEntryValidator,
     admitted_members,
@@ -131,7 +131,7 @@ def test_invite_run_dht_admits_invited_peers_only_and_cuts_off_revoked_ones(dhts
     for name in ("owner", "invited"):
         gates[name] = AdmissionGate("invite")
         tokens[name] = issue_invite(key, ref, peers[name], days=1)
-        identity_key = NodeIdentity.from_file(identities[name]).hivemind_key()
+        identity_key = IdentityKey.from_file(identities[name]).hivemind_key()
         authorizers[name] = InviteAuthorizer(ref, tokens[name], identity_key, gates[name])
 
     owner = dhts(identity_path=str(identities["owner"]), authorizer=authorizers["owner"],
@@ -147,7 +147,7 @@ def test_invite_run_dht_admits_invited_peers_only_and_cuts_off_revoked_ones(dhts
 
     with pytest.raises(Exception, match="bootstrap failed"):  # no invite at all: every request refused
         dhts(initial_peers=_maddrs(owner), identity_path=str(identities["stranger"]))
-    invited_key = NodeIdentity.from_file(identities["invited"]).hivemind_key()
+    invited_key = IdentityKey.from_file(identities["invited"]).hivemind_key()
     invited_token = AccessToken(username=tokens["invited"], public_key=invited_key.get_public_key().to_bytes())
     with pytest.raises(Exception, match="bootstrap failed"):  # a copied token without the invited peer's key
         dhts(initial_peers=_maddrs(owner), identity_path=str(identities["stranger"]),

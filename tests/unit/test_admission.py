@@ -20,7 +20,7 @@ from p2ptrain.run.invite import InviteError, issue_invite
 from p2ptrain.run.owner import OwnerKey
 from p2ptrain.status import NodeState, PeerRecord
 from p2ptrain.swarm.dhtauth import InviteAuthorizer, peer_id_of_public_key
-from p2ptrain.swarm.identity import NodeIdentity, ensure_identity, peer_id_of_identity
+from p2ptrain.swarm.identity import IdentityKey, ensure_identity, peer_id_of_identity
 from p2ptrain.trust.admission import AdmissionGate, filter_view
 from p2ptrain.trust.swarm_view import summarize
 
@@ -105,7 +105,7 @@ def test_peer_id_of_a_key_matches_hivemind_and_the_identity_file(tmp_path: Path)
     path = tmp_path / "identity.key"
     ensure_identity(path)
     ensure_identity(path)  # idempotent: an existing identity is kept
-    key = NodeIdentity.from_file(path).hivemind_key()
+    key = IdentityKey.from_file(path).hivemind_key()
     assert _peer(key) == peer_id_of_identity(path) == PeerID.from_identity(path.read_bytes()).to_base58()
     with pytest.raises(ConfigError, match="no such file"):
         peer_id_of_identity(tmp_path / "missing.key")

@@ -10,7 +10,7 @@ import pytest
 
 from p2ptrain.daemon.history import LossCurve
 from p2ptrain.daemon.snapshot import DataFigures, data_figures
-from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.round_stats import RoundSummary
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import PeerRecord, StatusSnapshot, SwarmView
 from p2ptrain.swarm.recordcheck import MAX_SHARDS, credit_problem
@@ -19,8 +19,8 @@ from p2ptrain.trust.credit import MAX_AWAITING, CreditFigures, CreditLedger
 from p2ptrain.trust.swarm_credit import coverage_of, credited_view, epoch_samples_bound
 
 
-def _round(ok: bool, group: int = 2) -> RoundReport:
-    return RoundReport(ok=ok, duration=1.0, group_size=group if ok else 0, peers_online=2, received_fraction=1.0)
+def _round(ok: bool, group: int = 2) -> RoundSummary:
+    return RoundSummary(ok=ok, duration=1.0, group_size=group if ok else 0, peers_online=2, received_fraction=1.0)
 
 
 def test_samples_count_once_their_round_averaged_them_with_another_peer() -> None:

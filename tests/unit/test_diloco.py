@@ -583,7 +583,7 @@ def test_without_peer_checks_a_round_s_received_share_is_still_measured(monkeypa
     import time
 
     import p2ptrain.optim.diloco as diloco
-    from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
+    from p2ptrain.averaging.robust_reduce import AllReduceReport
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.swarm_stats import SwarmStats
 
@@ -601,7 +601,7 @@ def test_without_peer_checks_a_round_s_received_share_is_still_measured(monkeypa
     optimizer = diloco.DiLoCoOptimizer([param], SimpleNamespace(peer_id="QmMe"), "run", cfg, client_mode=False,
                                        stats=stats)
     reports = made[0]["round_reports"]  # the queue the averager's process reports to
-    reports.put(ReducerReport(averager="diloco", group_size=2, peers=("QmMe", "QmPeer"), senders=2,
+    reports.put(AllReduceReport(averager="diloco", group_size=2, peers=("QmMe", "QmPeer"), senders=2,
                               contributions_expected=6, contributions_received=2, results_expected=3,
                               results_received=3, rejected=(), clipped=0, ok=True, finished_at=0.0))
     optimizer._finish_round({"QmMe": None, "QmPeer": None}, [torch.zeros(3)], None, time.perf_counter())

@@ -8,9 +8,8 @@ import asyncio
 import torch
 
 from p2ptrain.averaging.allreduce import RobustTensorPartReducer
-from p2ptrain.averaging.robust_reduce import ReduceRule
-from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
-from p2ptrain.optim.round_stats import RoundOutcome, RoundReport, classify
+from p2ptrain.averaging.robust_reduce import AllReduceReport, ReduceRule
+from p2ptrain.optim.round_stats import RoundOutcome, RoundSummary, classify
 from p2ptrain.status import PeerRecord
 from p2ptrain.trust.evidence import PeerEvidence, trusted_view
 from p2ptrain.trust.swarm_view import summarize
@@ -73,13 +72,13 @@ def test_a_round_where_a_peers_parts_are_missing_is_partial():
         return reducer
 
     reducer = asyncio.run(reduce())
-    measured = ReducerReport(averager="grad", group_size=3, peers=("me", "p1", "p2"), senders=3,
+    measured = AllReduceReport(averager="grad", group_size=3, peers=("me", "p1", "p2"), senders=3,
                              contributions_expected=reducer.num_parts * 3,
                              contributions_received=reducer.contributions_accepted, results_expected=8,
                              results_received=8, rejected=(), clipped=0, ok=True, finished_at=0.0)
     assert measured.averaged_fraction == 2 / 3
-    report = RoundReport(ok=True, duration=1.0, group_size=measured.group_size, peers_online=3,
+    report = RoundSummary(ok=True, duration=1.0, group_size=measured.group_size, peers_online=3,
                          received_fraction=measured.averaged_fraction)
     assert classify(report.bounded()) is RoundOutcome.PARTIAL
-    full = RoundReport(ok=True, duration=1.0, group_size=3, peers_online=3, received_fraction=1.0)
+    full = RoundSummary(ok=True, duration=1.0, group_size=3, peers_online=3, received_fraction=1.0)
     assert classify(full) is RoundOutcome.OK

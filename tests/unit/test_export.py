@@ -28,7 +28,7 @@ from p2ptrain.model.fingerprint import model_fingerprint
 from p2ptrain.model.load import ModelError, from_export, resolve
 from p2ptrain.optim.protocol import GlobalProgress, GuardTargets
 from p2ptrain.optim.rollback import NonFiniteRollback
-from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.round_stats import RoundSummary
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.optim.trainer import Trainer
 from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
@@ -64,7 +64,7 @@ class _OneRoundPerEpoch:
         self._samples += batch_size
         if self._samples >= self._target:
             self.stats.epoch_closed(self._samples, round_started=True, alone=False)
-            self.stats.record_round(RoundReport(ok=True, duration=0.1, group_size=3, peers_online=3,
+            self.stats.record_round(RoundSummary(ok=True, duration=0.1, group_size=3, peers_online=3,
                                                 received_fraction=1.0), 0)
             self.local_epoch, self._samples = self.local_epoch + 1, 0
 

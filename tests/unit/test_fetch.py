@@ -15,7 +15,7 @@ import torch
 from p2ptrain.cli import main as cli
 from p2ptrain.config.schema import TaskSection, TrainingSection, load_config, parse_config
 from p2ptrain.daemon.builder import ClientParts, NodeBuilder
-from p2ptrain.daemon.fetch import Fetcher, client_state_dir, fetch_config
+from p2ptrain.daemon.fetch import ModelFetcher, client_state_dir, fetch_config
 from p2ptrain.errors import EX_UNAVAILABLE
 from p2ptrain.model.export import CARD_FILE, CONFIG_FILE
 from p2ptrain.model.fingerprint import model_fingerprint
@@ -137,10 +137,10 @@ class FakeRecords:
         pass
 
 
-def _fetcher(config: Any, builder: FakeBuilder, timeout: float = 30.0, records: Any = None) -> Fetcher:
+def _fetcher(config: Any, builder: FakeBuilder, timeout: float = 30.0, records: Any = None) -> ModelFetcher:
     """A fetcher as ``p2ptrain fetch`` makes one, from the run's config."""
     client = fetch_config(config, [], config.state_dir(), timeout)
-    return Fetcher(client, timeout=timeout, builder=builder, records=records or FakeRecords())
+    return ModelFetcher(client, timeout=timeout, builder=builder, records=records or FakeRecords())
 
 
 def test_an_adopted_state_is_written_with_its_donor_and_epoch(tmp_path, corpus, capsys) -> None:

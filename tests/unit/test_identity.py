@@ -7,19 +7,19 @@ import pytest
 from hivemind.p2p import PeerID
 
 from p2ptrain.errors import ConfigError
-from p2ptrain.swarm.identity import IdentityError, NodeIdentity, peer_id_of, verify_for_peer
+from p2ptrain.swarm.identity import IdentityError, IdentityKey, peer_id_of, verify_for_peer
 
 
 @pytest.fixture(scope="module")
 def ids():
-    return NodeIdentity.generate(), NodeIdentity.generate()
+    return IdentityKey.generate(), IdentityKey.generate()
 
 
 def test_identity_round_trips_through_the_p2pd_key_file(tmp_path, ids):
     alice, _ = ids
     path = tmp_path / "identity.key"
     alice.write(path)
-    again = NodeIdentity.from_file(path)
+    again = IdentityKey.from_file(path)
     assert again.peer_id == alice.peer_id
     assert again.peer_id == PeerID.from_identity(path.read_bytes()).to_base58()  # hivemind's own derivation
 
@@ -47,14 +47,14 @@ def test_inline_keys_hash_to_identity_multihash():
 
 def test_unreadable_identity_files_are_one_line_config_errors(tmp_path):
     with pytest.raises(IdentityError, match=r"^identity .*missing\.key: no such file$"):
-        NodeIdentity.from_file(tmp_path / "missing.key")
+        IdentityKey.from_file(tmp_path / "missing.key")
     garbage = tmp_path / "garbage.key"
     garbage.write_bytes(b"\x08\x00\x12\x03abc")
     with pytest.raises(ConfigError, match=r"^identity .*garbage\.key: not a libp2p RSA identity \(\w+\)$"):
-        NodeIdentity.from_file(garbage)
+        IdentityKey.from_file(garbage)
     (tmp_path / "bad.key").write_bytes(b"\x00garbage")
     with pytest.raises(IdentityError, match="not a libp2p RSA identity"):
-        NodeIdentity.from_file(tmp_path / "bad.key")
+        IdentityKey.from_file(tmp_path / "bad.key")
 
 
 def test_the_one_loader_gives_hivemind_s_authorizers_the_same_key(tmp_path, ids):
@@ -62,6 +62,6 @@ def test_the_one_loader_gives_hivemind_s_authorizers_the_same_key(tmp_path, ids)
 
     alice, _ = ids
     alice.write(tmp_path / "identity.key")
-    key = NodeIdentity.from_file(tmp_path / "identity.key").hivemind_key()
+    key = IdentityKey.from_file(tmp_path / "identity.key").hivemind_key()
     assert peer_id_of_public_key(key.get_public_key().to_bytes()) == alice.peer_id
     assert key.get_public_key().verify(b"data", key.sign(b"data"))

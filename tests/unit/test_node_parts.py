@@ -14,7 +14,7 @@ from p2ptrain.daemon.builder import peer_seed
 from p2ptrain.daemon.smoothing import Ema, WindowRate
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.optim.inner import warmup_cosine
-from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.round_stats import RoundSummary
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import ROUND_DURATION_BUCKETS
 
@@ -71,8 +71,8 @@ def test_peer_seed_is_stable_and_distinct() -> None:
 
 def test_round_histogram_buckets_and_traffic() -> None:
     stats = SwarmStats()
-    stats.record_round(RoundReport(ok=True, duration=0.1, group_size=2, peers_online=2, received_fraction=1.0), 1000)
-    stats.record_round(RoundReport(ok=False, duration=1000.0, group_size=0, peers_online=2,
+    stats.record_round(RoundSummary(ok=True, duration=0.1, group_size=2, peers_online=2, received_fraction=1.0), 1000)
+    stats.record_round(RoundSummary(ok=False, duration=1000.0, group_size=0, peers_online=2,
                                    received_fraction=0.0), 1000)
     rounds = stats.rounds.figures()
     assert rounds.duration_bucket_counts[0] == 1 and rounds.duration_bucket_counts[len(ROUND_DURATION_BUCKETS)] == 1

@@ -15,7 +15,7 @@ import torch
 
 from p2ptrain.config.schema import ConfigError, TaskSection
 from p2ptrain.data.readers import ShardUnreadable
-from p2ptrain.data.remote import Fetcher, NotDownloaded
+from p2ptrain.data.remote import NotDownloaded, ShardFetcher
 from p2ptrain.data.sources import discover, url_shard
 from p2ptrain.data.text import build_text_data
 
@@ -84,14 +84,14 @@ def _publish(server: Server, count: int, *, corrupt: int | None = None, missing:
     return f"{server.url}/data/SHA256SUMS"
 
 
-def _fetcher(tmp_path: Path, **kwargs: object) -> Fetcher:
+def _fetcher(tmp_path: Path, **kwargs: object) -> ShardFetcher:
     waits: list[float] = []
-    fetcher = Fetcher(tmp_path / "cache", attempts=3, timeout=5.0, sleep=waits.append, **kwargs)  # type: ignore[arg-type]
+    fetcher = ShardFetcher(tmp_path / "cache", attempts=3, timeout=5.0, sleep=waits.append, **kwargs)  # type: ignore[arg-type]
     fetcher.waits = waits  # type: ignore[attr-defined]
     return fetcher
 
 
-def _data(url: str, fetcher: Fetcher):
+def _data(url: str, fetcher: ShardFetcher):
     cfg = TaskSection(data_path=url, seq_len=16, d_model=16, n_heads=2, validation_fraction=0.2, buffer_mb=1)
     return build_text_data(cfg, batch_size=4, peer_seed=1, peer_id="a", live_peers=lambda: ["a"], fetcher=fetcher)
 

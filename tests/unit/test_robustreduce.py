@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from p2ptrain.averaging.robust_reduce import (
+    AllReduceReport,
     ReduceRule,
-    RoundReport,
     RoundReports,
     aggregate,
     centered_clip,
@@ -124,8 +124,8 @@ def test_result_check_refuses_nonfinite_and_implausible_moves_but_not_honest_one
     assert "shape" in check_result(torch.randn(5), local, ReduceRule())
 
 
-def _report(n: int) -> RoundReport:
-    return RoundReport(averager="a", group_size=3, peers=("a", "b", "QmX"), senders=3, contributions_expected=6,
+def _report(n: int) -> AllReduceReport:
+    return AllReduceReport(averager="a", group_size=3, peers=("a", "b", "QmX"), senders=3, contributions_expected=6,
                        contributions_received=n, results_expected=10, results_received=10,
                        rejected=(("QmX", "nonfinite_part", "nan"),), clipped=0, ok=True, finished_at=1.0)
 

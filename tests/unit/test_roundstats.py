@@ -6,13 +6,13 @@ import threading
 
 import pytest
 
-from p2ptrain.optim.round_stats import RoundOutcome, RoundReport, RoundStats, classify
+from p2ptrain.optim.round_stats import RoundOutcome, RoundStats, RoundSummary, classify
 from p2ptrain.status import RECEIVED_FRACTION_BUCKETS, ROUND_DURATION_BUCKETS, StatusSnapshot
 
 
 def report(ok: bool = True, duration: float = 1.0, group: int = 3, online: int = 3,
-           received: float | None = 1.0) -> RoundReport:
-    return RoundReport(ok=ok, duration=duration, group_size=group, peers_online=online, received_fraction=received)
+           received: float | None = 1.0) -> RoundSummary:
+    return RoundSummary(ok=ok, duration=duration, group_size=group, peers_online=online, received_fraction=received)
 
 
 @pytest.mark.parametrize("ok, group, online, received, outcome", [
@@ -38,9 +38,9 @@ def test_classify(ok: bool, group: int, online: int, received: float | None, out
 
 
 def test_reports_are_bounded() -> None:
-    bad = RoundReport(ok=True, duration=float("nan"), group_size=-2, peers_online=-1,
+    bad = RoundSummary(ok=True, duration=float("nan"), group_size=-2, peers_online=-1,
                       received_fraction=float("inf")).bounded()
-    assert bad == RoundReport(ok=True, duration=0.0, group_size=0, peers_online=0, received_fraction=0.0)
+    assert bad == RoundSummary(ok=True, duration=0.0, group_size=0, peers_online=0, received_fraction=0.0)
     assert report(duration=-3.0, received=1.7).bounded().duration == 0.0
     assert report(received=1.7).bounded().received_fraction == 1.0
     assert report(received=-0.2).bounded().received_fraction == 0.0
@@ -144,7 +144,7 @@ def test_without_peer_checks_the_reducer_still_counts_what_it_mixed_in():
     import torch
 
     from p2ptrain.averaging.counting import CountingTensorPartReducer
-    from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
+    from p2ptrain.averaging.robust_reduce import AllReduceReport
 
     async def reduce() -> CountingTensorPartReducer:
         reducer = CountingTensorPartReducer([torch.Size([4])] * 3, 3)
@@ -158,10 +158,10 @@ def test_without_peer_checks_the_reducer_still_counts_what_it_mixed_in():
 
     reducer = asyncio.run(reduce())
     assert reducer.contributions_accepted == 3 + 1 + 1
-    measured = ReducerReport(averager="grad", group_size=3, peers=("me", "p1", "p2"), senders=3,
+    measured = AllReduceReport(averager="grad", group_size=3, peers=("me", "p1", "p2"), senders=3,
                              contributions_expected=9, contributions_received=reducer.contributions_accepted,
                              results_expected=12, results_received=12, rejected=(), clipped=0, ok=True,
                              finished_at=0.0)
-    report = RoundReport(ok=True, duration=1.0, group_size=3, peers_online=3,
+    report = RoundSummary(ok=True, duration=1.0, group_size=3, peers_online=3,
                          received_fraction=measured.averaged_fraction)
     assert report.received_fraction == pytest.approx(5 / 9) and classify(report) is RoundOutcome.PARTIAL

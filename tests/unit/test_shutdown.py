@@ -6,7 +6,7 @@ import logging
 import threading
 
 from p2ptrain.daemon.shutdown import close_within_deadline, land_round_in_flight
-from p2ptrain.optim.round_stats import RoundReport, RoundStats
+from p2ptrain.optim.round_stats import RoundStats, RoundSummary
 
 
 def test_a_hanging_close_is_cut_short_with_the_latest_exit_code() -> None:
@@ -50,7 +50,7 @@ def test_the_run_summary_counts_the_round_that_landed_last(caplog) -> None:
 
     class Landing:
         def flush(self) -> None:
-            rounds.record(RoundReport(ok=True, duration=1.0, group_size=2, peers_online=2, received_fraction=1.0))
+            rounds.record(RoundSummary(ok=True, duration=1.0, group_size=2, peers_online=2, received_fraction=1.0))
 
     with caplog.at_level(logging.INFO, logger="p2ptrain.daemon.shutdown"):
         land_round_in_flight(Landing(), rounds)  # type: ignore[arg-type]

@@ -72,3 +72,16 @@ def test_every_exit_code_is_named_once_in_errors() -> None:
                         defined.setdefault(target.id, []).append(str(path.relative_to(REPO)))
     assert "EX_CONFIG" in defined  # the scan sees assignments
     assert {name: where for name, where in defined.items() if where != ["p2ptrain/errors.py"]} == {}
+
+
+def test_no_two_classes_share_a_name() -> None:
+    """A class name says what it is once: two ``RoundReport``s (or ``Fetcher``s) make every reader
+    check which one a module means."""
+    where: dict[str, list[str]] = {}
+    for folder in ("p2ptrain", "daemon", "tui", "benchmarks"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef):
+                    where.setdefault(node.name, []).append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert len(where) > 100  # the scan sees the project's classes
+    assert {name: places for name, places in where.items() if len(places) > 1} == {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from p2ptrain.optim.round_stats import RoundReport
+from p2ptrain.optim.round_stats import RoundSummary
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import ROUND_DURATION_BUCKETS
 
@@ -20,7 +20,7 @@ def test_readings_are_consistent_while_two_threads_record_rounds() -> None:
     torn: list[str] = []
 
     def writer(ok: bool) -> None:
-        report = RoundReport(ok=ok, duration=1.0, group_size=3, peers_online=3, received_fraction=1.0)
+        report = RoundSummary(ok=ok, duration=1.0, group_size=3, peers_online=3, received_fraction=1.0)
         for _ in range(ROUNDS_PER_WRITER):
             stats.record_round(report, 300)
 
