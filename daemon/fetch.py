@@ -1,7 +1,9 @@
 """``p2ptrain fetch``: the swarm's current model, written as an export, without running a node.
 
 The fetcher joins the run as a client-mode peer (it dials out only: nobody can ask it for
-anything), builds the run's model and optimizer through the node's own builder, and downloads
+anything) through the life cycle a node goes through too (:class:`p2ptrain.daemon.session.SwarmSession`:
+plan, lock, join, the owned run's manifest, records, build, leave), builds the run's model and
+optimizer through the node's own builder, and downloads
 the state through the optimizer's validated path, in gradient and DiLoCo mode alike: the donor's
 tensors are checked for count, shape, size and finite values, its epoch against what the run's
 peers report in their signed records, and its model's validation loss here.  It publishes
@@ -33,12 +35,14 @@ from typing import Any
 
 from p2ptrain.config.schema import DAY, ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.builder import ClientParts, JoinedSwarm, NodeBuilder
-from p2ptrain.daemon.shutdown import close_within_deadline, end_process
+from p2ptrain.daemon.hooks import NodeHooks, SwarmPresence
+from p2ptrain.daemon.session import SwarmSession
+from p2ptrain.daemon.shutdown import end_process
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.errors import EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE
 from p2ptrain.model.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
 from p2ptrain.optim.protocol import SwarmOptimizer
-from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, IdentityLock, PeersRefused, SwarmError
+from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, PeersRefused, SwarmError
 from p2ptrain.swarm.manifest_source import SourceUnavailable
 from p2ptrain.swarm.ownedrun import apply_run_flags
 from p2ptrain.trust.swarm_credit import credited_view, epoch_samples_bound
@@ -60,28 +64,29 @@ class Unavailable(Exception):
     """No state could be had from the swarm; the message is the one line to show."""
 
 
-class RecordReader:
-    """Reads the run's signed peer records into the fetcher's evidence, publishing none of its own."""
+class RecordReader(NodeHooks):
+    """The fetcher's hooks: the run's signed peer records read into its evidence, none of its own published."""
 
     def __init__(self) -> None:
         self._validators: list[Any] = []
         self._publisher: Any = None
 
-    def validators(self, run_id: str) -> list[Any]:
+    def record_validators(self, run_id: str) -> list[Any]:
         from p2ptrain.swarm.records import record_validators
 
         self._validators = record_validators(run_id)
         return self._validators
 
-    def start(self, dht: Any, run_id: str, evidence: Any) -> None:
+    def joined(self, presence: SwarmPresence) -> bool:
         from p2ptrain.daemon.record_publisher import RecordPublisher
         from p2ptrain.status import LatestSnapshot
 
         # A snapshot without a peer ID: the publisher then only polls (it publishes a record only for
         # a node that has one), so the fetcher never shows up in anyone's swarm view.
-        self._publisher = RecordPublisher.for_run(dht, run_id, self._validators, LatestSnapshot(), evidence,
-                                                  period=RECORDS_PERIOD)
+        self._publisher = RecordPublisher.for_run(presence.dht, presence.run_id, self._validators, LatestSnapshot(),
+                                                  presence.evidence, period=RECORDS_PERIOD)
         self._publisher.start()
+        return True
 
     def peers(self) -> int:
         """Peers in the run's records now."""
@@ -93,7 +98,7 @@ class RecordReader:
 
         return self._publisher.view if self._publisher is not None else SwarmView()
 
-    def stop(self) -> None:
+    def stopping(self) -> None:
         if self._publisher is not None:
             self._publisher.stop()
 
@@ -124,10 +129,11 @@ class ModelFetcher:
         self.records = records or RecordReader()
         self.clock, self.wall_clock = clock, wall_clock
         self.stopper = Stopper()
-        self.swarm: JoinedSwarm | None = None
-        self.parts: ClientParts | None = None
+        #: Plan, swarm, parts and leaving: the life cycle a fetch shares with a node.
+        self.session = SwarmSession(config, builder=self.builder, hooks=self.records, stopper=self.stopper,
+                                    initial_peers=lambda: list(self.session.config.swarm.initial_peers),
+                                    wall_clock=wall_clock)
         self._deadline = 0.0
-        self._run_id = config.swarm.run_id
 
     def remaining(self) -> float:
         return max(0.0, self._deadline - self.clock())
@@ -135,24 +141,18 @@ class ModelFetcher:
     def run(self, out_dir: Path, *, force: bool = False, torch_copy: bool = False) -> int:
         """Fetch into ``out_dir``; the exit code says how it went (one line on stderr if badly)."""
         self._deadline = self.clock() + self.timeout
-        lock: IdentityLock | None = None
         code = EX_FAILURE
         try:
             try:
-                state_dir = self.config.state_dir()
-                plan = self.builder.prepare(self.config, state_dir)  # a bad manifest or run reference: 78 here
-                config = plan.config if plan is not None else self.config
-                state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                lock = IdentityLock(state_dir)
-                lock.acquire()
-                code = self._fetch(config, plan, state_dir, out_dir, force, torch_copy)
+                # Joined, the keeper fetches a manifest the plan lacks: nothing is written but the export.
+                self.session.prepare(fetch_manifest=False)  # a bad manifest or run reference: 78 here
+                self.session.open()
+                code = self._fetch(out_dir, force, torch_copy)
             except Exception as error:  # each failure is one line; a bug still shows its traceback
                 code = self._report(error)
             return code
         finally:
             self._leave(code)
-            if lock is not None:
-                lock.release()
 
     def _report(self, error: Exception) -> int:
         """The one line and the exit code for how the fetch failed (re-raises what is a bug)."""
@@ -175,33 +175,26 @@ class ModelFetcher:
             return _fail(str(error), EX_FAILURE)
         raise error
 
-    def _fetch(self, config: NodeConfig, plan: Any, state_dir: Path, out_dir: Path, force: bool,
-               torch_copy: bool) -> int:
-        from p2ptrain.optim.defences import Defences
+    def _fetch(self, out_dir: Path, force: bool, torch_copy: bool) -> int:
         from p2ptrain.optim.swarm_stats import SwarmStats
 
-        # The gate and round reports live in memory shared with the averagers' processes: made first.
-        defences = Defences.from_config(config.swarm)
-        self._run_id = run_id = config.swarm.run_id
-        self.swarm = swarm = self.builder.join(config, state_dir, lambda: list(config.swarm.initial_peers),
-                                               self.records.validators(run_id), self.stopper, self.wall_clock,
-                                               plan=plan)
+        session = self.session
+        swarm = session.join()
+        run_id = session.config.swarm.run_id
         logger.info("joined run %r as client-mode peer %s (it trains nothing and serves nothing)", run_id,
                     swarm.peer_id)
-        keeper = None
-        if plan is not None:
-            keeper = self.builder.follow_run(plan, swarm)
-            config = keeper.join(self.stopper, max(1.0, self.remaining()))
-        evidence = defences.joined_through(swarm.trusted)
-        self.records.start(swarm.dht, run_id, evidence)
-        self.parts = parts = self.builder.build_client(config, swarm, SwarmStats(), run=keeper, defences=defences)
+        config = session.follow_run(max(1.0, self.remaining()))
+        session.read_records()
+        assert session.presence is not None and session.presence.evidence is not None  # fetch_config: checks on
+        evidence = session.presence.evidence
+        parts = session.build(lambda cfg, joined, **run: self.builder.build_client(cfg, joined, SwarmStats(), **run))
         self._settle(parts.optimizer, evidence.records_seen)
         donor, epoch = self._download(parts)
 
         from p2ptrain.optim.defences import evaluate_fn
 
         val_loss = evaluate_fn(parts.task)()
-        run_ref = str(plan.ref) if plan is not None else run_id
+        run_ref = str(session.plan.ref) if session.plan is not None else run_id
         finite = math.isfinite(val_loss)
         card = CardInfo(run_ref=run_ref, epoch=epoch, val_loss=val_loss if finite else None,
                         val_epoch=epoch if finite else None, val_of=VAL_OF_EXPORT if finite else "",
@@ -242,7 +235,8 @@ class ModelFetcher:
             if self.remaining() <= 0:
                 hint = ""
                 if self.records.peers() == 0 and optimizer.global_progress().num_peers == 0:
-                    hint = (f" (nobody reports under run {self._run_id!r}: a plain run is named by its node "
+                    hint = (f" (nobody reports under run {self.session.config.swarm.run_id!r}: a plain run is "
+                            "named by its node "
                             "config, pass it with -c)")
                 raise Unavailable(f"no peer served a state that passed the checks within {self.timeout:.0f}s "
                                   f"(--timeout); {self._seen(optimizer)}{hint}")
@@ -257,15 +251,18 @@ class ModelFetcher:
     def _leave(self, code: int) -> None:
         """Leave the swarm (bounded: past the deadline every helper is stopped and the process ends
         with ``code``, the outcome already reported)."""
-        closers = [self.records.stop]
-        if self.parts is not None:
-            closers.append(self.parts.close)
-        if self.swarm is not None:
-            closers.append(self.swarm.close)
         try:
-            close_within_deadline(closers, lambda: code)
+            self.session.leave(lambda: code)
         finally:
             self.stopper.close()
+
+    @property
+    def swarm(self) -> JoinedSwarm | None:
+        return self.session.swarm
+
+    @property
+    def parts(self) -> ClientParts | None:
+        return self.session.parts  # type: ignore[return-value]
 
 
 def swarm_credit(view: Any, samples_per_epoch: int) -> dict[str, int | None]:

@@ -1,7 +1,8 @@
 """The node's life: STARTING -> JOINING -> SYNCING -> TRAINING (the loop) -> STOPPING -> STOPPED.
 
-:class:`Node` joins the swarm and builds its parts through a builder (``daemon.builder``), syncs
-with the swarm (``daemon.sync``), hands over to the training loop (``daemon.loop``), and on the
+:class:`Node` joins the swarm and builds its parts through its swarm session (``daemon.session``,
+the life cycle ``p2ptrain fetch`` shares) and a builder (``daemon.builder``), syncs with the swarm
+(``daemon.sync``), hands over to the training loop (``daemon.loop``), and on the
 way out writes a final checkpoint and takes everything down within a deadline (``daemon.shutdown``).
 In an owned run it settles the run's plan before anything is written, takes the run's settings
 from its signed manifest once joined, and follows new manifest versions (``daemon.runfollow``).
@@ -26,12 +27,13 @@ from p2ptrain.config.schema import ConfigError, NodeConfig
 from p2ptrain.daemon.builder import JoinedSwarm, NodeBuilder, TrainingParts
 from p2ptrain.daemon.control import ControlQueue
 from p2ptrain.daemon.cpushare import CpuShare, default_cpu_source
-from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets, SwarmPresence
+from p2ptrain.daemon.hooks import NodeHooks, NodeOutlets
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.loop import PAUSED_WAIT, TrainingLoop
 from p2ptrain.daemon.runfollow import RunFollower, describe_figures
+from p2ptrain.daemon.session import SwarmSession
 from p2ptrain.daemon.shownview import shown_view
-from p2ptrain.daemon.shutdown import close_within_deadline, land_round_in_flight
+from p2ptrain.daemon.shutdown import land_round_in_flight
 from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures, data_figures
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.daemon.sync import sync_with_swarm
@@ -39,7 +41,7 @@ from p2ptrain.errors import EX_CONFIG, EX_FAILURE, EX_OK, EX_TEMPFAIL, error_lin
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
-from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
+from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, SwarmError
 from p2ptrain.swarm.manifest_source import SourceUnavailable
 from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan
 from p2ptrain.trust.swarm_credit import epoch_samples_bound
@@ -83,11 +85,9 @@ class Node:
         self.board.stats = self.swarm_stats.view
         self.board.rounds = self.swarm_stats.rounds.figures
         self.board.cpu = self.cpu_share.figures
-        self.plan: RunPlan | None = None
-        self.keeper: RunKeeper | None = None
-        #: The peer checks (p2ptrain.optim.defences.Defences), built before anything forks; None when off.
-        self.defences: Defences | None = None
-        self.swarm: JoinedSwarm | None = None
+        #: Plan, swarm, parts and leaving: the life cycle this node shares with ``p2ptrain fetch``.
+        self.session = SwarmSession(config, builder=self.builder, hooks=self.hooks, stopper=self.stopper,
+                                    initial_peers=self.initial_peers, wall_clock=wall_clock)
         self.parts: TrainingParts | None = None
         self.loop: TrainingLoop | None = None
         #: How the node ends when nothing goes wrong: 0, or what a manifest update asked for.
@@ -96,6 +96,23 @@ class Node:
         self._not_admitted = 0
         #: Exit code if shutdown has to be cut short: 0 only once the final checkpoint is safe.
         self._forced_exit_code = EX_FAILURE
+
+    @property
+    def plan(self) -> RunPlan | None:
+        return self.session.plan
+
+    @property
+    def keeper(self) -> RunKeeper | None:
+        return self.session.keeper
+
+    @property
+    def defences(self) -> Defences | None:
+        """The peer checks (p2ptrain.optim.defences.Defences), built before anything forks; None when off."""
+        return self.session.defences
+
+    @property
+    def swarm(self) -> JoinedSwarm | None:
+        return self.session.swarm
 
     def request_stop(self, reason: str) -> None:
         """Thread- and signal-safe: the loop notices between steps and leaves cleanly."""
@@ -144,22 +161,14 @@ class Node:
     def run(self) -> int:
         """Run the node to its end; the exit code says how it ended (one line on stderr if badly)."""
         try:
-            state_dir = self.config.state_dir()
             # An owned run's manifest and invite are checked before anything is written: the file
             # (or the version kept from an earlier start), else the swarm's, fetched for it.
-            self.plan = self.builder.prepare(self.config, state_dir)
-            if self.plan is not None and self.plan.manifest is None:
-                self.plan = self.builder.fetch_manifest(self.plan, self.initial_peers(), self.stopper)
-            if self.plan is not None:
-                self._use_config(self.plan.config)
-            state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            lock = IdentityLock(state_dir)
-            lock.acquire()
+            self._use_config(self.session.prepare(fetch_manifest=True))
+            self.session.open()
             try:
-                code = self._run(state_dir)
+                code = self._run(self.session.state_dir)
             finally:
                 self._close()
-                lock.release()
             if code:
                 print(f"p2ptrain: {self._exit_reason}", file=sys.stderr)
             return code
@@ -178,17 +187,13 @@ class Node:
     def _run(self, state_dir: Path) -> int:
         cfg = self.config
         self.set_threads(cfg.training.threads)
-        # The gate and round reports live in memory shared with the averagers' processes: made first.
-        self.defences = Defences.from_config(cfg.swarm)
         if self.defences is not None:
             self.board.offences = self.defences.figures
         self.board.set_state(NodeState.STARTING)
         self.hooks.starting(NodeOutlets(state_dir, self.latest, self.logs, self.control))
 
         self.board.set_state(NodeState.JOINING)
-        self.swarm = swarm = self.builder.join(cfg, state_dir, self.initial_peers,
-                                               self.hooks.record_validators(cfg.swarm.run_id), self.stopper,
-                                               self.wall_clock, plan=self.plan)
+        swarm = self.session.join()
         self.board.identity = NodeIdentity(cfg.swarm.run_id, swarm.peer_id, tuple(swarm.maddrs),
                                            client_mode=cfg.swarm.client_mode)
         how_to_join = " ".join(f"--join {addr}" for addr in swarm.maddrs)
@@ -199,15 +204,16 @@ class Node:
         else:
             logger.info("started a new swarm %r; others can join with: %s", cfg.swarm.run_id, how_to_join)
         if self.plan is not None:
-            cfg = self._follow_run(self.plan, swarm)
-        evidence = self.defences.joined_through(swarm.trusted) if self.defences is not None else None
-        presence = SwarmPresence(swarm.dht, cfg.swarm.run_id, swarm.peer_id, evidence)
-        records_read = self.hooks.joined(presence)
+            cfg = self._follow_run()
+        records_read = self.session.read_records()
+        presence = self.session.presence
+        assert presence is not None
+        evidence = presence.evidence
 
-        self.parts = parts = self.builder.build_training(cfg, swarm, self.swarm_stats, live_peers=self.training_peers,
-                                                         wall_clock=self.wall_clock,
-                                                         long_operation=self.hooks.long_operation, run=self.keeper,
-                                                         defences=self.defences, wait=self.stopper.wait)
+        self.parts = parts = self.session.build(
+            lambda config, joined, **run: self.builder.build_training(
+                config, joined, self.swarm_stats, live_peers=self.training_peers, wall_clock=self.wall_clock,
+                long_operation=self.hooks.long_operation, wait=self.stopper.wait, **run))
         self._watch(parts)
         follower = RunFollower(self.keeper, parts.optimizer, parts.trainer, peer_id=swarm.peer_id,
                                fingerprint=parts.fingerprint, request_exit=self.request_exit, clock=self.clock,
@@ -251,13 +257,13 @@ class Node:
         self.config = config
         self.board.target_batch_size = config.training.target_batch_size
 
-    def _follow_run(self, plan: RunPlan, swarm: JoinedSwarm) -> NodeConfig:
+    def _follow_run(self) -> NodeConfig:
         """Joined an owned run: its manifest (fetched when the node has only the reference) decides
         the run-wide settings from here on."""
-        self.keeper = keeper = self.builder.follow_run(plan, swarm)
-        self._use_config(keeper.join(self.stopper, self.config.swarm.bootstrap_timeout))
+        self._use_config(self.session.follow_run(self.config.swarm.bootstrap_timeout))
+        assert self.keeper is not None
         self.board.run = self._run_figures
-        logger.info("%s", describe_figures(keeper.status()))
+        logger.info("%s", describe_figures(self.keeper.status()))
         return self.config
 
     def _watch(self, parts: TrainingParts) -> None:
@@ -276,12 +282,7 @@ class Node:
 
     def _close(self) -> None:
         """Take down what the node owns; a hang past the deadline ends the process (helpers and all)."""
-        closers = [self.hooks.stopping]
-        if self.parts is not None:
-            closers.append(self.parts.close)
-        if self.swarm is not None:
-            closers.append(self.swarm.close)
-        close_within_deadline(closers, lambda: self._forced_exit_code)
+        self.session.leave(lambda: self._forced_exit_code)
         self.board.set_state(NodeState.STOPPED)
         self.stopper.close()
 

@@ -124,16 +124,17 @@ class FakeRecords:
         return SwarmView(peers=tuple(PeerRecord(peer_id=peer, state="training", epoch=7, samples_contributed=claim)
                                      for peer, claim in self.claims), global_epoch=7)
 
-    def validators(self, run_id: str) -> list[Any]:
+    def record_validators(self, run_id: str) -> list[Any]:
         return []
 
-    def start(self, dht: Any, run_id: str, evidence: Any) -> None:
-        evidence.records_seen.set()
+    def joined(self, presence: Any) -> bool:
+        presence.evidence.records_seen.set()
+        return True
 
     def peers(self) -> int:
         return self.count
 
-    def stop(self) -> None:
+    def stopping(self) -> None:
         pass
 
 
