@@ -44,6 +44,7 @@ from p2ptrain.swarm.identity import identity_path
 from p2ptrain.swarm.manifest_source import fetch_before_join
 from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan, fetch_readmitting, prepare_run, settle
 from p2ptrain.swarm.rejoin import Rejoiner
+from p2ptrain.swarm.run_entries import keep_newest_versions
 from p2ptrain.tasks.base import Task
 from p2ptrain.tasks.loader import build_task
 
@@ -161,6 +162,8 @@ class NodeBuilder:
             if plan is None or config.swarm.invite is not None:
                 raise
             raise PeersRefused(f"{error}{invite_only_hint(plan.ref)}") from None
+        if plan is not None:
+            keep_newest_versions(dht)  # the run's manifest key: one entry per version, the newest few
         swarm = JoinedSwarm(dht, str(dht.peer_id), visible_maddrs(dht), state_dir, first_seen=wall_clock(),
                             trusted=tuple(peer_ids_of(list(initial_peers()))))
         swarm.rejoiner = Rejoiner(dht, lambda: list(initial_peers()))

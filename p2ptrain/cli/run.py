@@ -247,7 +247,8 @@ def _peer_list(current: tuple[str, ...], add: list[str], remove: list[str], flag
 
 def update_command(args: argparse.Namespace) -> int:
     path = manifest_path(args.manifest)
-    old = read_manifest_file(path)
+    old = read_manifest_file(path, any_form=True)  # signing anew: a file in an older form is rewritten
+    reform = path.read_bytes() != old.to_toml().encode("utf-8")
     ref = old.ref
     key = _owner_key(_key_beside(path, ref, args.key), ref)
     updated = apply_settings(old, args.set)
@@ -267,12 +268,13 @@ def update_command(args: argparse.Namespace) -> int:
             choice, NodeConfig.model_validate({"task": updated.task, "training": updated.training}))
     updated = dataclasses.replace(updated, **changes)
     change = classify(old, updated)
-    if not change.changes:
+    if not change.changes and not reform:
         raise ManifestError(f"run update {path}: nothing changes (give --set, --ban, --unban, --revoke, "
                             "--unrevoke, --private, --open or --fingerprint)")
     new = dataclasses.replace(updated, version=old.version + 1, updated_at=utc_now()).signed(key)
     write_atomic(path, new.to_toml().encode("utf-8"))
-    print(f"run {ref}: manifest version {old.version} -> {new.version} written to {path}")
+    print(f"run {ref}: manifest version {old.version} -> {new.version} written to {path}"
+          + (" (in the canonical form: keys sorted)" if reform else ""))
     for item in classify(old, new).changes:
         if item.field == "run.updated_at":
             continue

@@ -1,7 +1,9 @@
 """A small, deterministic TOML writer for the values p2ptrain writes (manifests).
 
 The output is a function of the values alone (same values, same bytes), which is what lets a
-signed manifest be checked byte for byte. Only what configs hold is supported: strings, booleans,
+signed manifest be checked byte for byte: every table's keys, inline ones included, are written in
+sorted order, never in the order a mapping happened to be built or parsed in (two orders would be
+two files for one signed meaning). Only what configs hold is supported: strings, booleans,
 integers, floats, arrays and inline tables; ``None`` has no TOML form and is left out by callers.
 """
 
@@ -51,13 +53,19 @@ def toml_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(item) for item in value) + "]"
     if isinstance(value, Mapping):
-        items = [f"{toml_key(str(k))} = {toml_value(v)}" for k, v in value.items() if v is not None]
+        items = [f"{toml_key(str(k))} = {toml_value(v)}" for k, v in _sorted_items(value) if v is not None]
         return "{ " + ", ".join(items) + " }" if items else "{}"
     raise TypeError(f"no TOML form for {type(value).__name__}")
 
 
-def toml_table(name: str, values: Mapping[str, Any]) -> list[str]:
-    """``[name]`` and one ``key = value`` line per non-None value, in the mapping's order."""
+def _sorted_items(values: Mapping[Any, Any]) -> list[tuple[Any, Any]]:
+    return sorted(values.items(), key=lambda item: str(item[0]))
+
+
+def toml_table(name: str, values: Mapping[str, Any], *, sort_keys: bool = True) -> list[str]:
+    """``[name]`` and one ``key = value`` line per non-None value, keys sorted (``sort_keys=False``: in
+    the mapping's order, for files people read rather than verify, such as a node config)."""
+    items = _sorted_items(values) if sort_keys else list(values.items())
     lines = [f"[{name}]"]
-    lines.extend(f"{toml_key(key)} = {toml_value(value)}" for key, value in values.items() if value is not None)
+    lines.extend(f"{toml_key(key)} = {toml_value(value)}" for key, value in items if value is not None)
     return lines

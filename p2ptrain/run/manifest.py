@@ -7,8 +7,11 @@ brings its own copy), the run-wide part of ``[training]``, the admission policy 
 fingerprint once known, and the owner's public key. The owner signs a canonical JSON
 serialization of all of it; the file is the canonical TOML rendering of the same values with the
 signature appended, and is accepted only when it *is* that rendering byte for byte, so any edit
-(a value, a comment, a space) is refused. Anyone may hold and pass on a manifest; only the owner
-can make one that verifies for the run's reference.
+(a value, a comment, a space) is refused. Both forms write every table's keys in sorted order,
+at every depth, whatever order a config or a parse gave them: one signed meaning has exactly one
+file, so nobody can mint new copies of a signed manifest (reordered ``task.options``, say) to
+flood the DHT with. Versions run from 1 to :data:`MAX_VERSION`. Anyone may hold and pass on a
+manifest; only the owner can make one that verifies for the run's reference.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ FORMAT = 1
 MAX_MANIFEST_BYTES = 64 * 1024
 #: Peer IDs one manifest may ban or revoke.
 MAX_LISTED_PEERS = 4096
+#: Highest manifest version: far more updates than a run's life holds, and a number every consumer
+#: (a float gauge, a DHT subkey, the next ``run update``) carries exactly.
+MAX_VERSION = 10**9
 _SIGNING_DOMAIN = b"p2ptrain-manifest-v1\x00"
 _TIME_RE = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 
@@ -80,7 +86,7 @@ class _Strict(BaseModel):
 class RunBlock(_Strict):
     name: str = Field(pattern=f"^{NAME_PATTERN}$")
     reference: str
-    version: int = Field(ge=1, lt=2**63)
+    version: int = Field(ge=1, le=MAX_VERSION)
     created_at: str = Field(pattern=f"^{_TIME_RE}$")
     updated_at: str = Field(pattern=f"^{_TIME_RE}$")
     owner_key: str
@@ -147,7 +153,7 @@ class Manifest:
         return frozenset(self.banned) | frozenset(self.revoked)
 
     def sections(self) -> dict[str, Any]:
-        """The manifest's meaning as plain values (None left out), in file order."""
+        """The manifest's meaning as plain values (None left out); both forms sort each table's keys."""
         run = {"name": self.name, "reference": str(self.ref), "version": self.version,
                "created_at": self.created_at, "updated_at": self.updated_at,
                "owner_key": encode_public_key(self.owner_key), "fingerprint": self.fingerprint}
@@ -167,6 +173,9 @@ class Manifest:
     def signed(self, key: OwnerKey) -> Manifest:
         if key.public_key != self.owner_key:
             raise ManifestError(f"owner key is not the key of run {self.ref}")
+        if not 1 <= self.version <= MAX_VERSION:
+            raise ManifestError(f"run {self.ref}: version {self.version} is outside 1..{MAX_VERSION}; a run that "
+                                "has used up its versions goes on as a new run (p2ptrain run init)")
         problem = data_problem(self.task.get("data_path"), self.local_data) or unwritable(self.sections())
         if problem:
             raise ManifestError(f"run {self.ref}: {problem}")
@@ -185,7 +194,8 @@ class Manifest:
         return self
 
     def to_toml(self) -> str:
-        """The canonical file: header, sections in order, the signature last."""
+        """The canonical file: header, ``format``, the tables in a fixed order with their keys sorted (as in
+        the signed JSON), the signature last."""
         sections = self.sections()
         lines = [_HEADER + f"format = {toml_value(FORMAT)}", ""]
         for name in ("run", "admission", "task", "training"):
@@ -387,11 +397,16 @@ def parse_manifest(text: str, origin: str = "manifest") -> Manifest:
     return manifest
 
 
-def load_manifest(text: str, origin: str = "manifest", ref: RunRef | None = None) -> Manifest:
-    """Parse, verify the signature (and the run, if ``ref`` is given) and demand the canonical bytes."""
+def load_manifest(text: str, origin: str = "manifest", ref: RunRef | None = None, *,
+                  any_form: bool = False) -> Manifest:
+    """Parse, verify the signature (and the run, if ``ref`` is given) and demand the canonical bytes.
+
+    ``any_form`` skips the last check, for the owner's ``run update`` alone: it signs anew, and so
+    rewrites a file of an older p2ptrain (keys in another order) in the canonical form.
+    """
     manifest = parse_manifest(text, origin).verify(ref, origin)
     canonical = manifest.to_toml()
-    if text != canonical:
+    if text != canonical and not any_form:
         raise ManifestError(f"{origin}: {_first_difference(text, canonical)} (a manifest is changed only with "
                             "p2ptrain run update, which re-signs it)")
     return manifest
@@ -399,6 +414,9 @@ def load_manifest(text: str, origin: str = "manifest", ref: RunRef | None = None
 
 def _first_difference(text: str, canonical: str) -> str:
     """Where ``text`` leaves the canonical bytes, as a user would look for it in an editor."""
+    if text != canonical and sorted(text.split("\n")) == sorted(canonical.split("\n")):
+        return ("has its keys in another order than the signed manifest's canonical form, which sorts them (a "
+                "file written by an older p2ptrain: its owner rewrites it with p2ptrain run update FILE)")
     if text.count("\r\n") == canonical.count("\n") and text.replace("\r\n", "\n") == canonical:
         return "has Windows (CRLF) line endings where the signed manifest has LF ones; convert it back (dos2unix)"
     ours, theirs = text.split("\n"), canonical.split("\n")  # a stray \r stays visible in its line
@@ -412,7 +430,8 @@ def _first_difference(text: str, canonical: str) -> str:
     return f"has text after the signed manifest's last line ({len(theirs) - 1})"
 
 
-def load_manifest_bytes(raw: bytes, origin: str = "manifest", ref: RunRef | None = None) -> Manifest:
+def load_manifest_bytes(raw: bytes, origin: str = "manifest", ref: RunRef | None = None, *,
+                        any_form: bool = False) -> Manifest:
     """:func:`load_manifest` on bytes (a file's or a DHT value's), bounded and UTF-8 checked first."""
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ManifestError(f"{origin}: larger than {MAX_MANIFEST_BYTES} bytes")
@@ -420,10 +439,10 @@ def load_manifest_bytes(raw: bytes, origin: str = "manifest", ref: RunRef | None
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ManifestError(f"{origin}: not UTF-8 text") from None
-    return load_manifest(text, origin, ref)
+    return load_manifest(text, origin, ref, any_form=any_form)
 
 
-def read_manifest_file(path: Path, ref: RunRef | None = None) -> Manifest:
+def read_manifest_file(path: Path, ref: RunRef | None = None, *, any_form: bool = False) -> Manifest:
     """:func:`load_manifest` on a file, with one-line errors for unreadable files."""
     try:
         with path.open("rb") as handle:
@@ -434,7 +453,7 @@ def read_manifest_file(path: Path, ref: RunRef | None = None) -> Manifest:
         raise ManifestError(f"manifest {path}: is a directory, expected a manifest file") from None
     except OSError as exc:
         raise ManifestError(f"manifest {path}: cannot read ({exc.strerror})") from None
-    return load_manifest_bytes(raw, f"manifest {path}", ref)
+    return load_manifest_bytes(raw, f"manifest {path}", ref, any_form=any_form)
 
 
 def is_data_url(data_path: str | None) -> bool:

@@ -207,5 +207,5 @@ def owner_node_config(source: Mapping[str, Any], ref: RunRef, manifest_path: Pat
              "# (swarm.manifest), and change with: p2ptrain run update " + str(manifest_path) + " --set ...",
              "# Start the node with: p2ptrain run --config <this file>", ""]
     for name, values in sections.items():
-        lines += [*toml_table(name, values), ""]
+        lines += [*toml_table(name, values, sort_keys=False), ""]
     return "\n".join(lines)

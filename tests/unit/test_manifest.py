@@ -14,6 +14,7 @@ from p2ptrain.errors import ConfigError
 from p2ptrain.run.manifest import (
     LOCAL_TRAINING,
     MAX_MANIFEST_BYTES,
+    MAX_VERSION,
     RUN_WIDE_TRAINING,
     ManifestError,
     load_manifest,
@@ -199,6 +200,53 @@ def test_bad_manifests_are_one_line(manifest, edit, message):
     with pytest.raises(ManifestError, match=message) as caught:
         load_manifest(edit(manifest.to_toml()), "run.toml")
     assert _one_line(caught.value).startswith("run.toml: ")
+
+
+# --- one canonical form, bounded versions ------------------------------------------------------------
+
+def test_every_table_is_written_with_its_keys_sorted_as_they_are_signed(manifest):
+    text = manifest.to_toml()
+    for section in ("run", "admission", "task", "training"):
+        body = text.split(f"\n[{section}]\n")[1].split("\n\n")[0]
+        keys = [line.split(" = ")[0].strip('"') for line in body.splitlines()]
+        assert keys == sorted(keys), section
+    # the config gave these as "vocab file", "sizes", "deep"
+    assert '\noptions = { deep = { x = true }, sizes = [1, 2.5], "vocab file" = "a\\u0009b" }\n' in text
+
+
+def test_a_copy_with_its_option_keys_reordered_is_not_the_manifest(key):
+    """Anyone could otherwise mint 7! = 5040 distinct files, each verifying, from one signed manifest
+    with seven option keys, and flood the run's DHT key with them."""
+    options = {name: index for index, name in enumerate("abcdefg")}
+    signed = new_manifest(key, "demo-run", TaskSection(options=options), TrainingSection(), clock=CLOCK)
+    text = signed.to_toml()
+    line = next(line for line in text.splitlines() if line.startswith("options = "))
+    reordered = text.replace(line, "options = { " + ", ".join(f"{k} = {v}" for k, v in reversed(options.items()))
+                             + " }")
+    assert reordered != text
+    assert parse_manifest(reordered, "m").verify(signed.ref) == signed  # the same signed meaning...
+    with pytest.raises(ManifestError, match=r"^m: line \d+ differs from the signed manifest's canonical form"):
+        load_manifest(reordered, "m", signed.ref)  # ...is one file only
+
+
+def test_a_file_in_an_older_key_order_says_how_its_owner_rewrites_it(manifest):
+    lines = manifest.to_toml().split("\n")
+    first = lines.index("[training]") + 1
+    lines[first], lines[first + 1] = lines[first + 1], lines[first]
+    older = "\n".join(lines)
+    with pytest.raises(ManifestError, match=r"^m: has its keys in another order .* p2ptrain run update FILE\)"):
+        load_manifest(older, "m")
+    assert load_manifest(older, "m", manifest.ref, any_form=True) == manifest  # what run update reads
+
+
+def test_versions_are_bounded(manifest, key):
+    assert load_manifest(dataclasses.replace(manifest, version=MAX_VERSION).signed(key).to_toml()).version \
+        == MAX_VERSION
+    with pytest.raises(ManifestError, match=rf"version {MAX_VERSION + 1} is outside 1\.\.{MAX_VERSION}"):
+        dataclasses.replace(manifest, version=MAX_VERSION + 1).signed(key)
+    for version in (MAX_VERSION + 1, 2**63 - 1):
+        with pytest.raises(ManifestError, match=r"^m: run\.version: .*less than or equal to 1000000000"):
+            parse_manifest(manifest.to_toml().replace("\nversion = 1\n", f"\nversion = {version}\n"), "m")
 
 
 def test_reference_field_must_match_the_key(manifest):

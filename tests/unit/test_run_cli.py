@@ -283,6 +283,19 @@ def test_no_invite_for_a_banned_or_revoked_peer_until_the_owner_readmits_it(run_
     _fails(["run", "update", "demo", "--unrevoke", OTHER], capsys, r"nothing changes")
 
 
+def test_update_rewrites_a_manifest_written_in_an_older_key_order(run_dir: Path, capsys):
+    path = run_dir / "manifest.toml"
+    lines = path.read_text().split("\n")
+    first = lines.index("[training]") + 1
+    lines[first], lines[first + 1] = lines[first + 1], lines[first]
+    path.write_text("\n".join(lines))
+    _fails(["run", "show", str(path)], capsys, r"has its keys in another order .* p2ptrain run update FILE")
+    assert main(["run", "update", str(path)]) == 0  # nothing else changes: the owner signs it anew
+    assert "(in the canonical form: keys sorted)" in capsys.readouterr().out
+    manifest = read_manifest_file(path)
+    assert manifest.version == 2 and path.read_text() == manifest.to_toml()
+
+
 def test_update_bad_input_leaves_the_manifest_alone(run_dir: Path, capsys):
     path = run_dir / "manifest.toml"
     original = path.read_bytes()
