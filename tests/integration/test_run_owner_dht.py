@@ -8,12 +8,14 @@ else's) cannot even bootstrap, and a revoked peer is cut off.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import hivemind
 import pytest
+from hivemind.dht.routing import DHTID
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils import get_dht_time
 from hivemind.utils.auth import TokenAuthorizerBase
@@ -27,9 +29,11 @@ from p2ptrain.run.owner import OwnerKey
 from p2ptrain.swarm.dhtauth import InviteAuthorizer, forget_peers
 from p2ptrain.swarm.identity import IdentityKey, ensure_identity, peer_id_of_identity
 from p2ptrain.swarm.run_entries import (
+    MAX_VERSIONS_HELD,
     RunEntryValidator,
     admitted_members,
     fetch_manifest,
+    keep_newest_versions,
     publish_manifest,
     publish_membership,
     tell_excluded,
@@ -101,6 +105,30 @@ def test_manifest_spreads_forgeries_are_refused_and_it_outlives_the_owner(dhts, 
     owner.shutdown()
     latecomer = dhts(initial_peers=_maddrs(volunteer), record_validators=[RunEntryValidator(ref)])
     assert _eventually(lambda: fetch_manifest(latecomer, ref).manifest, "manifest at the latecomer") == v2
+
+
+async def _held_versions(key: str, _dht: Any, node: Any) -> list[int]:
+    found = node.protocol.storage.get(DHTID.generate(source=key))
+    return sorted(int(subkey.split(":")[0]) for subkey, _ in found.value.items()) if found else []
+
+
+def test_each_node_holds_only_the_newest_versions_however_many_are_replayed(dhts):
+    key = OwnerKey.generate()
+    v1 = new_manifest(key, "dht-run", TaskSection(), TrainingSection())
+    versions = [v1, *(dataclasses.replace(v1, version=v, training={**v1.training, "seed": v}).signed(key)
+                      for v in range(2, 8))]
+    validator = RunEntryValidator(v1.ref)
+    owner = dhts(record_validators=[validator])
+    assert keep_newest_versions(owner)
+    replayer = dhts(initial_peers=_maddrs(owner))  # checks nothing: replays every version, oldest first
+    for manifest in versions:
+        assert publish_manifest(replayer, manifest).result(timeout=10)
+    held = owner.run_coroutine(functools.partial(_held_versions, manifest_key(v1.ref.run_id)))
+    assert held == [4, 5, 6, 7] and len(held) == MAX_VERSIONS_HELD
+    publish_manifest(replayer, v1).result(timeout=10)  # too old now: refused and counted
+    assert owner.run_coroutine(functools.partial(_held_versions, manifest_key(v1.ref.run_id))) == held
+    assert validator.counter.by_reason()["over_cap"] >= 1
+    assert fetch_manifest(owner, v1.ref).manifest == versions[-1]
 
 
 class _Borrower(TokenAuthorizerBase):
