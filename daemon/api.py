@@ -8,6 +8,11 @@ readers from costing the loop more than a bounded share: rendered answers are ca
 (:mod:`p2ptrain.daemon.ratelimit`, ``429`` with ``Retry-After`` when far over its rate).  On a
 loopback bind only requests addressed to a loopback name are answered (no DNS rebinding from a
 browser).  Every error is a JSON ``{"error": ...}`` with a 4xx/5xx status.
+
+Who needs the token: control requests always; reads (status, peers, logs) only from another
+machine, since a local reader sends none (:mod:`p2ptrain.client.http`): whatever program answers on
+the node's port (one that took it while the node restarted) then never receives the token with a
+read.  Reads hold nothing secret: the node's own status, the peers' signed records and its log lines.
 """
 
 from __future__ import annotations
@@ -210,7 +215,8 @@ class ApiServer:
 
     def start(self) -> None:
         self._server.start()
-        logger.info("API listening on %s%s", self.url, "" if self.loopback else " (token required)")
+        logger.info("API listening on %s%s", self.url,
+                    "" if self.loopback else " (reads from other machines need the token)")
 
     def stop(self) -> None:
         self._server.stop()
@@ -247,7 +253,7 @@ class ApiServer:
         allowed, command = route(path)
         if request.method != allowed and not (allowed == "GET" and request.method == "HEAD"):
             raise ApiError(405, f"{request.method} not allowed on {path}; use {allowed}", {"Allow": allowed})
-        if allowed == "POST" or (path not in OPEN_PATHS and not self.loopback):
+        if allowed == "POST" or (path not in OPEN_PATHS and not self._local(request)):
             self._require_token(request)
         if command is not None:
             status, payload = self.control(command, request.body)
@@ -265,6 +271,13 @@ class ApiServer:
         if not host_header_is_loopback(host):
             raise ApiError(421, f"Host {host[:100]!r} is not a loopback name; this API answers only requests "
                                 "addressed to localhost, 127.0.0.1 or [::1] (protection against DNS rebinding)")
+
+    def _local(self, request: Request) -> bool:
+        """A request from this machine addressed to a loopback name (on a loopback bind every request
+        that got this far is one)."""
+        if self.loopback:
+            return True
+        return request.group == "loopback" and host_header_is_loopback(request.headers.get("host", "localhost"))
 
     def _require_token(self, request: Request) -> None:
         if not self.token:

@@ -179,7 +179,8 @@ class TopApp(App[int]):
             self._wake.clear()
 
     def _reading_client(self, url: str, check: bool) -> NodeClient:
-        """A client carrying the token when it is readable (reads need it off loopback)."""
+        """A client holding the token when it is readable; it sends it with reads only to a node on
+        another machine (:class:`NodeClient`), never to whatever answers on a local node's port."""
         try:
             token: str | None = read_token(self.token_file)
             problem = None

@@ -6,12 +6,17 @@ commands start fast and never hang on a dead node.  It talks to the node directl
 the environment, no redirects.  :meth:`NodeClient.request` is one raw exchange (any status is
 returned); the typed methods on top turn every failure into a :class:`NodeError` subclass with a
 message fit to show a human, and nothing the node sends can raise anything else.
+
+The API token goes only where it is needed: with control requests, and with reads only to a node
+on another machine (which wants it there).  A local reader polls all the time, through restarts of
+the node, when any local program may have taken the node's port; it must hand that program nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import http.client
+import ipaddress
 import json
 import math
 from dataclasses import dataclass
@@ -113,15 +118,32 @@ def _sanitize(obj: _D) -> _D:
     return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
 
 
+def is_local_host(host: str | None) -> bool:
+    """``localhost`` or a loopback address: a node on this machine."""
+    if host is None:
+        return False
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class NodeClient:
     """One node's API.  Thread-safe: it holds no connection between calls.  The token, when given,
-    goes with every request (a node bound beyond loopback wants it on reads too); control
-    commands fail early without one."""
+    goes with control commands (which fail early without one), and with reads only to a node on
+    another machine: a node reads to a local client without it."""
 
     def __init__(self, url: str, token: str | None, timeout: float = 3.0) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.local = is_local_host(urlsplit(self.url).hostname)
+
+    def sends_token(self, method: str) -> bool:
+        """Whether a ``method`` request carries the token: control always, reads only off this machine."""
+        return bool(self.token) and (method not in ("GET", "HEAD") or not self.local)
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         parts = urlsplit(self.url)
@@ -139,7 +161,7 @@ class NodeClient:
         """One HTTP exchange with the node.  Every status comes back as an :class:`Answer`;
         only a node that does not answer (or answers too much) raises."""
         sent = {"Accept": "application/json", "Connection": "close"}
-        if self.token:
+        if self.sends_token(method):
             sent["Authorization"] = f"Bearer {self.token}"
         if body is not None:
             sent["Content-Type"] = "application/json"

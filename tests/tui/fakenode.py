@@ -115,8 +115,8 @@ class FakeNode:
         self.lines = log_lines(now)
         self.controls: list[tuple[str, str | None, dict[str, Any]]] = []
         self.state_override: str | None = None
-        #: Like a node bound beyond loopback: reads need the token too.
-        self.reads_need_token = False
+        #: The Authorization header of every read, in order (None: none sent).
+        self.read_authorizations: list[str | None] = []
         self._lock = threading.Lock()
         self._port = port
         self._server: ThreadingHTTPServer | None = None
@@ -188,9 +188,8 @@ class FakeNode:
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 url = urllib.parse.urlsplit(self.path)
-                if fake.reads_need_token and self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                    self._send(401, {"error": "missing or wrong bearer token (see <state_dir>/api.token)"})
-                elif fake.mode == "garbage":
+                fake.read_authorizations.append(self.headers.get("Authorization"))
+                if fake.mode == "garbage":
                     self._send(200, b"<html>502 Bad Gateway</html>")
                 elif url.path == "/api/v1/status":
                     self._send(200, fake._status())

@@ -272,9 +272,8 @@ def test_rediscovers_a_node_that_moved(fake_node: FakeNode, token_file: Path) ->
     drive(app, scenario)
 
 
-def test_reads_use_the_token_and_a_restart_resets_the_logs(make_app: MakeApp, fake_node: FakeNode) -> None:
-    fake_node.reads_need_token = True  # a node bound beyond loopback
-    app = make_app()
+def test_reads_carry_no_token_and_a_restart_resets_the_logs(make_app: MakeApp, fake_node: FakeNode) -> None:
+    app = make_app()  # with a readable token file: the control keys work
 
     async def scenario(pilot: Pilot[Any]) -> None:
         await pilot.press("3")
@@ -285,6 +284,8 @@ def test_reads_use_the_token_and_a_restart_resets_the_logs(make_app: MakeApp, fa
         fake_node.lines = [dict(line, message=f"after restart {line['seq']}") for line in fake_node.lines]
         await until(pilot, lambda: len(pane.lines) == 13)
         assert "node restarted" in pane.lines[6].text and "after restart 1" in pane.lines[7].text
+        assert fake_node.read_authorizations and set(fake_node.read_authorizations) == {None}
+        assert app.token_problem is None
 
     drive(app, scenario)
 

@@ -147,8 +147,11 @@ def test_wrong_types_are_dropped_not_crashing() -> None:
         server.server_close()
 
 
-def test_token_goes_with_reads_when_the_node_wants_it(fake_node: FakeNode) -> None:
-    fake_node.reads_need_token = True
-    assert NodeClient(fake_node.url, TOKEN).status().peer_id == SELF_ID
-    with pytest.raises(NodeAuthError, match="HTTP 401"):
-        NodeClient(fake_node.url, None).status()
+def test_reads_of_a_local_node_carry_no_token(fake_node: FakeNode) -> None:
+    client = NodeClient(fake_node.url, TOKEN)
+    assert client.status().peer_id == SELF_ID
+    client.peers()
+    client.logs(0)
+    assert fake_node.read_authorizations == [None, None, None]
+    assert client.control("checkpoint")["accepted"] is True
+    assert fake_node.controls[-1][:2] == ("checkpoint", f"Bearer {TOKEN}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import errno
 import json
@@ -18,6 +19,7 @@ from p2ptrain.client.http import NodeClient
 from p2ptrain.daemon.api import ApiServer, host_header_is_loopback, is_loopback
 from p2ptrain.daemon.auth import load_or_create_token, token_matches
 from p2ptrain.daemon.control import Command, ControlQueue, ControlRequest
+from p2ptrain.daemon.httpserver import Request
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.errors import ConfigError
 from p2ptrain.metrics import build_registry
@@ -43,8 +45,17 @@ class Node:
 
     def request(self, method: str, path: str, body: bytes | None = None, token: str | None = None,
                 headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        answer = NodeClient(self.server.url, token, timeout=5).request(method, path, body, headers=headers)
+        """One request carrying exactly ``token`` (or none), whatever the client would send."""
+        sent = {**({"Authorization": f"Bearer {token}"} if token else {}), **(headers or {})}
+        answer = NodeClient(self.server.url, None, timeout=5).request(method, path, body, headers=sent)
         return answer.status, answer.headers, answer.body
+
+    def from_elsewhere(self, path: str, token: str | None = None) -> int:
+        """The status a GET from another machine (192.0.2.7) gets."""
+        headers = {"host": f"node.example:{self.server.port}",
+                   **({"authorization": f"Bearer {token}"} if token else {})}
+        request = Request("GET", path, path, "", "HTTP/1.1", headers, b"", "192.0.2.7")
+        return asyncio.run(self.server._handle(request)).status
 
     def json(self, method: str, path: str, **kw) -> tuple[int, dict]:
         status, headers, body = self.request(method, path, **kw)
@@ -209,14 +220,20 @@ def test_connection_cap_refuses_then_recovers(node):
     wait_until(lambda: node.request("GET", "/healthz")[0] == 200, 5, "/healthz answering again", interval=0.1)
 
 
-def test_off_loopback_reads_need_token_but_metrics_and_healthz_do_not(node):
+def test_off_loopback_reads_from_elsewhere_need_token_but_metrics_and_healthz_do_not(node):
     node.server.loopback = False  # what binding to a non-loopback address sets
-    assert node.request("GET", "/api/v1/status")[0] == 401
-    assert node.request("GET", "/api/v1/peers")[0] == 401
-    assert node.request("GET", "/api/v1/logs")[0] == 401
-    assert node.request("GET", "/api/v1/status", token=TOKEN)[0] == 200
-    assert node.request("GET", "/metrics")[0] == 200
-    assert node.request("GET", "/healthz")[0] == 200
+    for path in ("/api/v1/status", "/api/v1/peers", "/api/v1/logs"):
+        assert node.from_elsewhere(path) == 401
+        assert node.from_elsewhere(path, token="wrong") == 401
+        assert node.from_elsewhere(path, token=TOKEN) == 200
+        # From this machine, addressed to a loopback name: a local reader sends no token.
+        assert node.request("GET", path)[0] == 200
+        # Addressed to another name (a proxy on this machine, a web page rebinding a name): the token.
+        assert node.request("GET", path, headers={"Host": "node.example"})[0] == 401
+    for path in ("/metrics", "/healthz"):
+        assert node.from_elsewhere(path) == 200
+    assert node.request("POST", "/api/v1/control/pause")[0] == 401  # control: always the token
+    assert node.control.drain() == []
 
 
 def test_without_token_control_is_refused():
