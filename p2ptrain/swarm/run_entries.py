@@ -1,8 +1,9 @@
 """An owned run's entries in the DHT: its signed manifest and its members' invites.
 
 ``<run_id>_manifest`` (the keys: :mod:`p2ptrain.dhtkeys`) holds manifests under
-``"<version>:<sha256 prefix of the signed bytes>"``. A signed manifest has exactly one file form (:mod:`p2ptrain.run.manifest`) and so exactly one entry:
-nobody but the owner can add one, and a stranger's entry can never displace an honest one. Each
+``"<version>:<sha256 prefix of the signed bytes>"``. A signed manifest has exactly one file form
+(:mod:`p2ptrain.run.manifest`) and so exactly one entry: nobody but the owner can add one, and a
+stranger's entry can never displace an honest one. Each
 honest DHT node keeps one entry per version and the :data:`MAX_VERSIONS_HELD` newest versions
 (:class:`RunEntryValidator`), so replaying every version the owner ever signed cannot make the key
 too large to read, and readers take the highest version that verifies, whatever order the entries

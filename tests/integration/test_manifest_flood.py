@@ -18,8 +18,8 @@ import pytest
 from hivemind.dht.routing import DHTID
 from hivemind.utils import get_dht_time
 
+from p2ptrain.dhtkeys import manifest_key
 from p2ptrain.local.run import create_local_run
-from p2ptrain.swarm.run_entries import manifest_key
 from tests.integration.conftest import FAST_TRAINING, TINY_TASK
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -88,7 +88,7 @@ def test_reordered_copies_of_version_1_cannot_hide_version_2(make_node, tmp_path
     try:
         honest = owner.peer_id()
         answers = attacker.run_coroutine(functools.partial(
-            _store_everywhere, [honest], manifest_key(run.ref), raw, get_dht_time() + 600), return_future=True
+            _store_everywhere, [honest], manifest_key(run.ref.run_id), raw, get_dht_time() + 600), return_future=True
         ).result(timeout=120)
         assert len(answers[honest]) == COPIES and not any(answers[honest]), \
             f"{sum(answers[honest])} of {COPIES} reordered copies stored by an honest node"
