@@ -61,7 +61,7 @@ class _FloodGradients(torch.autograd.Function):
 def _huge_gradients(loss_fn: LossFn) -> LossFn:
     def loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         params = [p for p in model.parameters() if p.requires_grad]
-        return _FloodGradients.apply(loss_fn(model, batch), *params)
+        return _FloodGradients.apply(loss_fn(model, batch), *params)  # type: ignore[no-untyped-call]
 
     return loss
 

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from p2ptrain.config.schema import DAY, ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.builder import ClientParts, JoinedSwarm, NodeBuilder
@@ -265,7 +265,15 @@ class ModelFetcher:
         return self.session.parts  # type: ignore[return-value]
 
 
-def swarm_credit(view: Any, samples_per_epoch: int) -> dict[str, int | None]:
+class SwarmCredit(TypedDict):
+    """``CardInfo``'s keywords for what the run's peer records say."""
+
+    samples: int | None
+    contributors: int | None
+    reported_by: int
+
+
+def swarm_credit(view: Any, samples_per_epoch: int) -> SwarmCredit:
     """The card's samples and contributors from the run's peer records (``CardInfo`` keywords).
 
     Each record's ``samples_contributed`` is its peer's claim about itself: it is credited at most what

@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from p2ptrain.daemon.logsetup import level_name
+from p2ptrain.daemon.logsfilter import level_name
 
 
 @dataclass(frozen=True)

@@ -51,11 +51,16 @@ class Rollback(Protocol):
 
 
 class LoopParts(Protocol):
-    """What the loop trains with (``daemon.builder.TrainingParts`` in a real node)."""
+    """What the loop trains with (``daemon.builder.TrainingParts`` in a real node); it replaces none of them."""
 
-    trainer: StepRunner
-    optimizer: SwarmOptimizer
-    rollback: Rollback
+    @property
+    def trainer(self) -> StepRunner: ...
+
+    @property
+    def optimizer(self) -> SwarmOptimizer: ...
+
+    @property
+    def rollback(self) -> Rollback: ...
 
     def save_checkpoint(self, **extra: object) -> bool: ...
 

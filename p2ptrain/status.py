@@ -73,7 +73,7 @@ def _from_dict(cls: type[_T], data: dict[str, Any]) -> _T:
         if f.name not in data:
             continue
         value = data[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         if default is None or value is None or isinstance(value, type(default)):
             kwargs[f.name] = value
         elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
@@ -333,7 +333,7 @@ class StatusSnapshot:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StatusSnapshot:
-        lists = {k: tuple(data.get(k) or ()) for k in _LIST_FIELDS}
+        lists: dict[str, Any] = {k: tuple(data.get(k) or ()) for k in _LIST_FIELDS}
         base = _from_dict(cls, {k: v for k, v in data.items() if k not in lists})
         kinds = {k: v for k, v in base.peer_offenses_by_kind.items()
                  if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}

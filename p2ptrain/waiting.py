@@ -8,7 +8,7 @@ message.
 :func:`retry` is the one retry loop of the library: joining a swarm, fetching a run's manifest,
 downloading a shard.  Its waits follow the one backoff policy, :data:`BACKOFF`, and it gives up
 after a number of tries, a timeout, or a stop, raising :class:`GaveUp`; each caller turns that into
-its own one line.
+its own one line.  :class:`StopEvent` is what the library's waits that a stop cuts short are given.
 """
 
 from __future__ import annotations
@@ -17,9 +17,16 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 _T = TypeVar("_T")
+
+
+class StopEvent(Protocol):
+    """A ``threading.Event`` or the daemon's ``Stopper``: every wait goes through ``wait(t)``, True once a
+    stop was asked for."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 class WaitTimeout(AssertionError, TimeoutError):

@@ -80,7 +80,7 @@ class RobustTensorPartReducer(TensorPartReducer):
             return
         self.current_part_index += 1
         self.current_part_accumulated_from = 0
-        self.current_part_future = asyncio.Future()
+        self.current_part_future: asyncio.Future[torch.Tensor] = asyncio.Future()
         self.num_current_senders = sum(self.current_part_index < failed for failed in self.sender_failed_after)
         self.accumulator = None  # kept for the base class's finalize(), which deletes it
         self.denominator = 0.0
@@ -232,7 +232,7 @@ class RobustAllReduceRunner(AllReduceRunner):
         if weight is None:
             weight = float(modes[self.ordered_peer_ids.index(self.peer_id)] != AveragingMode.AUX)
         self.weight = weight
-        self._future = asyncio.Future()
+        self._future: asyncio.Future[None] = asyncio.Future()
         self.sender_peer_ids = [peer for peer, mode in zip(ordered_peer_ids, modes, strict=True)
                                 if mode != AveragingMode.AUX]
         self.sender_timeout, self.reducer_timeout = sender_timeout, reducer_timeout

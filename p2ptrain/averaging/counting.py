@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
@@ -53,6 +53,8 @@ class CountingTensorPartReducer(TensorPartReducer):
 class CountingAllReduceRunner(AllReduceRunner):
     """hivemind's all-reduce, its reducer replaced by :class:`CountingTensorPartReducer` (``__init__``)."""
 
+    tensor_part_reducer: TensorPartReducer  # hivemind's, declared: read here before it is replaced
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # Nothing has reached the reducer hivemind built yet (the round starts when the runner is run).
@@ -72,6 +74,7 @@ class CountingAveragerMixin(ServeGroupmatesMixin):
     """
 
     rpc_name: str | None = None
+    _rpc_handlers: ClassVar[Any]  # hivemind's ServicerBase cache (declared only: see _collect_rpc_handlers)
 
     @classmethod
     def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
@@ -92,7 +95,7 @@ class CountingAveragerMixin(ServeGroupmatesMixin):
 
     async def _step(self, **kwargs: Any) -> None:
         pace_group_polls(self._matchmaking)  # type: ignore[attr-defined]
-        await super()._step(**kwargs)  # type: ignore[misc]
+        await super()._step(**kwargs)
 
     def _make_runner(self, **kwargs: Any) -> AllReduceRunner:
         """The runner of one round (``kwargs``: what hivemind gives its ``AllReduceRunner``)."""

@@ -119,7 +119,7 @@ class HardenedAveragerMixin(CountingAveragerMixin):
         if self._is_gated(context.remote_id):
             yield averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
             return
-        async for message in super().rpc_aggregate_part(stream, context):  # type: ignore[misc]
+        async for message in super().rpc_aggregate_part(stream, context):
             yield message
 
     async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
@@ -134,7 +134,7 @@ class HardenedAveragerMixin(CountingAveragerMixin):
 
     async def _step(self, **kwargs: Any) -> None:
         self._filter_leaders()
-        await super()._step(**kwargs)  # type: ignore[misc]
+        await super()._step(**kwargs)
 
     def _filter_leaders(self) -> None:
         """Wrap this process's matchmaking so that a gated peer is never asked to lead our group."""
@@ -287,7 +287,8 @@ class HardenedAveragerMixin(CountingAveragerMixin):
         chunk_timeout = max(2.0, self.next_chunk_timeout or self.request_timeout)  # type: ignore[attr-defined]
         first_timeout = max(10.0, chunk_timeout)
         stub = self.get_stub(self._p2p, peer, namespace=self.prefix)  # type: ignore[attr-defined]
-        metadata, tensors, parts, received = None, [], [], 0
+        metadata, tensors, received = None, [], 0
+        parts: list[Any] = []  # the chunks of the tensor being received
         stream = None
         try:
             stream = await asyncio.wait_for(stub.rpc_download_state(averaging_pb2.DownloadRequest()),

@@ -8,7 +8,7 @@ raises: whatever a peer sent, the worst outcome is "rejected, because ...".
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +99,7 @@ class StateValidator:
         except Exception as exc:  # a check that trips over odd input still only rejects the state
             return Verdict.bad("bad_state", f"could not be checked ({type(exc).__name__})")
 
-    def _checks(self, metadata: Any, tensors: Any, donor: str):  # type: ignore[no-untyped-def]
+    def _checks(self, metadata: Any, tensors: Any, donor: str) -> Iterator[Verdict]:
         yield check_tensors(self.template, tensors)
         yield self.check_metadata(metadata)
         others = self.peer_epochs() if self.peer_epochs is not None else {}

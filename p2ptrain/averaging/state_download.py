@@ -41,7 +41,7 @@ MAX_CATCH_UP_STEPS = 10_000
 ModelCheck = Callable[[Any, Sequence[torch.Tensor], str], Verdict]
 
 
-def _set_lrs(scheduler: Any, lrs: Sequence[float]) -> None:
+def _set_lrs(scheduler: Any, lrs: Sequence[float | torch.Tensor]) -> None:
     for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
         group["lr"] = lr
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]

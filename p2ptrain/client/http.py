@@ -234,10 +234,10 @@ class NodeClient:
         for raw in raw_lines:
             if not isinstance(raw, dict) or not isinstance(raw.get("seq"), int):
                 continue
-            when = raw.get("time")
+            when = _finite_or_none(raw.get("time"))
             lines.append({
                 "seq": raw["seq"],
-                "time": float(when) if _finite_or_none(when) is not None else 0.0,
+                "time": when if when is not None else 0.0,
                 "level": str(raw.get("level", "")),
                 "logger": str(raw.get("logger", "")),
                 "message": str(raw.get("message", "")),

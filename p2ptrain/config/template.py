@@ -42,8 +42,9 @@ def _toml_value(value: Any) -> str | None:
 
 def _section_lines(name: str, section: BaseModel) -> list[str]:
     lines = [f"[{name}]"]
-    if type(section).__doc__:
-        lines.insert(0, f"# {type(section).__doc__.strip().splitlines()[0]}")
+    doc = type(section).__doc__
+    if doc:
+        lines.insert(0, f"# {doc.strip().splitlines()[0]}")
     for field_name, info in type(section).model_fields.items():
         for doc_line in (info.description or "").strip().splitlines():
             lines.append(f"# {doc_line.strip()}")

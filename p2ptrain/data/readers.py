@@ -157,7 +157,8 @@ def _parquet_block(shard: ShardRef, path: Path, offset: int, block_bytes: int, t
         raise ShardMalformed(f"column {text_field!r} holds {column_type}, not text")
     metadata = parquet.metadata
     end = shard.end if shard.end >= 0 else metadata.num_rows
-    groups, first_row, row = [], 0, 0
+    groups: list[int] = []
+    first_row, row = 0, 0
     for index in range(metadata.num_row_groups):
         rows = metadata.row_group(index).num_rows
         if row + rows > offset and row < end:

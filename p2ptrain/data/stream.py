@@ -115,6 +115,9 @@ class ShardStream:
     """
 
     LANES = 8
+    done: list[str]
+    failed: list[str]
+    _seen: set[str]
 
     def __init__(
         self,
@@ -223,9 +226,9 @@ class ShardStream:
 
     def _reset(self, pass_number: int) -> None:
         self.pass_number = pass_number
-        self.done: list[str] = []
-        self.failed: list[str] = []
-        self._seen: set[str] = set()
+        self.done = []
+        self.failed = []
+        self._seen = set()
         self.lanes = [_Lane() for _ in range(self.LANES)]
         self.draws = 0
         self._windows_this_pass = 0
@@ -322,7 +325,7 @@ class ShardStream:
         lane.shard, lane.offset, lane.index = mine, -1, 0
         return True
 
-    def _remaining(self, reading: set[str | None]) -> str | None:
+    def _remaining(self, reading: set[str]) -> str | None:
         try:
             self._peers = clean_peers(self._live_peers(), self.peer_id)
         except Exception as exc:  # the swarm view is the node's business: keep the last known set

@@ -31,7 +31,7 @@ def model_fingerprint(model: torch.nn.Module, shape_config: Mapping[str, Any]) -
     The state dict (parameters and persistent buffers) is used rather than parameters alone,
     because buffers are averaged and checkpointed too.
     """
-    entries = []
+    entries: list[list[object]] = []
     for name, value in model.state_dict().items():
         if isinstance(value, torch.Tensor):
             entries.append([name, list(value.shape), str(value.dtype).removeprefix("torch.")])

@@ -118,7 +118,7 @@ class DiLoCoState:
         return check(metadata, tensors, donor)
 
     @torch.no_grad()
-    def _adopt(self, metadata: Any, tensors: Any, donor: str = "a peer") -> bool:
+    def _adopt(self, metadata: Any, tensors: Any, *, donor: str = "a peer") -> bool:
         """Switch to a downloaded state once it passes the structural checks (count, shapes, dtypes,
         finite values, epoch and inner step in range); False, and nothing changed, if it does not."""
         try:

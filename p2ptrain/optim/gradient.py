@@ -25,12 +25,12 @@ from typing import Any, cast
 
 import hivemind
 import torch
-from hivemind.averaging.control import AveragingStage
+from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.optim.state_averager import TrainingStateAverager
 
 from p2ptrain.averaging.admitting import Admission, AdmittingOptimizerMixin, admitting
-from p2ptrain.averaging.compression import wire_bytes
+from p2ptrain.averaging.compression import CompressionChoice, wire_bytes
 from p2ptrain.averaging.matchmaking import looking_for_group
 from p2ptrain.averaging.model_check import make_loss_check
 from p2ptrain.averaging.paced_progress import PacedProgressTracker, withdraw_progress
@@ -55,8 +55,13 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
     With ``admission`` (an owned run's gate) its averagers take part only with admitted peers.
     """
 
+    # hivemind.Optimizer's own, written here too: declared so that their types are known.
+    scheduled_grads: StepControl | None
+    _should_check_synchronization_on_update: bool
+
     def __init__(self, *args: Any, stats: SwarmStats, load_state_attempts: int, retry_sync_after: float,
-                 wire_format: str = "none", admission: Admission | None = None, defences: Defences | None = None,
+                 wire_format: CompressionChoice = "none", admission: Admission | None = None,
+                 defences: Defences | None = None,
                  evaluate: Callable[[], float] | None = None, wait: Callable[[float], object] = time.sleep,
                  round_reports: RoundReports | None = None, **kwargs: Any) -> None:
         self._admission = admission
@@ -95,7 +100,7 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
                               known=tracker.fetched_global_progress_this_epoch.is_set(),
                               round_in_flight=self._rounds_begun > self._rounds_ended)
 
-    def load_state_from_peers(self, **kwargs: Any) -> bool:  # type: ignore[override]
+    def load_state_from_peers(self, **kwargs: Any) -> bool:
         """hivemind's download, bounded by ``load_state_attempts``; True when a state was adopted."""
         self._adopted = False
         super().load_state_from_peers(**kwargs)
@@ -346,4 +351,4 @@ class GradientOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
             else:
                 logger.warning("could not download state from any peer; continuing with local state")
 
-        self.state_averager.load_state_from_peers = bounded  # type: ignore[method-assign]
+        self.state_averager.load_state_from_peers = bounded

@@ -29,7 +29,7 @@ class ClippedAdamW(torch.optim.AdamW):
         self.max_grad_norm = max_grad_norm
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         grads = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
         if grads:
             torch.nn.utils.clip_grad_norm_(grads, self.max_grad_norm)

@@ -108,7 +108,7 @@ def encode_public_key(public_key: bytes) -> str:
     return PUBLIC_KEY_PREFIX + base64.b64encode(public_key).decode("ascii")
 
 
-def decode_public_key(text: str) -> bytes:
+def decode_public_key(text: object) -> bytes:
     """Parse ``ed25519:<base64>``; raises ValueError naming the problem."""
     if not isinstance(text, str) or not text.startswith(PUBLIC_KEY_PREFIX):
         raise ValueError(f"must start with {PUBLIC_KEY_PREFIX!r}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from p2ptrain.config.schema import SwarmSection
 from p2ptrain.dhtkeys import fingerprint_key, peers_key
 from p2ptrain.proc import processes_matching, stop_processes
 from p2ptrain.swarm.identity import identity_path
-from p2ptrain.waiting import GaveUp, retry
+from p2ptrain.waiting import GaveUp, StopEvent, retry
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ def start_dht(
     state_dir: Path,
     initial_peers: Sequence[str],
     record_validators: Sequence[Any],
-    stop: threading.Event,
+    stop: StopEvent,
     *,
     dht_factory: Callable[..., hivemind.DHT] = hivemind.DHT,
     clock: Callable[[], float] = time.monotonic,

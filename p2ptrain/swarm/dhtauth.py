@@ -24,6 +24,7 @@ import multiprocessing as mp
 import sys
 import time
 from collections.abc import Callable, Iterable
+from types import FrameType
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
@@ -149,7 +150,7 @@ def _rpc_peer(depth: int = 4) -> str | None:
     chain. Looked for only when refusing such a peer, and never trusted for anything but a log line.
     """
     try:
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         for _ in range(depth):
             if frame is None:
                 return None

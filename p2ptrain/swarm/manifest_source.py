@@ -10,7 +10,6 @@ ends it with nothing left behind.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any, Protocol
 from p2ptrain.run.layout import manifest_path
 from p2ptrain.run.manifest import Manifest, ManifestError, read_manifest_file
 from p2ptrain.runref import RunRef
-from p2ptrain.waiting import GaveUp, retry
+from p2ptrain.waiting import GaveUp, StopEvent, retry
 
 
 class SourceUnavailable(Exception):
@@ -105,7 +104,7 @@ _CLIENT_DHT: dict[str, Any] = dict(host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_
                                    auto_nat=False)
 
 
-def fetch_before_join(ref: RunRef, peers: Sequence[str], *, timeout: float, stop: threading.Event,
+def fetch_before_join(ref: RunRef, peers: Sequence[str], *, timeout: float, stop: StopEvent,
                       dht_options: dict[str, Any] | None = None, invited: bool = False,
                       dht_factory: Callable[..., Any] | None = None,
                       clock: Callable[[], float] = time.monotonic) -> Manifest:
@@ -131,7 +130,7 @@ def fetch_before_join(ref: RunRef, peers: Sequence[str], *, timeout: float, stop
             stop_stale_daemons(identity)  # a DHT whose bootstrap failed leaves its p2pd behind
 
 
-def _fetch_through(ref: RunRef, peers: Sequence[str], timeout: float, stop: threading.Event,
+def _fetch_through(ref: RunRef, peers: Sequence[str], timeout: float, stop: StopEvent,
                    options: dict[str, Any], invited: bool, dht_factory: Callable[..., Any] | None,
                    clock: Callable[[], float]) -> Manifest:
     import hivemind
@@ -166,7 +165,7 @@ def _fetch_through(ref: RunRef, peers: Sequence[str], timeout: float, stop: thre
         raise SourceUnavailable(unanswered(refused, gave_up.tries, timeout, peers, hint)) from None
 
 
-def _await_manifest(dht: Any, ref: RunRef, timeout: float, stop: threading.Event, *,
+def _await_manifest(dht: Any, ref: RunRef, timeout: float, stop: StopEvent, *,
                    clock: Callable[[], float] = time.monotonic, shown_timeout: float | None = None) -> Manifest:
     """The newest valid manifest of ``ref`` in a running DHT, looked up again (:func:`p2ptrain.waiting.retry`)
     while none is found, for ``timeout`` seconds; then, or when ``stop`` is set, :func:`not_found`

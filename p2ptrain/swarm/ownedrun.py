@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from p2ptrain.run.updates import ManifestTracker, Offer
 from p2ptrain.runref import RunRef
 from p2ptrain.swarm.manifest_source import FileSource, SourceUnavailable, not_found
 from p2ptrain.trust.admission import AdmissionGate
-from p2ptrain.waiting import GaveUp, retry
+from p2ptrain.waiting import GaveUp, StopEvent, retry
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +251,7 @@ class RunKeeper:
     def manifest(self) -> Manifest | None:
         return self.tracker.current
 
-    def join(self, stop: threading.Event, timeout: float) -> NodeConfig:
+    def join(self, stop: StopEvent, timeout: float) -> NodeConfig:
         """Once the DHT is up: the newest manifest version there is (the swarm's, looked up once
         even when the plan holds one, so an outdated manifest file is never built with; fetched
         with retries when the plan has none) merged into the config. Raises
@@ -410,7 +409,7 @@ class RunKeeper:
         manifest = self.tracker.current
         policy = manifest.policy if manifest is not None else self.plan.gate.policy
         excluded = self._excluded()
-        self.plan.gate.update(policy, self._admitted, excluded)  # type: ignore[arg-type]
+        self.plan.gate.update(policy, self._admitted, excluded)
         if excluded:
             from p2ptrain.swarm.dhtauth import forget_peers
             from p2ptrain.swarm.run_entries import tell_excluded

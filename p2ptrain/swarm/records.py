@@ -47,8 +47,8 @@ from p2ptrain.swarm.recordcheck import (  # noqa: F401 - re-exported: the record
     PeerRecordModel,
     RecordChecker,
     binding_message,
-    bound_fingerprints,
 )
+from p2ptrain.swarm.recordcheck import bound_fingerprints as bound_fingerprints  # re-exported: swarm.dht reads it
 from p2ptrain.trust.swarm_view import summarize
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ _MAX_SIGNED_BYTES = MAX_RECORD_BYTES + 512
 class PeersSchema(pyd.BaseModel):
     """The run's key ``<run_id>_peers``: one record per owner public key."""
 
-    peers: dict[BytesWithPublicKey, PeerRecordModel]  # type: ignore[valid-type]
+    peers: dict[BytesWithPublicKey, PeerRecordModel]
 
 
 class RejectCounter:
@@ -198,8 +198,8 @@ def to_wire(record: PeerRecord) -> dict[str, Any]:
         value = float(data[name])
         data[name] = max(0.0, value) if math.isfinite(value) else 0.0
     for name in ("loss", "val_loss"):
-        value = _finite_or_none(data[name])
-        data[name] = float(value) if value is not None else None
+        finite = _finite_or_none(data[name])
+        data[name] = float(finite) if finite is not None else None
     for name, bound in CREDIT_COUNTS.items():
         data[name] = min(max(0, int(data[name])), bound)
     data["shards_consumed"] = min(data["shards_consumed"], data["shards_total"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,7 @@ VOCAB_SIZE = 256
 @torch.no_grad()
 def sample_bytes(model: nn.Module, request: SampleRequest) -> str:
     """``request.tokens`` bytes generated after ``request.prompt`` (UTF-8; undecodable bytes shown as U+FFFD)."""
-    seq_len = int(model.seq_len)
+    seq_len = int(cast(Any, model).seq_len)  # a plain attribute of the byte models, not a Module's tensor
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(request.seed)

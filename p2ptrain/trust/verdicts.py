@@ -87,7 +87,7 @@ def check_training_metadata(metadata: Any, local_optimizer_metadata: Sequence[di
     return Verdict.good()
 
 
-def merge_optimizer_metadata(local: Sequence[dict[str, Any]], donor: Sequence[dict[str, Any]]) -> list[dict]:
+def merge_optimizer_metadata(local: Sequence[dict[str, Any]], donor: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The donor's tensor slots with our own hyperparameter values: a donor cannot set our learning
     rate, betas or weight decay through the state it serves."""
     return [dict(theirs) if ours.get("type") == "tensor" else dict(ours) for ours, theirs in zip(local, donor,
