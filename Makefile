@@ -44,6 +44,7 @@ test: venv system-deps
 lint: venv
 	$(VENV)/bin/ruff check p2ptrain daemon tui tests benchmarks
 	$(PY) -m tests.support.lint_imports
+	$(PY) -m tests.support.typecheck
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
