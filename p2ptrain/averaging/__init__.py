@@ -20,6 +20,15 @@ tensor math they need (screens, robust aggregates, state checks) lives here besi
 - ``state_download``   adopting a peer's state: validated, donor-aware, O(1) catch-up
 - ``diloco``           DiLoCo's averager, serving the outer state to newcomers
 - ``compression``      the config's compression names as hivemind codecs
+- ``lifecycle``        an averager's start with a deadline; a stop that never leaves a shared lock held
+                       (installed on hivemind's averager class when this package is imported)
 
 May import: hivemind, torch, :mod:`p2ptrain.trust`, the stdlib-only modules at the top.
 """
+
+from p2ptrain.averaging import lifecycle as _lifecycle
+
+# Here, not in each averager's module: hivemind's own averagers (inside hivemind.Optimizer) and plain
+# ones need the bounded start and the safe stop as much as ours do, and every one of them is created
+# after something of this package has been imported.
+_lifecycle.install()

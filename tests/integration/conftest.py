@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import p2ptrain.averaging  # noqa: F401  (hivemind processes forked here: bounded starts, safe stops)
 from p2ptrain.local.swarm import LocalNode
 
 #: Small and quick: epochs every few seconds on two shared cores.
