@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import pytest
 
 from p2ptrain.waiting import WaitTimeout, wait_until
-from tests.support.processes import become_subreaper, descendants, kill_all, reap_orphans
+from tests.support.processes import SHARED, become_subreaper, descendants, kill_all, reap_orphans
 
 #: How long helpers of a stopped node may take to exit (p2pd leaves once its client is gone).
 LEAK_GRACE_SECONDS = 45.0
@@ -33,12 +36,17 @@ def no_leaked_processes(request: pytest.FixtureRequest):
 def _wait_for_leftovers(request: pytest.FixtureRequest, before: set[int]) -> None:
     def leftovers() -> dict[int, str]:
         return {pid: cmd for pid, cmd in descendants().items()
-                if pid not in before and not cmd.split(" ", 1)[0].endswith(PER_RUN_HELPERS)}
+                if pid not in before and pid not in SHARED and not cmd.split(" ", 1)[0].endswith(PER_RUN_HELPERS)}
 
     try:
         wait_until(lambda: not leftovers(), LEAK_GRACE_SECONDS, "exit of the test's processes", interval=0.5)
         return
     except WaitTimeout:
         leaked = leftovers()
-    kill_all(leaked)
+    # A leftover hivemind process forked from this one shares hivemind's locks with the next test's:
+    # killed while it holds one, it would wedge them (p2ptrain.averaging.lifecycle), so hold them here.
+    lifecycle = sys.modules.get("p2ptrain.averaging.lifecycle")
+    with (lifecycle.holding(lifecycle.hivemind_locks(), lifecycle.LOCK_TIMEOUT) if lifecycle is not None
+          else contextlib.nullcontext()):
+        kill_all(leaked)
     pytest.fail(f"{request.node.nodeid} leaked processes: {leaked}", pytrace=False)

@@ -7,10 +7,12 @@ same schema, so hivemind puts them in one group).  Each test is bounded: every w
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import multiprocessing
 import time
 import uuid
+from collections.abc import Iterator
 
 import hivemind
 import pytest
@@ -23,28 +25,71 @@ from p2ptrain.averaging.hardened import HardenedAverager
 from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
 from p2ptrain.averaging.state_download import diloco_state_validator
 from p2ptrain.trust.peergate import JUDGED_STRIKES, STRIKE_GAP_SECONDS, PeerGate
+from tests.support.processes import shared_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK = {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "nat_port_map": False, "auto_nat": False}
 SHAPES = [(64, 16), (200,)]
 AVERAGER = dict(min_matchmaking_time=2.0, request_timeout=1.0, next_chunk_timeout=5.0, allreduce_timeout=20.0,
                 target_group_size=3, part_size_bytes=1024)  # small parts: every peer reduces a few
+#: How long a healthy DHT may take to answer a request, on a loaded machine.
+DHT_ANSWER = 20.0
 
 
-@pytest.fixture(scope="module")
-def dhts():
-    started = []
+def _start_dhts() -> list[hivemind.DHT]:
+    started: list[hivemind.DHT] = []
     try:
         first = hivemind.DHT(start=True, **LOOPBACK)
         started.append(first)
         peers = [str(m) for m in first.get_visible_maddrs()]
         for _ in range(2):
             started.append(hivemind.DHT(start=True, initial_peers=peers, **LOOPBACK))
-        yield started
+    except BaseException:
+        _stop_dhts(started)
+        raise
+    return started
+
+
+def _stop_dhts(dhts: list[hivemind.DHT]) -> None:
+    for dht in dhts:
+        dht.shutdown()
+
+
+def _answers(dht: hivemind.DHT) -> bool:
+    """Whether the DHT's process still answers what a new averager asks it first (its p2p address)."""
+    if not dht.is_alive():
+        return False
+    try:
+        dht.run_coroutine(hivemind.DHT._get_p2p_daemon_listen_maddr, return_future=True).result(timeout=DHT_ANSWER)
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def _module_dhts() -> Iterator[list[hivemind.DHT]]:
+    with shared_processes():
+        dhts = _start_dhts()
+    try:
+        yield dhts
     finally:
-        for dht in started:
-            dht.shutdown()
+        _stop_dhts(dhts)  # the set in use at the end (``dhts`` may have replaced it)
+
+
+@pytest.fixture
+def dhts(_module_dhts: list[hivemind.DHT]) -> list[hivemind.DHT]:
+    """Three DHTs shared by the module's tests (three each would cost more than most tests' own waits).
+    A test that failed may have left one of them unable to answer; the next test then gets a fresh set
+    instead of waiting on it."""
+    if not all(_answers(dht) for dht in _module_dhts):
+        logger.warning("a DHT of this module stopped answering: starting a fresh set")
+        _stop_dhts(_module_dhts)
+        with shared_processes():
+            _module_dhts[:] = _start_dhts()
+    return _module_dhts
 
 
 class _Liar(hivemind.DecentralizedAverager):
@@ -137,6 +182,9 @@ def _mean_share(averagers, values) -> float:
 
 
 def _shutdown(*averagers):
+    """Stop them all at once (each may take its whole grace); none at all when a test failed before its first."""
+    if not averagers:
+        return
     with concurrent.futures.ThreadPoolExecutor(len(averagers)) as pool:
         list(pool.map(lambda a: a.shutdown(), averagers))
 

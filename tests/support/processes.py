@@ -14,10 +14,17 @@ import gc
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from p2ptrain.proc import descendants, signal_all, state_and_parent
 
-__all__ = ["become_subreaper", "descendants", "kill_all", "reap_orphans", "zombie_children"]
+__all__ = ["SHARED", "become_subreaper", "descendants", "kill_all", "reap_orphans", "shared_processes",
+           "zombie_children"]
+
+#: Processes that a fixture wider than one test started (a module's DHTs and their p2p daemons): they
+#: outlive the test that happened to start them, and are not its leftovers.
+SHARED: set[int] = set()
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -31,6 +38,16 @@ def zombie_children(parent: int | None = None) -> list[int]:
     parent = os.getpid() if parent is None else parent
     return [int(entry) for entry in os.listdir("/proc")
             if entry.isdigit() and state_and_parent(int(entry)) == ("Z", parent)]
+
+
+@contextmanager
+def shared_processes() -> Iterator[None]:
+    """Every process started inside belongs to a fixture wider than one test (see :data:`SHARED`)."""
+    before = set(descendants())
+    try:
+        yield
+    finally:
+        SHARED.update(set(descendants()) - before)
 
 
 def kill_all(pids: dict[int, str]) -> None:
