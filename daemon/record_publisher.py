@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from p2ptrain.status import LatestSnapshot, PeerRecord, SwarmView
@@ -30,15 +31,20 @@ class RecordPublisher:
     """Every ``period`` seconds: publish our record from the latest snapshot, and poll everyone's.
 
     With ``evidence`` (the node's peer checks), each view's records and their bound record keys are
-    handed to it: they are what the checks take the run's peers' word from.
+    handed to it: they are what the checks take the run's peers' word from.  ``clock`` is monotonic
+    seconds (tests drive :meth:`tick` with their own).
     """
 
     def __init__(self, book: RecordBook, latest: LatestSnapshot, period: float = RECORD_PERIOD,
-                 evidence: PeerEvidence | None = None) -> None:
+                 evidence: PeerEvidence | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._book = book
         self._latest = latest
         self._evidence = evidence
         self._period = period
+        self._clock = clock
+        self._started: float | None = None
+        self._next_publish = 0.0
+        self._seen = False
         self._stop = threading.Event()
         self._view = SwarmView()
         self._lock = threading.Lock()
@@ -66,19 +72,22 @@ class RecordPublisher:
             self._thread.join(timeout=self._period + 5)
 
     def _run(self) -> None:
-        started = next_publish = time.monotonic()
-        seen = False
-        while True:
-            now = time.monotonic()
-            try:
-                seen = self._publish_and_poll(publish=now >= next_publish) or seen
-            except Exception as exc:  # the DHT being slow or odd must never stop the node
-                logger.warning("peer records unavailable: %r", exc)
-            if now >= next_publish:
-                next_publish = now + self._period
-            quick = not seen and now - started < 2 * self._period
-            if self._stop.wait(min(FIRST_VIEW_POLL, self._period) if quick else max(0.0, next_publish - now)):
-                return
+        while not self._stop.wait(self.tick()):
+            pass
+
+    def tick(self) -> float:
+        """One pass: publish our record when due, poll the view; returns the seconds until the next pass."""
+        now = self._clock()
+        if self._started is None:
+            self._started = self._next_publish = now
+        try:
+            self._seen = self._publish_and_poll(publish=now >= self._next_publish) or self._seen
+        except Exception as exc:  # the DHT being slow or odd must never stop the node
+            logger.warning("peer records unavailable: %r", exc)
+        if now >= self._next_publish:
+            self._next_publish = now + self._period
+        quick = not self._seen and now - self._started < 2 * self._period
+        return min(FIRST_VIEW_POLL, self._period) if quick else max(0.0, self._next_publish - now)
 
     def _publish_and_poll(self, *, publish: bool = True) -> bool:
         """Publish our record (when due) and poll the swarm view; whether the view has records."""

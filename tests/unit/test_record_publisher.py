@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
+
+import pytest
 
 from p2ptrain.daemon.record_publisher import RecordPublisher
 from p2ptrain.status import LatestSnapshot, PeerRecord, StatusSnapshot, SwarmView
 from p2ptrain.trust.evidence import PeerEvidence
+from tests.support.clock import ManualClock
 
 
 class FakeBook:
@@ -19,6 +21,7 @@ class FakeBook:
         self.lock = threading.Lock()
         self.bound_keys: dict[bytes, str] = {}
         self.dht_peers: frozenset[str] = frozenset()
+        self.polled = threading.Event()
 
     def publish(self, record: PeerRecord, fingerprint: str = "") -> None:
         with self.lock:
@@ -27,42 +30,70 @@ class FakeBook:
     def poll(self) -> SwarmView:
         with self.lock:
             self.polls += 1
+            self.polled.set()
             if self.polls <= self.empty_polls:
                 return SwarmView()
         return SwarmView(peers=(PeerRecord(peer_id="QmPeer", state="training", epoch=3),))
 
 
-def start(book: FakeBook, period: float) -> tuple[RecordPublisher, PeerEvidence]:
+def publisher(book: FakeBook, period: float, clock: ManualClock | None = None) -> tuple[RecordPublisher, PeerEvidence]:
     latest = LatestSnapshot()
     latest.publish(StatusSnapshot(peer_id="QmSelf"))
     evidence = PeerEvidence()
-    publisher = RecordPublisher(book, latest, period=period, evidence=evidence)  # type: ignore[arg-type]
-    publisher.start()
-    return publisher, evidence
+    kwargs = {"clock": clock} if clock is not None else {}
+    return RecordPublisher(book, latest, period=period, evidence=evidence, **kwargs), evidence  # type: ignore[arg-type]
+
+
+def passes_until(records: RecordPublisher, clock: ManualClock, end: float) -> list[float]:
+    """Run the publisher's passes on ``clock`` as its thread would, until ``end``; when each one ran."""
+    when = []
+    while clock.now < end:
+        when.append(clock.now - 1000.0)
+        clock.now += records.tick()
+        assert len(when) < 1000, "the publisher never waits"
+    return when
 
 
 def test_the_first_view_is_polled_quickly_and_records_go_out_once_a_period() -> None:
-    book = FakeBook(empty_polls=2)
-    publisher, evidence = start(book, period=5.0)
-    try:
-        started = time.monotonic()
-        assert evidence.records_seen.wait(3.0), "the first view with records took more than 3 s"
-        assert time.monotonic() - started < 2.5
-        time.sleep(1.2)  # the view is in: no more quick polls, and no second publish within the period
-        assert book.polls == 3 and book.publishes == 1
-        assert publisher.view.peers[0].peer_id == "QmPeer"
-    finally:
-        publisher.stop()
+    book, clock = FakeBook(empty_polls=2), ManualClock(1000.0)
+    records, evidence = publisher(book, period=5.0, clock=clock)
+    # Two empty views, polled half a second apart; the third has the peer: from then on one pass
+    # (a poll and a publish) a period.
+    assert passes_until(records, clock, 1001.0) == [0.0, 0.5]
+    assert not evidence.records_seen.is_set()
+    assert passes_until(records, clock, 1010.0) == [1.0, 5.0]
+    assert evidence.records_seen.is_set()
+    assert book.polls == 4 and book.publishes == 2
+    assert records.view.peers[0].peer_id == "QmPeer"
 
 
 def test_quick_polls_stop_after_two_periods_when_no_record_ever_arrives() -> None:
-    book = FakeBook(empty_polls=10**6)
-    publisher, evidence = start(book, period=0.6)
+    book, clock = FakeBook(empty_polls=10**6), ManualClock(1000.0)
+    records, evidence = publisher(book, period=0.6, clock=clock)
+    # Quick polls (every 0.5 s) for two periods (1.2 s), then one poll and one publish a period.
+    assert passes_until(records, clock, 1003.0) == pytest.approx([0.0, 0.5, 1.0, 1.5, 1.6, 2.2, 2.8])
+    assert not evidence.records_seen.is_set()
+    assert book.polls == 7 and book.publishes == 5  # every pass but the quick ones between two publishes
+
+
+def test_a_failing_book_is_logged_and_the_passes_go_on(caplog) -> None:
+    class Broken(FakeBook):
+        def poll(self) -> SwarmView:
+            raise TimeoutError("the DHT is slow")
+
+    clock = ManualClock(1000.0)
+    records, _ = publisher(Broken(empty_polls=0), period=5.0, clock=clock)
+    assert passes_until(records, clock, 1001.0) == [0.0, 0.5]
+    assert caplog.text.count("peer records unavailable") == 2
+
+
+def test_the_thread_runs_the_passes_and_a_stop_ends_its_wait_at_once() -> None:
+    book = FakeBook(empty_polls=0)
+    records, evidence = publisher(book, period=3600.0)  # the real clock: the next pass is an hour away
+    records.start()
     try:
-        time.sleep(3.0)  # quick polls for 1.2 s (about 3), then one poll and one publish a period
-        polls = book.polls
-        assert not evidence.records_seen.is_set()
-        assert 4 <= polls <= 3 + 4 + 1, polls
-        assert 3 <= book.publishes <= 6, book.publishes
+        assert book.polled.wait(30), "the thread never polled"
     finally:
-        publisher.stop()
+        records.stop()  # joins for up to period + 5 s if the stop did not end the wait
+    assert not records._thread.is_alive()
+    assert book.publishes == 1 and evidence.records_seen.is_set()
