@@ -202,6 +202,10 @@ class ApiServer:
         return self._server.port
 
     @property
+    def open_connections(self) -> int:
+        return self._server.open_connections
+
+    @property
     def url(self) -> str:
         """Where a local client reaches the API (a wildcard bind is reached over loopback)."""
         host = self.host

@@ -234,6 +234,11 @@ class HttpServer:
     def port(self) -> int:
         return int(self.sock.getsockname()[1])
 
+    @property
+    def open_connections(self) -> int:
+        """Connections being served now (read from any thread: one int, written by the server's loop)."""
+        return self._open_total
+
     def start(self, name: str = "p2ptrain-api") -> None:
         loop = asyncio.new_event_loop()
         started = threading.Event()
