@@ -211,7 +211,7 @@ def test_silent_and_non_reading_clients_do_not_block_others(node):
 def test_connection_cap_refuses_then_recovers(node):
     hogs = [socket.create_connection(("127.0.0.1", node.server.port)) for _ in range(4)]
     try:
-        time.sleep(0.2)
+        wait_until(lambda: node.server.open_connections >= 4, 10, "the four connections taken", interval=0.01)
         status, headers, body = node.request("GET", "/api/v1/status")
         assert status == 503 and b"too many connections" in body
     finally:

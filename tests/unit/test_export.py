@@ -326,12 +326,16 @@ def test_an_export_under_a_file_says_which_path_is_not_a_directory(run, tmp_path
 def test_an_existing_export_dir_is_refused_unless_forced(run, tmp_path: Path, capsys) -> None:
     out = tmp_path / "m"
     assert _main("export", "-c", run["config"], out) == 0
-    before = (out / "config.json").read_text()
+    # Marked, so that a replacement shows (the same model exported twice in a second is the same bytes).
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "marked": True}))
+    (out / "left-behind.txt").write_text("an older export's file")
     assert _main("export", "-c", run["config"], out) == 1
     assert capsys.readouterr().err.strip().endswith(f"{out} already exists (use --force to replace it)")
-    time.sleep(1.1)  # exported_at has a resolution of one second
+    assert "marked" in json.loads((out / "config.json").read_text())
     assert _main("export", "-c", run["config"], out, "--force") == 0
-    assert (out / "config.json").read_text() != before
+    assert "marked" not in json.loads((out / "config.json").read_text())
+    assert not (out / "left-behind.txt").exists()  # the whole directory was replaced, not written over
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "thesis.tex").write_text("years of work")

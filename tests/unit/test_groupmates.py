@@ -80,6 +80,12 @@ def _step():
     return SimpleNamespace(trigger=asyncio.Event(), done=asyncio.Event(), cancelled=False)
 
 
+async def _settle() -> None:
+    """Let every other task run until it waits on something (no clock involved: they wait on events)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 async def _parts(group_id: bytes, *values):
     for value in values:
         yield SimpleNamespace(group_id=group_id, value=value)
@@ -101,9 +107,9 @@ def test_parts_that_arrive_before_our_trigger_wait_for_it_and_are_served():
     async def scenario():
         node, step = _Node(next_chunk_timeout=3.0), _step()
         stepping = asyncio.create_task(node._step(step=step))
-        await asyncio.sleep(0.01)  # matched, awaiting our trigger
+        await _settle()  # matched, awaiting our trigger
         early = asyncio.create_task(_serve(node, b"g1", 5))
-        await asyncio.sleep(0.05)
+        await _settle()
         assert not early.done()  # hivemind alone would have answered BAD_GROUP_ID by now
         step.trigger.set()  # our round ends: the group is registered
         served = await asyncio.wait_for(early, 1.0)
@@ -122,9 +128,9 @@ def test_parts_that_arrive_before_a_follower_learns_its_group_wait_for_the_searc
         node._matchmaking.found = asyncio.Event()
         step.trigger.set()  # our round has ended already: only the leader's word is missing
         stepping = asyncio.create_task(node._step(step=step))
-        await asyncio.sleep(0.01)
+        await _settle()
         early = asyncio.create_task(_serve(node, b"g1", 7))
-        await asyncio.sleep(0.05)
+        await _settle()
         assert not early.done()
         node._matchmaking.found.set()
         served = await asyncio.wait_for(early, 1.0)
@@ -150,9 +156,9 @@ def test_a_step_that_ends_before_its_trigger_releases_the_streams_waiting_for_it
     async def scenario():
         node, step = _Node(next_chunk_timeout=3.0), _step()
         stepping = asyncio.create_task(node._step(step=step))
-        await asyncio.sleep(0.01)
+        await _settle()
         early = asyncio.create_task(_serve(node, b"g1", 5))
-        await asyncio.sleep(0.05)
+        await _settle()
         started = time.monotonic()
         step.cancelled = True
         step.trigger.set()  # the step ends without registering its group
@@ -169,7 +175,7 @@ def test_parts_wait_for_our_trigger_no_longer_than_the_grace():
     async def scenario():
         node, step = _Node(serve_grace=0.2), _step()
         stepping = asyncio.create_task(node._step(step=step))
-        await asyncio.sleep(0.01)
+        await _settle()
         started = time.monotonic()
         served = await asyncio.wait_for(_serve(node, b"g1", 5), 2.0)
         took = time.monotonic() - started
