@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from p2ptrain.waiting import WaitTimeout, wait_until
-from tests.support.processes import SHARED, become_subreaper, descendants, kill_all, reap_orphans
+from tests.support.processes import become_subreaper, descendants, is_shared, kill_all, reap_orphans
 
 #: How long helpers of a stopped node may take to exit (p2pd leaves once its client is gone).
 LEAK_GRACE_SECONDS = 45.0
@@ -36,7 +36,7 @@ def no_leaked_processes(request: pytest.FixtureRequest):
 def _wait_for_leftovers(request: pytest.FixtureRequest, before: set[int]) -> None:
     def leftovers() -> dict[int, str]:
         return {pid: cmd for pid, cmd in descendants().items()
-                if pid not in before and pid not in SHARED and not cmd.split(" ", 1)[0].endswith(PER_RUN_HELPERS)}
+                if pid not in before and not is_shared(pid) and not cmd.split(" ", 1)[0].endswith(PER_RUN_HELPERS)}
 
     try:
         wait_until(lambda: not leftovers(), LEAK_GRACE_SECONDS, "exit of the test's processes", interval=0.5)

@@ -7,6 +7,7 @@ Every scenario records what it measured (time to recover, epochs and samples los
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -72,9 +73,10 @@ def chaos_report() -> Iterator[ChaosReport]:
     report.write(report_path())
 
 
-@pytest.fixture
-def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
-    """``make_node(name, run_id=..., env=..., **section_overrides)`` with the tiny task; all stopped at teardown."""
+@contextlib.contextmanager
+def node_factory(base: Path) -> Iterator[NodeFactory]:
+    """``factory(name, run_id=..., env=..., **section_overrides)``: nodes with the tiny task under ``base``,
+    all stopped on leaving."""
     nodes: list[LocalNode] = []
     default_run = f"chaos-{uuid.uuid4().hex[:8]}"
     counter = itertools.count()
@@ -86,9 +88,18 @@ def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
         for section, values in sections.items():
             overrides.setdefault(section, {}).update(values)
         node_name = name or f"node{next(counter)}"
-        node = LocalNode(node_name, tmp_path / node_name, run_id or default_run, overrides, env=dict(env or {}))
+        node = LocalNode(node_name, base / node_name, run_id or default_run, overrides, env=dict(env or {}))
         nodes.append(node)
         return node
 
-    yield factory
-    LocalNode.stop_all(nodes, timeout=20)
+    try:
+        yield factory
+    finally:
+        LocalNode.stop_all(nodes, timeout=20)
+
+
+@pytest.fixture
+def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
+    """``make_node(name, run_id=..., env=..., **section_overrides)`` with the tiny task; all stopped at teardown."""
+    with node_factory(tmp_path) as factory:
+        yield factory

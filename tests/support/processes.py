@@ -19,11 +19,11 @@ from contextlib import contextmanager
 
 from p2ptrain.proc import descendants, signal_all, state_and_parent
 
-__all__ = ["SHARED", "become_subreaper", "descendants", "kill_all", "reap_orphans", "shared_processes",
-           "zombie_children"]
+__all__ = ["SHARED", "become_subreaper", "descendants", "is_shared", "kill_all", "reap_orphans",
+           "shared_processes", "zombie_children"]
 
-#: Processes that a fixture wider than one test started (a module's DHTs and their p2p daemons): they
-#: outlive the test that happened to start them, and are not its leftovers.
+#: Processes that a fixture wider than one test started (a module's DHTs, a scenario's nodes), with
+#: everything they start: they outlive the test that happened to start them, and are not its leftovers.
 SHARED: set[int] = set()
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -48,6 +48,19 @@ def shared_processes() -> Iterator[None]:
         yield
     finally:
         SHARED.update(set(descendants()) - before)
+
+
+def is_shared(pid: int) -> bool:
+    """Whether ``pid`` is in :data:`SHARED` or a descendant of one there."""
+    own = os.getpid()
+    while pid not in (own, 0, 1):
+        if pid in SHARED:
+            return True
+        found = state_and_parent(pid)
+        if found is None:
+            return False
+        pid = found[1]
+    return False
 
 
 def kill_all(pids: dict[int, str]) -> None:

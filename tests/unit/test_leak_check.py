@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from p2ptrain.waiting import wait_until
-from tests.support.processes import reap_orphans, zombie_children
+from tests.support.processes import SHARED, is_shared, reap_orphans, shared_processes, zombie_children
 
 
 def _wait_for_zombie(pid: int, timeout: float = 10.0) -> None:
@@ -26,3 +26,26 @@ def test_orphan_zombie_is_reaped_but_popen_child_keeps_its_exit_code():
     assert reap_orphans() >= 1
     assert orphan not in zombie_children()
     assert own.wait(5) == 7
+
+
+def test_a_shared_process_and_what_it_starts_later_are_not_a_test_s_leftovers():
+    # The middle process starts its own child only when told, after the shared block has ended.
+    script = ("import subprocess, sys\nsys.stdin.readline()\n"
+              "child = subprocess.Popen(['sleep', '30'])\nprint(child.pid, flush=True)\nsys.stdin.readline()\n"
+              "child.kill()\n")
+    with shared_processes():
+        middle = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+    own = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE)
+    try:
+        assert middle.stdin is not None and middle.stdout is not None
+        middle.stdin.write("go\n")
+        middle.stdin.flush()
+        later = int(middle.stdout.readline())
+        assert is_shared(middle.pid) and is_shared(later)
+        assert not is_shared(own.pid)
+    finally:
+        middle.communicate("done\n", timeout=10)
+        own.kill()
+        own.wait(10)
+        SHARED.discard(middle.pid)
