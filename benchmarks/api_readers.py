@@ -1,8 +1,8 @@
 """Measure what reading a live node's API as hard as local clients can costs its training.
 
 Not a test (a rate ratio on a shared machine is noise, not pass/fail; the mechanism that bounds the
-cost, the API's one-second answer cache and per-client pacing, is unit-tested in
-``tests/unit/test_api_load.py``).  Run it from the repository root:
+cost, the API's one-second answer cache and per-client pacing, is tested in
+``tests/unit/test_api_load.py`` and ``tests/integration/test_api_deadlines.py``).  Run it from the repository root:
 ``.venv/bin/python -m benchmarks.api_readers [--readers 8] [--pairs 3] [--seconds 7]``.
 
 One tiny node trains on 127.0.0.1.  ``--readers`` threads pull /metrics, /api/v1/status and
