@@ -1,4 +1,5 @@
-"""pyproject.toml declares only what exists, and a torch whose weights_only loading is safe."""
+"""pyproject.toml declares only what exists, a torch whose weights_only loading is safe and a pyarrow that
+does not run code from Parquet files."""
 
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ def test_torch_floor_has_the_weights_only_fixes() -> None:
     floor = re.search(r">=\s*(\d+)\.(\d+)", spec)
     assert floor is not None and (int(floor[1]), int(floor[2])) >= (2, 10), spec
     assert "<3" in spec
+
+
+def test_pyarrow_floor_excludes_the_parquet_code_execution_bug() -> None:
+    from packaging.requirements import Requirement
+
+    [spec] = [Requirement(d) for d in PROJECT["project"]["dependencies"] if re.match(r"pyarrow\b", d)]
+    # CVE-2023-47248: pyarrow 0.14.0 to 14.0.0 unpickle code from a Parquet file's metadata.
+    assert not spec.specifier.contains("14.0.0") and spec.specifier.contains("14.0.1"), spec
 
 
 def test_license_is_an_spdx_expression_with_a_setuptools_that_reads_it() -> None:
