@@ -238,6 +238,8 @@ def _evaluate_hook(loaded: LoadedModel, say: Any) -> Any:
             more = f" (and {len(scored.skipped) - 1} more)" if len(scored.skipped) > 1 else ""
             say(f"--data: {len(scored.skipped)} shard(s) left out, unreadable or malformed: "
                 f"{scored.skipped[0]}{more}")
+        if scored.failed_records:
+            say(f"--data: {scored.failed_records} record(s) skipped, they do not decode: {scored.first_failure}")
         if not scored.batches:
             raise ModelError(f"--data {data_path} holds {scored.text_bytes:,} bytes of text: too little to score "
                              f"(the model needs more than task.seq_len = {cfg.seq_len} bytes)")

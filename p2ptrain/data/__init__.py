@@ -2,7 +2,9 @@
 
 - ``sources``  the shards a path or index names: files, byte ranges, row ranges, URLs
 - ``remote``   shards at http(s) URLs: cached, checked against their sha256, retried
-- ``readers``  one block of a shard: plain text, JSONL records, Parquet rows
+- ``readers``  one block of a shard: plain text, JSONL records (each decoded inside a guard), Parquet rows
+- ``blocks``   what reading a block gives: its text, and the records and shards skipped
+- ``parquet``  Parquet rows within a byte budget; ``parquet_pages``: the page headers that set it
 - ``assign``   which peer reads which shard (rendezvous hashing, reshuffled each pass)
 - ``stream``   this node's endless, resumable walk over its shards
 - ``corpus``   the held-out split and its fixed validation windows

@@ -4,47 +4,27 @@ A block starts at an offset (a byte for text and JSONL, a row for Parquet) and h
 about ``block_bytes`` of text, so memory stays bounded whatever the size of the file.  The
 same offset always gives the same block, which is what lets a stream resume exactly.
 
-Problems with the data are exceptions with a one-line message, for the stream to count and skip:
-:class:`ShardUnreadable` (I/O errors) and :class:`ShardMalformed` (not JSON, no text field...).
+The data is input from strangers, so reading it never raises anything but the two exceptions of
+:mod:`p2ptrain.data.blocks`: each record is decoded inside a guard that turns any exception
+(recursion, decode, schema) into a skipped record, a record over the size budget is skipped before
+it is decoded, and anything else that goes wrong in a block becomes :class:`ShardMalformed`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.data.blocks import BlockRead, MissingTextField, RecordFailure, ShardMalformed, ShardUnreadable
+from p2ptrain.data.parquet import parquet_block
 from p2ptrain.data.sources import ShardRef
 
-#: Parquet rows converted to Python strings at a time.
-PARQUET_BATCH_ROWS = 512
-#: Bytes of a Parquet column chunk read from disk at a time (instead of whole column chunks).
-PARQUET_READ_BUFFER = 1 << 20
+__all__ = ["BlockRead", "MissingTextField", "RecordFailure", "ShardMalformed", "ShardUnreadable", "first_offset",
+           "read_block", "read_prefix"]
 
-
-class ShardUnreadable(Exception):
-    """The shard cannot be read now (I/O error, download failed, checksum mismatch)."""
-
-
-class ShardMalformed(Exception):
-    """The shard's content is not what its format promises; the message names the place."""
-
-
-class MissingTextField(ShardMalformed):
-    """Records without the ``task.text_field`` field (or column): most likely a config mistake."""
-
-
-@dataclass
-class BlockRead:
-    """``data``: the block's text. ``next_offset``: where the record after it starts (records
-    formats) or where reading stopped (text). ``at_end``: nothing of the shard follows.
-    ``bad_records``: records without usable text (null, not a string), skipped."""
-
-    data: bytearray
-    next_offset: int
-    at_end: bool
-    bad_records: int = 0
+#: Records that may fail to decode in one block before reading it stops (the stream decides the rest).
+MAX_FAILURES = 64
 
 
 def first_offset(shard: ShardRef, path: Path) -> int:
@@ -61,20 +41,28 @@ def first_offset(shard: ShardRef, path: Path) -> int:
 
 
 def read_block(shard: ShardRef, path: Path, offset: int, block_bytes: int, text_field: str,
-               max_record: int = 0) -> BlockRead:
+               max_record: int = 0, max_failures: int = MAX_FAILURES) -> BlockRead:
     """The block at ``offset``: about ``block_bytes`` of text (whole records: a little more).
 
-    A JSONL line longer than ``max_record`` bytes (default ``2 * block_bytes``) is skipped
-    unread and counted as a bad record, so one huge line cannot take the memory.
+    A record longer than ``max_record`` bytes (default ``2 * block_bytes``) is skipped undecoded
+    and counted as a failed record, so one huge record cannot take the memory; so is any record that
+    does not decode. Reading stops after ``max_failures`` failed records (the block then ends there).
     """
+    max_record = max_record or 2 * block_bytes
+    max_failures = max(1, max_failures)
     try:
         if shard.kind == "text":
             return _text_block(shard, path, offset, block_bytes)
         if shard.kind == "jsonl":
-            return _jsonl_block(shard, path, offset, block_bytes, text_field, max_record or 2 * block_bytes)
-        return _parquet_block(shard, path, offset, block_bytes, text_field)
+            return _jsonl_block(path, offset, shard.end, block_bytes, text_field, max_record, max_failures)
+        return parquet_block(shard, path, offset, block_bytes, text_field, max_record, max_failures)
+    except (ShardUnreadable, ShardMalformed):
+        raise
     except OSError as exc:
         raise ShardUnreadable(_os_error(exc)) from None
+    except Exception as exc:  # anything a hostile file can make a decoder raise: this block only, never the node
+        unit = "row" if shard.kind == "parquet" else "byte"
+        raise ShardMalformed(f"the block at {unit} {offset} does not read ({_describe(exc)})") from exc
 
 
 def _text_block(shard: ShardRef, path: Path, offset: int, block_bytes: int) -> BlockRead:
@@ -95,39 +83,50 @@ def _text_block(shard: ShardRef, path: Path, offset: int, block_bytes: int) -> B
     return BlockRead(data, offset + len(data), offset + len(data) >= end or got < wanted)
 
 
-def _jsonl_block(shard: ShardRef, path: Path, offset: int, block_bytes: int, text_field: str,
-                 max_record: int) -> BlockRead:
-    data, bad = bytearray(), 0
+def _jsonl_block(path: Path, offset: int, end: int, block_bytes: int, text_field: str, max_record: int,
+                 max_failures: int) -> BlockRead:
+    read = BlockRead(bytearray(), offset, False)
     limit = max_record + 1
     with path.open("rb") as file:
-        end = shard.end if shard.end >= 0 else file.seek(0, 2)
+        end = end if end >= 0 else file.seek(0, 2)
         file.seek(offset)
         position = offset
-        while position < end and len(data) < block_bytes:
+        while position < end and len(read.data) < block_bytes and len(read.failures) < max_failures:
             line = file.readline(limit)
             if not line:
                 position = end
                 break
+            start = position
             if len(line) == limit and not line.endswith(b"\n"):
                 _skip_line(file)  # one record bigger than the whole buffer: never held in memory
-                bad += 1
                 position = file.tell()
+                read.failures.append(RecordFailure(start, f"the line at byte {start} is longer than the "
+                                                          f"{max_record} bytes a record may have"))
                 continue
-            start, position = position, position + len(line)
+            position += len(line)
             if not line.strip():
                 continue
-            text = _record_text(line, start, text_field)
-            if text is None:
-                bad += 1
+            try:
+                text = _record_text(line, start, text_field)
+            except Exception as exc:  # recursion, decode, schema: this record only
+                reason = str(exc) if isinstance(exc, ShardMalformed) else (
+                    f"the line at byte {start} does not decode ({_describe(exc)})")
+                read.failures.append(RecordFailure(start, reason, missing_field=isinstance(exc, MissingTextField)))
                 continue
-            data += text.encode("utf-8", "replace")
-            data += b"\n"
-    return BlockRead(data, position, position >= end, bad)
+            if text is None:
+                read.bad_records += 1
+                continue
+            read.data += text.encode("utf-8", "replace")
+            read.data += b"\n"
+    read.next_offset, read.at_end = position, position >= end
+    return read
 
 
 def _record_text(line: bytes, start: int, text_field: str) -> str | None:
     try:
         record = json.loads(line)
+    except RecursionError:
+        raise ShardMalformed(f"the line at byte {start} is nested too deep to decode") from None
     except ValueError as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise ShardMalformed(f"the line at byte {start} is not valid JSON ({reason})") from None
@@ -140,70 +139,29 @@ def _record_text(line: bytes, start: int, text_field: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _parquet_block(shard: ShardRef, path: Path, offset: int, block_bytes: int, text_field: str) -> BlockRead:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def read_prefix(shard: ShardRef, path: Path, quota: int, block_bytes: int, text_field: str,
+                failed: list[RecordFailure] | None = None) -> bytearray:
+    """Up to ``quota`` bytes of text from the start of ``shard`` (for the validation split).
 
-    try:
-        parquet = pq.ParquetFile(path, buffer_size=PARQUET_READ_BUFFER)
-    except pa.ArrowException as exc:
-        raise ShardMalformed(f"not a readable Parquet file ({_first_line(exc)})") from None
-    schema = parquet.schema_arrow
-    if text_field not in schema.names:
-        columns = ", ".join(schema.names[:8]) or "none"
-        raise MissingTextField(f"no {text_field!r} column (its columns: {columns})")
-    column_type = schema.field(text_field).type
-    if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
-        raise ShardMalformed(f"column {text_field!r} holds {column_type}, not text")
-    metadata = parquet.metadata
-    end = shard.end if shard.end >= 0 else metadata.num_rows
-    groups: list[int] = []
-    first_row, row = 0, 0
-    for index in range(metadata.num_row_groups):
-        rows = metadata.row_group(index).num_rows
-        if row + rows > offset and row < end:
-            if not groups:
-                first_row = row
-            groups.append(index)
-        row += rows
-    data, bad, position = bytearray(), 0, offset
-    if groups:
-        try:
-            position, bad = _fill_from_parquet(parquet, groups, first_row, offset, end, block_bytes, text_field, data)
-        except pa.ArrowException as exc:
-            raise ShardMalformed(f"Parquet rows from {offset} do not decode ({_first_line(exc)})") from None
-    return BlockRead(data, position, position >= end, bad)
-
-
-def _fill_from_parquet(parquet: Any, groups: list[int], first_row: int, offset: int, end: int,
-                       block_bytes: int, text_field: str, data: bytearray) -> tuple[int, int]:
-    """Append the text of rows ``offset..`` to ``data`` until ``end`` or a full block.
-
-    Returns the next row to read and how many rows had no text (null).
+    Records that do not decode are skipped, as in training; a shard whose records keep failing
+    (``MAX_FAILURES`` of them) is :class:`ShardMalformed`, and one whose records lack the text field
+    before any text was found is :class:`MissingTextField`. ``failed`` collects the skipped records.
     """
-    row, bad = first_row, 0
-    for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=[text_field],
-                                      use_threads=False):
-        for value in batch.column(0).to_pylist():
-            if row >= end or len(data) >= block_bytes:
-                return row, bad
-            if row >= offset:
-                if isinstance(value, str):
-                    data += value.encode("utf-8", "replace")
-                    data += b"\n"
-                else:
-                    bad += 1
-            row += 1
-    return row, bad
-
-
-def read_prefix(shard: ShardRef, path: Path, quota: int, block_bytes: int, text_field: str) -> bytearray:
-    """Up to ``quota`` bytes of text from the start of ``shard`` (for the validation split)."""
     collected = bytearray()
     offset = first_offset(shard, path)
+    failures: list[RecordFailure] = []
     while len(collected) < quota:
-        block = read_block(shard, path, offset, min(block_bytes, quota - len(collected)), text_field)
+        block = read_block(shard, path, offset, min(block_bytes, quota - len(collected)), text_field,
+                           max_record=2 * block_bytes, max_failures=MAX_FAILURES - len(failures))
+        failures += block.failures
+        missing = next((f for f in block.failures if f.missing_field), None)
+        if missing is not None and not collected and not block.data:
+            raise MissingTextField(missing.reason)
+        if len(failures) >= MAX_FAILURES:
+            raise ShardMalformed(f"{len(failures)} records do not decode; the first: {failures[0].reason}")
         collected += block.data[: quota - len(collected)]
+        if failed is not None:
+            failed += block.failures
         if block.at_end or block.next_offset == offset:
             break
         offset = block.next_offset
@@ -219,6 +177,12 @@ def _skip_line(file: Any) -> None:
 
 def _os_error(exc: OSError) -> str:
     return exc.strerror if exc.strerror else f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = _first_line(exc)
+    return text if text == type(exc).__name__ else f"{type(exc).__name__}: {text}"
 
 
 def _first_line(exc: BaseException) -> str:

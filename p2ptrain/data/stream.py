@@ -7,8 +7,13 @@ order seeded by ``(peer_seed, pass)``.  A shard is read one block at a time; a b
 offset)``.  All randomness derives from the position, so ``(pass, shard, offset, index)`` plus
 the shards already read this pass is the whole state: a restarted node continues exactly.
 
-A shard that cannot be read (I/O error, download given up) is skipped and a malformed one is
-abandoned, each with one warning line and a count; both are tried again next pass.
+Shards are input from strangers.  A record that does not decode (not JSON, nested too deep, too
+large, no text field) is skipped and counted, with one warning line naming the shard and the offset
+for the first of each shard in a pass; a shard whose records keep failing (``FAILED_RECORDS_LIMIT``
+in one pass) is skipped for the rest of the pass.  A shard that cannot be read (I/O error, download
+refused or given up) is skipped and a malformed one abandoned, each with one warning line and a
+count; whatever a reader raises is one of those, never an exception out of the stream.  All are tried
+again next pass.
 
 Peers' passes drift apart: their shares of a pass differ in size, and a node that trained alone
 for a while (the first one) is passes ahead of those that joined later.  Shares are disjoint per
@@ -50,6 +55,8 @@ POSITION_FORMAT = "shards-1"
 PAST_PASSES = 7
 #: Passes in a row that produce no window at all before the stream gives up (bad data, not weather).
 EMPTY_PASSES_LIMIT = 2
+#: Records of one shard that may fail to decode in a pass before the rest of the shard is skipped.
+FAILED_RECORDS_LIMIT = 32
 
 
 class LocalFiles:
@@ -66,7 +73,8 @@ class Coverage:
     """How far this node is through the data, for the node to publish.
 
     ``consumed`` are the shards read through in ``pass_number``; the ``*_total`` counts are
-    since the stream started (``bad_records``: records without text, e.g. a null field).
+    since the stream started (``bad_records``: records without text, e.g. a null field;
+    ``failed_records``: records that did not decode or were too large, skipped).
     """
 
     pass_number: int
@@ -76,6 +84,7 @@ class Coverage:
     skipped_total: int
     malformed_total: int
     bad_records_total: int
+    failed_records_total: int = 0
 
     @property
     def fraction(self) -> float:
@@ -84,7 +93,8 @@ class Coverage:
     def to_dict(self) -> dict[str, Any]:
         return {"pass": self.pass_number, "shards_total": self.shards_total, "consumed": list(self.consumed),
                 "skipped_this_pass": list(self.skipped_this_pass), "skipped_total": self.skipped_total,
-                "malformed_total": self.malformed_total, "bad_records_total": self.bad_records_total}
+                "malformed_total": self.malformed_total, "bad_records_total": self.bad_records_total,
+                "failed_records_total": self.failed_records_total}
 
 
 @dataclass
@@ -104,6 +114,8 @@ class _Lane:
     index: int = 0
     block: _Block | None = None
     idle: bool = False
+    #: Records of this shard that failed to decode in this pass (since this process read it).
+    failed: int = 0
 
 
 class ShardStream:
@@ -145,7 +157,7 @@ class ShardStream:
         self._files = files if files is not None else LocalFiles()
         self._peers: tuple[str, ...] = (peer_id,)
         self._owned: tuple[int, tuple[str, ...], list[str]] | None = None
-        self.skipped_total = self.malformed_total = self.bad_records_total = 0
+        self.skipped_total = self.malformed_total = self.bad_records_total = self.failed_records_total = 0
         self._empty_passes = 0
         self._last_pass: Coverage | None = None
         self._past: list[int] = []
@@ -166,7 +178,8 @@ class ShardStream:
             "lanes": [[lane.shard or "", lane.offset, lane.index] for lane in self.lanes], "draws": self.draws,
             "windows": self._windows_this_pass,
             "skipped_total": self.skipped_total, "malformed_total": self.malformed_total,
-            "bad_records_total": self.bad_records_total, "past_pass_shards": list(self._past),
+            "bad_records_total": self.bad_records_total, "failed_records_total": self.failed_records_total,
+            "past_pass_shards": list(self._past),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -182,6 +195,8 @@ class ShardStream:
         _check_position(state, self.LANES)
         self.skipped_total, self.malformed_total = state["skipped_total"], state["malformed_total"]
         self.bad_records_total = state["bad_records_total"]
+        failed = state.get("failed_records_total", 0)  # positions saved before it existed have none
+        self.failed_records_total = failed if _is_count(failed) else 0
         if state["source"] != self.source:
             self._reset(state["pass"] + 1)
             log.warning("training data changed since the checkpoint (shard list %s -> %s); starting pass %d",
@@ -207,7 +222,7 @@ class ShardStream:
     def coverage(self) -> Coverage:
         """Where this node is in the current pass (``consumed`` restarts empty with each pass)."""
         return Coverage(self.pass_number, len(self._ids), tuple(self.done), tuple(self.failed),
-                        self.skipped_total, self.malformed_total, self.bad_records_total)
+                        self.skipped_total, self.malformed_total, self.bad_records_total, self.failed_records_total)
 
     def last_pass_coverage(self) -> Coverage | None:
         """The coverage of the pass this node completed last (since it started), or None."""
@@ -229,6 +244,8 @@ class ShardStream:
         self.done = []
         self.failed = []
         self._seen = set()
+        #: Shards with a failed record this pass (the first one is a warning line, the rest debug).
+        self._failing: set[str] = set()
         self.lanes = [_Lane() for _ in range(self.LANES)]
         self.draws = 0
         self._windows_this_pass = 0
@@ -278,21 +295,31 @@ class ShardStream:
             path = self._files.local_path(shard)
             if lane.offset < 0:
                 lane.offset = first_offset(shard, path)
-            read = read_block(shard, path, lane.offset, self.lane_bytes, self.text_field)  # records <= 2 blocks
+            read = read_block(shard, path, lane.offset, self.lane_bytes, self.text_field,  # records <= 2 blocks
+                              max_failures=FAILED_RECORDS_LIMIT - lane.failed)
         except ShardUnreadable as exc:
             self.skipped_total += 1
             log.warning("shard %s skipped this pass: %s (%d skipped so far)", shard.id, exc, self.skipped_total)
             self._finish_shard(lane, failed=True)
             return
         except ShardMalformed as exc:
-            self.malformed_total += 1
             hint = " (see task.text_field)" if isinstance(exc, MissingTextField) else ""
-            log.warning("shard %s is malformed, rest of it skipped: %s%s (%d malformed so far)",
-                        shard.id, exc, hint, self.malformed_total)
-            self._finish_shard(lane, failed=True)
+            self._malformed(lane, shard, str(exc), hint)
+            return
+        except Exception as exc:  # a downloader or reader bug must cost one shard, never the node
+            log.debug("reading shard %s at %d failed", shard.id, lane.offset, exc_info=True)
+            self._malformed(lane, shard, f"reading it at {lane.offset} failed ({type(exc).__name__}: "
+                                         f"{str(exc).strip()[:200] or 'no message'})", "")
             return
         if lane.index == 0:  # re-reading a block after a restart must not count its records twice
             self.bad_records_total += read.bad_records
+            self._count_failures(shard, read)
+        lane.failed += len(read.failures)
+        if lane.failed >= FAILED_RECORDS_LIMIT:
+            hint = " (see task.text_field)" if any(f.missing_field for f in read.failures) else ""
+            self._malformed(lane, shard, f"{lane.failed} records did not decode this pass, the last: "
+                                         f"{read.failures[-1].reason}", hint)
+            return
         if not read.at_end and read.next_offset <= lane.offset and shard.kind != "text":
             read.at_end = True  # a reader that made no progress must not spin
         data = torch.frombuffer(read.data, dtype=torch.uint8) if read.data else torch.empty(0, dtype=torch.uint8)
@@ -304,11 +331,30 @@ class ShardStream:
             shift, count = 0, max(0, (len(data) - 1) // self.seq_len)
         lane.block = _Block(data, torch.randperm(count, generator=generator), shift, read)
 
+    def _count_failures(self, shard: ShardRef, read: BlockRead) -> None:
+        """Count a block's failed records; the first of the shard in this pass is one warning line."""
+        if not read.failures:
+            return
+        first = shard.id not in self._failing
+        self.failed_records_total += read.failed_records
+        self._failing.add(shard.id)
+        for failure in read.failures[: 1 if first else 0]:
+            log.warning("shard %s: record skipped: %s (%d records skipped so far)", shard.id, failure.reason,
+                        self.failed_records_total)
+        for failure in read.failures[1 if first else 0 :]:
+            log.debug("shard %s: record skipped: %s", shard.id, failure.reason)
+
+    def _malformed(self, lane: _Lane, shard: ShardRef, reason: str, hint: str) -> None:
+        self.malformed_total += 1
+        log.warning("shard %s is malformed, rest of it skipped this pass: %s%s (%d malformed so far)",
+                    shard.id, reason, hint, self.malformed_total)
+        self._finish_shard(lane, failed=True)
+
     def _finish_shard(self, lane: _Lane, *, failed: bool) -> None:
         shard = lane.shard or ""
         (self.failed if failed else self.done).append(shard)
         self._seen.add(shard)
-        lane.shard, lane.offset, lane.index, lane.block = None, -1, 0, None
+        lane.shard, lane.offset, lane.index, lane.block, lane.failed = None, -1, 0, None, 0
 
     def _assign(self, lane: _Lane) -> bool:
         """Give ``lane`` this node's next shard of the pass; False when none is left."""

@@ -18,6 +18,7 @@ from p2ptrain.config.schema import ConfigError
 from p2ptrain.data.corpus import split_shards, validation_text, validation_windows
 from p2ptrain.data.readers import (
     MissingTextField,
+    RecordFailure,
     ShardMalformed,
     ShardUnreadable,
     first_offset,
@@ -124,11 +125,14 @@ def check_text_field(cfg: TaskSection, shards: Sequence[ShardRef]) -> None:
         return
     path = Path(first.path)
     try:
-        read_block(first, path, first_offset(first, path), 1, cfg.text_field, max_record=PROBE_MAX_RECORD)
+        read = read_block(first, path, first_offset(first, path), 1, cfg.text_field, max_record=PROBE_MAX_RECORD,
+                          max_failures=1)
     except MissingTextField as exc:
         raise ConfigError(f"task.text_field: {first.id}: {exc}") from None
     except (ShardMalformed, ShardUnreadable):
-        pass
+        return
+    if read.failures and read.failures[0].missing_field and not read.data:
+        raise ConfigError(f"task.text_field: {first.id}: {read.failures[0].reason}")
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,9 @@ class ScoredText:
     truncated: bool
     #: ``"shard: reason"`` of each shard left out (unreadable or malformed), in shard order.
     skipped: tuple[str, ...]
+    #: Records skipped because they did not decode, and ``"shard: reason"`` of the first.
+    failed_records: int = 0
+    first_failure: str = ""
 
 
 def text_batches(data_path: str, cfg: TaskSection, batch_size: int, fetcher: ShardFetcher, *, label: str,
@@ -155,22 +162,26 @@ def text_batches(data_path: str, cfg: TaskSection, batch_size: int, fetcher: Sha
         found = discover(data_path, cfg.data_format, cfg.seq_len, fetcher.read_index)
     except ConfigError as exc:
         raise ConfigError(label + str(exc).removeprefix("task.data_path")) from None
-    data, skipped = bytearray(), []
+    data, skipped, failed, first_failure = bytearray(), [], 0, ""
     for shard in found.shards:
         if len(data) >= max_bytes:
             break
+        failures: list[RecordFailure] = []
         try:
             text = read_prefix(shard, fetcher.local_path(shard), max_bytes - len(data),
-                               min(SCORE_BLOCK_BYTES, max_bytes), cfg.text_field)
+                               min(SCORE_BLOCK_BYTES, max_bytes), cfg.text_field, failures)
         except MissingTextField as exc:
             raise ConfigError(f"{label}: {shard.id}: {exc} (the model's task.text_field)") from None
         except (ShardMalformed, ShardUnreadable) as exc:
             skipped.append(f"{shard.id}: {exc}")
             continue
+        if failures and not failed:
+            first_failure = f"{shard.id}: {failures[0].reason}"
+        failed += sum(failure.count for failure in failures)
         data += text
         del text
     tensor = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     count = (len(tensor) - 1) // cfg.seq_len if len(tensor) > cfg.seq_len else 0
     rows = [tensor[i * cfg.seq_len : i * cfg.seq_len + cfg.seq_len + 1] for i in range(count)]
     batches = [torch.stack(rows[i : i + batch_size]).long() for i in range(0, len(rows), batch_size)]
-    return ScoredText(batches, len(data), len(data) >= max_bytes, tuple(skipped))
+    return ScoredText(batches, len(data), len(data) >= max_bytes, tuple(skipped), failed, first_failure)

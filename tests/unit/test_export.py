@@ -543,7 +543,7 @@ def test_eval_data_problems_are_one_line_each(run, tmp_path: Path, capsys) -> No
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["p2ptrain eval: --data: records.jsonl#00000000: no 'text' field in the record at byte 0 "
                    "(its fields: body) (the model's task.text_field)"]
-    # A malformed shard is left out with one line; the rest is scored.
+    # A record that does not decode is skipped with one line; the rest is scored.
     folder = tmp_path / "mixed"
     folder.mkdir()
     (folder / "a.jsonl").write_text("".join(json.dumps({"text": line}) + "\n" for line in LINES))
@@ -551,7 +551,7 @@ def test_eval_data_problems_are_one_line_each(run, tmp_path: Path, capsys) -> No
     assert _main("eval", run["config"], "--data", folder) == 0
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines() == [
-        "p2ptrain eval: --data: 1 shard(s) left out, unreadable or malformed: b.jsonl: the line at byte 0 is not "
+        "p2ptrain eval: --data: 1 record(s) skipped, they do not decode: b.jsonl: the line at byte 0 is not "
         "valid JSON (Expecting property name enclosed in double quotes)"]
     assert f"on {folder}" in captured.out
     assert _main("eval", run["config"], "--data", tmp_path / "none" / "*.txt") == 1

@@ -16,7 +16,7 @@ from p2ptrain.config.schema import ConfigError, TaskSection, TrainingSection
 from p2ptrain.data.assign import clean_peers, owned_shards
 from p2ptrain.data.readers import first_offset, read_block
 from p2ptrain.data.sources import discover
-from p2ptrain.data.stream import Coverage, ShardStream
+from p2ptrain.data.stream import FAILED_RECORDS_LIMIT, Coverage, ShardStream
 from p2ptrain.tasks import build_task
 
 torch.set_num_threads(1)
@@ -31,7 +31,7 @@ def _corpus(root: Path, files: int = 12, lines: int = 40) -> Path:
     return root
 
 
-def _no_index(url: str) -> str:
+def _no_index(url: str, sha256: str) -> bytes:
     raise AssertionError("no index expected")
 
 
@@ -195,7 +195,7 @@ def _records(tag: str, count: int = 30) -> list[object]:
     return [{"id": i, "text": f"{tag} record {i}: " + "lorem ipsum dolor sit amet " * 3} for i in range(count)]
 
 
-def test_malformed_and_unreadable_shards_are_skipped_with_one_line_and_counted(
+def test_bad_records_are_skipped_and_unreadable_shards_skipped_each_with_one_line_and_counted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root = tmp_path / "c"
@@ -203,20 +203,25 @@ def test_malformed_and_unreadable_shards_are_skipped_with_one_line_and_counted(
     for i in range(6):
         _jsonl(root / f"good{i}.jsonl", _records(f"good{i}"))
     _jsonl(root / "broken.jsonl", [*_records("broken", 3), "{not json", *_records("after")])
-    _jsonl(root / "nofield.jsonl", [{"body": "x" * 80}])
+    _jsonl(root / "nofield.jsonl", [{"body": "x" * 80}] * (FAILED_RECORDS_LIMIT + 5))
     _jsonl(root / "nulls.jsonl", [*_records("nulls"), {"text": None}, {"text": 5}])
     (root / "gone.jsonl").write_text(json.dumps({"text": "y" * 100}) + "\n")
     stream = _stream(root)
     (root / "gone.jsonl").unlink()  # vanished after the shards were listed
     with caplog.at_level(logging.WARNING):
         coverage = _run_pass(stream)
-    assert coverage.malformed_total == 2 and coverage.skipped_total == 1 and coverage.bad_records_total == 2
-    assert set(coverage.skipped_this_pass) == {"broken.jsonl", "nofield.jsonl", "gone.jsonl"}
-    assert len(coverage.consumed) == 7
+    # broken.jsonl loses one record and is read on; nofield.jsonl keeps failing and is given up.
+    assert coverage.malformed_total == 1 and coverage.skipped_total == 1 and coverage.bad_records_total == 2
+    assert coverage.failed_records_total == 1 + FAILED_RECORDS_LIMIT
+    assert set(coverage.skipped_this_pass) == {"nofield.jsonl", "gone.jsonl"}
+    assert len(coverage.consumed) == 8
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(lines) == 3 and all("\n" not in line for line in lines)
-    assert any("broken.jsonl is malformed" in line and "not valid JSON" in line for line in lines)
-    assert any("no 'text' field" in line and "see task.text_field" in line for line in lines)
+    assert len(lines) == 4 and all("\n" not in line for line in lines)
+    assert any("shard broken.jsonl: record skipped: the line at byte" in line and "not valid JSON" in line
+               for line in lines)
+    assert any("shard nofield.jsonl: record skipped: no 'text' field in the record at byte 0" in line for line in lines)
+    assert any("nofield.jsonl is malformed" in line and f"{FAILED_RECORDS_LIMIT} records did not decode" in line
+               and "see task.text_field" in line for line in lines)
     assert any("gone.jsonl skipped this pass" in line for line in lines)
 
 
