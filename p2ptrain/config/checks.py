@@ -105,6 +105,12 @@ def data_path_shape(value: str | None) -> str | None:
     return value
 
 
+def sha256_hex(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError("must be a sha256 digest: 64 lowercase hex digits, as sha256sum prints them")
+    return value
+
+
 def entrypoint(value: str | None) -> str | None:
     if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
         raise ValueError(f"must look like 'package.module:function', got {value!r}")

@@ -156,6 +156,11 @@ class TaskSection(_Section):
     among the live peers, so each node reads only part of the data per pass. Default: the .py files of
     this Python's standard library."""
 
+    data_index_sha256: str | None = None
+    """The sha256 of the shard index data_path names (as sha256sum prints it): a node whose index differs
+    refuses to start, naming both digests. p2ptrain run init records it in an owned run's manifest, so
+    every volunteer reads the data the owner created the run with. Unset: not checked."""
+
     data_format: Literal["auto", "text", "jsonl", "parquet"] = "auto"
     """How data files are read. auto: by name (.jsonl and .parquet; anything else is plain text)."""
 
@@ -171,6 +176,11 @@ class TaskSection(_Section):
 
     cache_max_mb: Annotated[int, Field(ge=0, le=2**30, strict=True)] = 0
     """Keep the download cache under this many MiB, deleting the least recently used shards. 0: no limit."""
+
+    max_shard_mb: Annotated[int, Field(ge=1, le=2**20, strict=True)] = 1024
+    """The largest shard this node downloads, in MiB: a bigger one (as announced, or as it streams in) is
+    refused and skipped, so a data host cannot fill this machine's disk with one file. Local files are not
+    limited; task.cache_max_mb bounds the cache as a whole."""
 
     download_attempts: Annotated[int, Field(ge=1, le=20, strict=True)] = 4
     """Tries per shard download (waiting 1 s, 2 s, 4 s... in between) before the shard is skipped
@@ -202,6 +212,7 @@ class TaskSection(_Section):
 
     _data_path_text = field_validator("data_path", mode="before")(checks.path_as_text)
     _data_path = field_validator("data_path")(checks.data_path_shape)
+    _data_index = field_validator("data_index_sha256")(checks.sha256_hex)
     _entrypoint = field_validator("entrypoint")(checks.entrypoint)
 
     @model_validator(mode="after")

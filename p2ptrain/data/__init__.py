@@ -1,7 +1,9 @@
 """Training text from shards: what ``task.data_path`` names, this node's share of it, read in bounded memory.
 
 - ``sources``  the shards a path or index names: files, byte ranges, row ranges, URLs
-- ``remote``   shards at http(s) URLs: cached, checked against their sha256, retried
+- ``remote``   shards at http(s) URLs: cached, checked against their sha256, size-capped, retried
+- ``guarded_http``  the GETs behind it: redirects over http(s) only, every connection checked first
+- ``addresses``  which addresses a download may reach (public, private, loopback, link-local)
 - ``readers``  one block of a shard: plain text, JSONL records (each decoded inside a guard), Parquet rows
 - ``blocks``   what reading a block gives: its text, and the records and shards skipped
 - ``parquet``  Parquet rows within a byte budget; ``parquet_pages``: the page headers that set it

@@ -9,6 +9,12 @@ times with growing waits (:func:`p2ptrain.waiting.retry`) and then given up for 
 ``Content-Length`` (a connection cut mid-download) is weather like any other failure: without a
 checksum it would otherwise pass for a whole shard.  A checksum mismatch is tried once more (a
 transfer can be damaged on the way), then given up; a 4xx answer other than 408/429 is not weather and is not retried.
+
+The rules every download keeps, whatever the retries: at most ``max_shard_bytes`` per shard (a
+larger ``Content-Length`` is refused before the body is read, and a body that grows past it is cut
+off), redirects over http(s) only, and the address rules of :mod:`p2ptrain.data.addresses`, checked
+before each connection: a shard listed by an index is reached from the index's host.  A download a
+rule refuses is not retried, and not tried again in this process.
 """
 
 from __future__ import annotations
@@ -18,23 +24,27 @@ import hashlib
 import http.client
 import logging
 import os
+import socket
 import tempfile
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from p2ptrain.config.schema import ConfigError
-from p2ptrain.data.readers import ShardUnreadable
+from p2ptrain.data.addresses import PUBLIC, AddressPolicy, Refused
+from p2ptrain.data.blocks import ShardUnreadable
+from p2ptrain.data.guarded_http import Chain, open_url
 from p2ptrain.data.sources import ShardRef
 from p2ptrain.waiting import BACKOFF, Backoff, GaveUp, retry
 
 log = logging.getLogger(__name__)
 
 MAX_INDEX_BYTES = 16 * 1024 * 1024
+#: The default bound on one shard's download (``task.max_shard_mb``'s default).
+MAX_SHARD_BYTES = 1024 * 1024 * 1024
 _CHUNK = 1 << 20
 _PERMANENT_STATUS = frozenset(range(400, 500)) - {408, 429}
 
@@ -71,14 +81,22 @@ class ShardFetcher:
         max_cache_bytes: int = 0,
         backoff: Backoff = BACKOFF,
         sleep: Callable[[float], None] = time.sleep,
-        opener: Callable[..., Any] = urllib.request.urlopen,
+        opener: Callable[..., Any] = open_url,
         offline: bool = False,
+        max_shard_bytes: int = MAX_SHARD_BYTES,
+        policy: AddressPolicy | None = None,
     ) -> None:
         self.cache_dir, self.attempts, self.timeout = Path(cache_dir), attempts, timeout
         self.max_cache_bytes, self.backoff = max_cache_bytes, backoff
         self._sleep, self._open = sleep, opener
         #: Only what the cache holds: nothing is downloaded (:class:`NotDownloaded` instead).
         self.offline = offline
+        self.max_shard_bytes = max_shard_bytes
+        self.policy = policy or AddressPolicy()
+        #: URLs a rule refused in this process, and why: not asked again.
+        self._refused: dict[str, str] = {}
+        #: What the download of each index reached (the class its shards' downloads start from).
+        self._reach: dict[str, str | None] = {}
 
     def local_path(self, shard: ShardRef) -> Path:
         """A local file with ``shard``'s content: the file itself, or its verified download."""
@@ -90,34 +108,43 @@ class ShardFetcher:
             return target
         if self.offline:
             raise NotDownloaded(f"{shard.url} is not downloaded in {self.cache_dir}")
-        self._download(shard.url, target, shard.sha256, limit=0)
+        if shard.url in self._refused:
+            raise ShardUnreadable(f"{self._refused[shard.url]} (refused earlier; asked again only after a restart)")
+        self._download(shard.url, target, shard.sha256, limit=self.max_shard_bytes, origin=shard.origin,
+                       limit_name="task.max_shard_mb")
         self._trim(keep=target)
         return target
 
-    def read_index(self, url: str) -> str:
-        """The text of the shard index at ``url``; the cached copy if the server cannot be reached now."""
-        target = self.cache_dir / _cache_name(url, "", prefix="index")
+    def read_index(self, url: str, sha256: str = "") -> bytes:
+        """The bytes of the shard index at ``url`` (checked against ``sha256`` if given); the cached copy if
+        the server cannot be reached now."""
+        target = self.cache_dir / _cache_name(url, sha256, prefix="index")
         if self.offline and not target.is_file():
             raise NotDownloaded(f"the shard index {url} is not downloaded in {self.cache_dir}")
         try:
             if not self.offline:
-                self._download(url, target, "", limit=MAX_INDEX_BYTES, replace=True)
+                self._download(url, target, sha256, limit=MAX_INDEX_BYTES, replace=True)
         except ShardUnreadable as exc:
             if not target.is_file():
                 raise ConfigError(f"task.data_path: cannot download the shard index {url}: {exc}") from None
             log.warning("shard index %s unavailable (%s): using the copy cached at %s", url, exc, target)
         try:
-            return target.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"task.data_path: the shard index {url} is not readable text ({exc})") from None
+            listing = target.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"task.data_path: the shard index {url} cannot be read ({exc.strerror})") from None
+        got = hashlib.sha256(listing).hexdigest()
+        if sha256 and got != sha256:  # a cached copy is checked like a download
+            raise ConfigError(f"task.data_path: the shard index {url} has sha256 {got}, not {sha256} as pinned")
+        return listing
 
-    def _download(self, url: str, target: Path, sha256: str, *, limit: int, replace: bool = False) -> None:
+    def _download(self, url: str, target: Path, sha256: str, *, limit: int, replace: bool = False,
+                  **rules: Any) -> None:
         last, mismatches, mismatched = "", 0, False
 
         def attempt() -> bool | None:
             nonlocal last, mismatches, mismatched
             try:
-                self._download_once(url, target, sha256, limit)
+                self._download_once(url, target, sha256, limit, **rules)
                 return True
             except _Mismatch as exc:
                 mismatches += 1
@@ -140,25 +167,32 @@ class ShardFetcher:
                 raise ShardUnreadable(last) from None
             raise ShardUnreadable(f"download failed {self.attempts} time(s), last: {last}") from None
 
-    def _download_once(self, url: str, target: Path, sha256: str, limit: int) -> None:
+    def _download_once(self, url: str, target: Path, sha256: str, limit: int, origin: str = "",
+                       limit_name: str = "") -> None:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256()
         fd, temp_name = tempfile.mkstemp(prefix=".part-", dir=self.cache_dir)
         temp = Path(temp_name)
+        chain = Chain(self.policy, self._origin_reach(origin))
+        too_large = f"more than the {limit} bytes allowed" + (f" ({limit_name})" if limit_name else "")
         try:
             with os.fdopen(fd, "wb") as out:
                 try:
-                    response = self._open(url, timeout=self.timeout)
+                    response = self._open(url, timeout=self.timeout, chain=chain)
+                except Refused as exc:
+                    raise self._refuse(url, f"refused: {exc}") from None
                 except urllib.error.HTTPError as exc:
                     if exc.code in _PERMANENT_STATUS:
                         raise _Permanent(f"HTTP {exc.code} {exc.reason}") from None
                     raise
                 with response:
                     received, announced = 0, _content_length(response)
+                    if limit and announced is not None and announced > limit:
+                        raise self._refuse(url, f"{announced} bytes announced, {too_large}")
                     while chunk := response.read(_CHUNK):
                         received += len(chunk)
                         if limit and received > limit:
-                            raise _Permanent(f"larger than {limit} bytes")
+                            raise self._refuse(url, f"larger than announced: {too_large}")
                         digest.update(chunk)
                         out.write(chunk)
                     # http.client ends a body cut short silently (read() returns b""): check its length.
@@ -170,8 +204,29 @@ class ShardFetcher:
             if sha256 and got != sha256:
                 raise _Mismatch(f"checksum mismatch: expected sha256 {sha256[:16]}..., got {got[:16]}...")
             os.replace(temp, target)
+            self._reach[url] = chain.reach
         finally:
             temp.unlink(missing_ok=True)
+
+    def _refuse(self, url: str, reason: str) -> _Permanent:
+        """Remember that a rule refused ``url`` (bounded: one entry per URL of the run's data)."""
+        self._refused[url] = reason
+        return _Permanent(reason)
+
+    def _origin_reach(self, origin: str) -> str | None:
+        """Where a download listed by ``origin`` (an index URL; empty: none) starts: what that index's
+        download reached, or its host's class; an origin whose address is unknown counts as public."""
+        if not origin:
+            return None
+        if origin in self._reach:
+            return self._reach[origin]
+        parts = urllib.parse.urlsplit(origin)
+        try:
+            port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+            infos = socket.getaddrinfo(parts.hostname or "", port, type=socket.SOCK_STREAM)
+            return self.policy.classify(str(infos[0][4][0]), port)
+        except (OSError, ValueError, IndexError):
+            return PUBLIC
 
     def _trim(self, keep: Path) -> None:
         """Delete least recently used shards until the cache fits ``max_cache_bytes`` (0: no limit)."""

@@ -9,12 +9,15 @@ every node derives the same IDs, the same validation split and the same assignme
 * a file: cut into about 20 ranges (at most ``RANGE_MAX_BYTES`` each), IDs ``name#00000003``;
 * a directory or glob: every non-hidden file; big ones cut into ranges, IDs ``rel/path[#n]``;
 * an index (``SHA256SUMS`` or ``*.sha256``, local or remote): one shard per listed file or URL;
+  a remote index is checked against ``#sha256=<hex>`` if given, and any index against the digest
+  a run's manifest recorded (``task.data_index_sha256``);
 * an ``http(s)://`` URL of a data file: one shard, checked against ``#sha256=<hex>`` if given.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import sysconfig
 import urllib.parse
@@ -46,6 +49,7 @@ class ShardRef:
 
     ``start``/``end`` count bytes for text and JSONL and rows for Parquet; ``end = -1`` means
     "to the end of the file".  ``size`` is the range's length in bytes where known (-1 if not).
+    ``origin``: the URL of the index that listed a URL shard (its download starts from that host).
     """
 
     id: str
@@ -56,16 +60,20 @@ class ShardRef:
     start: int = 0
     end: int = -1
     size: int = -1
+    origin: str = ""
 
 
 @dataclass(frozen=True)
 class ShardSet:
     shards: tuple[ShardRef, ...]
     source: str
+    #: The sha256 of the shard index's bytes ("" when the data is not an index).
+    index_sha256: str = ""
 
 
-IndexReader = Callable[[str], str]
-"""Returns the text of a shard index at a URL (downloads it, with retries and a cache)."""
+IndexReader = Callable[[str, str], bytes]
+"""Returns the bytes of a shard index at a URL, checked against a sha256 when one is given (downloads it,
+with retries and a cache)."""
 
 
 def kind_of(name: str, data_format: str) -> Kind:
@@ -88,14 +96,34 @@ def is_index(name: str) -> bool:
     return base in _INDEX_NAMES or base.lower().endswith(_INDEX_SUFFIXES)
 
 
-def discover(data_path: str | None, data_format: str, seq_len: int, read_index: IndexReader) -> ShardSet:
-    """The shards of ``data_path``; raises :class:`ConfigError` naming ``task.data_path``."""
+def discover(data_path: str | None, data_format: str, seq_len: int, read_index: IndexReader,
+             index_sha256: str | None = None) -> ShardSet:
+    """The shards of ``data_path``; raises :class:`ConfigError` naming ``task.data_path``.
+
+    ``index_sha256`` (a run's ``task.data_index_sha256``): the data must be a shard index with exactly
+    this digest, or it is not the data the run was created with.
+    """
+    found = _discover(data_path, data_format, seq_len, read_index)
+    if index_sha256 is not None and found.index_sha256 != index_sha256:
+        if not found.index_sha256:
+            raise ConfigError(f"task.data_index_sha256: the run's data is a shard index with sha256 {index_sha256}, "
+                              f"but task.data_path ({printable(found.source)}) is not a shard index")
+        raise ConfigError(f"task.data_index_sha256: the shard index {printable(found.source)} has sha256 "
+                          f"{found.index_sha256}, but the run was created with sha256 {index_sha256}: this "
+                          "is not the run's data")
+    return found
+
+
+def _discover(data_path: str | None, data_format: str, seq_len: int, read_index: IndexReader) -> ShardSet:
     if data_path is None:
         root = Path(sysconfig.get_paths()["stdlib"])
         return ShardSet(tuple(stdlib_shards(root, STDLIB_MAX_BYTES)), f"stdlib {root}")
     if is_url(data_path):
         if is_index(urllib.parse.urlsplit(data_path).path):
-            return ShardSet(tuple(index_shards(read_index(data_path), data_path, data_format)), data_path)
+            bare, pin = split_pin(data_path)
+            listing = read_index(bare, pin)
+            return ShardSet(tuple(index_shards(_index_text(listing, bare), bare, data_format)), bare,
+                            hashlib.sha256(listing).hexdigest())
         return ShardSet((url_shard(data_path, data_format),), data_path)
     text = os.path.expanduser(data_path)
     if glob.has_magic(text):
@@ -110,14 +138,37 @@ def discover(data_path: str | None, data_format: str, seq_len: int, read_index: 
         return ShardSet(tuple(_file_shards(files, path, data_format, seq_len, single=False)), str(path))
     if is_index(path.name):
         try:
-            listing = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            raw = path.read_bytes()
+        except OSError as exc:
             raise ConfigError(f"task.data_path: cannot read the index {printable(path)} ({printable(exc)})") from None
-        return ShardSet(tuple(index_shards(listing, str(path), data_format)), str(path))
+        return ShardSet(tuple(index_shards(_index_text(raw, str(path)), str(path), data_format)), str(path),
+                        hashlib.sha256(raw).hexdigest())
     shards = _file_shards([path], path.parent, data_format, seq_len, single=True)
     if not shards:
         raise ConfigError(f"task.data_path: {printable(path)} is empty")
     return ShardSet(tuple(shards), str(path))
+
+
+def _index_text(raw: bytes, location: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"task.data_path: the index {printable(location)} is not UTF-8 text ({exc.reason} at "
+                          f"byte {exc.start})") from None
+
+
+def split_pin(url: str) -> tuple[str, str]:
+    """``url`` without its ``#sha256=<hex>`` fragment (as in pip requirement URLs), and the digest ("" if none)."""
+    parts = urllib.parse.urlsplit(url)
+    expected = ""
+    if parts.fragment:
+        name, _, value = parts.fragment.partition("=")
+        if name.lower() != "sha256" or not _is_sha256(value):
+            raise ConfigError(
+                f"task.data_path: the URL fragment must be #sha256=<64 hex digits>, got #{parts.fragment}"
+            )
+        expected = value.lower()
+    return urllib.parse.urlunsplit(parts._replace(fragment="")), expected
 
 
 def stdlib_shards(root: Path, max_bytes: int) -> list[ShardRef]:
@@ -231,16 +282,8 @@ def _parquet_ranges(path: Path, key: str, single: bool) -> list[ShardRef]:
 
 def url_shard(url: str, data_format: str) -> ShardRef:
     """One shard at ``url``; a ``#sha256=<hex>`` fragment (as in pip requirement URLs) is its checksum."""
-    parts = urllib.parse.urlsplit(url)
-    expected = ""
-    if parts.fragment:
-        name, _, value = parts.fragment.partition("=")
-        if name.lower() != "sha256" or not _is_sha256(value):
-            raise ConfigError(
-                f"task.data_path: the URL fragment must be #sha256=<64 hex digits>, got #{parts.fragment}"
-            )
-        expected = value.lower()
-    bare = urllib.parse.urlunsplit(parts._replace(fragment=""))
+    bare, expected = split_pin(url)
+    parts = urllib.parse.urlsplit(bare)
     name = parts.path.rstrip("/").rsplit("/", 1)[-1] or parts.netloc
     return ShardRef(name, kind_of(name, data_format), url=bare, sha256=expected)
 
@@ -270,7 +313,7 @@ def index_shards(listing: str, location: str, data_format: str) -> list[ShardRef
                     f"task.data_path: {printable(location)} line {number}: only http(s) URLs can be read, got {name!r}"
                 )
             shard = ShardRef(name, kind_of(urllib.parse.urlsplit(target).path, data_format),
-                             url=target, sha256=digest.lower())
+                             url=target, sha256=digest.lower(), origin=location if remote else "")
         else:
             path = Path(location).parent / name
             if not path.is_file():

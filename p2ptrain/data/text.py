@@ -62,7 +62,7 @@ def make_fetcher(cfg: TaskSection, cache_dir: Path | None, *, offline: bool = Fa
     """The downloader of ``cfg``'s URL shards; ``offline``: only what is already in the cache (no network)."""
     directory = cfg.cache_dir or cache_dir or default_cache_dir()
     return ShardFetcher(Path(directory).expanduser(), attempts=cfg.download_attempts, timeout=cfg.download_timeout,
-                   max_cache_bytes=cfg.cache_max_mb * MIB, offline=offline)
+                        max_cache_bytes=cfg.cache_max_mb * MIB, offline=offline, max_shard_bytes=cfg.max_shard_mb * MIB)
 
 
 def budget(cfg: TaskSection, batch_size: int) -> tuple[int, int]:
@@ -74,7 +74,7 @@ def budget(cfg: TaskSection, batch_size: int) -> tuple[int, int]:
 
 def find_shards(cfg: TaskSection, fetcher: ShardFetcher) -> tuple[ShardSet, list[ShardRef], list[ShardRef]]:
     """Every shard of ``task.data_path`` and its (train, validation) split; ConfigError if unusable."""
-    found = discover(cfg.data_path, cfg.data_format, cfg.seq_len, fetcher.read_index)
+    found = discover(cfg.data_path, cfg.data_format, cfg.seq_len, fetcher.read_index, cfg.data_index_sha256)
     if len(found.shards) < 2:
         raise ConfigError(
             f"task.data_path: {found.source} is a single shard; training and validation need at least two "

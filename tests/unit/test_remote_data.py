@@ -191,7 +191,7 @@ def test_unreachable_index_is_a_config_error_unless_cached(server: Server, tmp_p
     fetcher.read_index(index)
     server.status["/data/SHA256SUMS"] = 500
     with caplog.at_level(logging.WARNING):
-        assert "part-0.jsonl" in fetcher.read_index(index)
+        assert b"part-0.jsonl" in fetcher.read_index(index)
     assert "using the copy cached" in caplog.text
 
 
@@ -204,7 +204,7 @@ def test_unreachable_index_is_a_config_error_unless_cached(server: Server, tmp_p
 )
 def test_bad_index_is_one_config_error(listing: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        discover("http://127.0.0.1:9/SHA256SUMS", "auto", 16, lambda url: listing)
+        discover("http://127.0.0.1:9/SHA256SUMS", "auto", 16, lambda url, sha256: listing.encode())
 
 
 def test_bad_url_fragment_is_one_config_error() -> None:

@@ -31,6 +31,10 @@ def test_data_path_accepts_paths_globs_and_http_urls() -> None:
         ({"cache_max_mb": -1}, "task.cache_max_mb: Input should be greater than or equal to 0"),
         ({"download_attempts": 21}, "task.download_attempts: Input should be less than or equal to 20"),
         ({"download_timeout": 0}, "task.download_timeout: Input should be greater than 0"),
+        ({"max_shard_mb": 0}, "task.max_shard_mb: Input should be greater than or equal to 1"),
+        ({"max_shard_mb": "1024"}, "task.max_shard_mb: Input should be a valid integer"),
+        ({"data_index_sha256": "ABC"},
+         "task.data_index_sha256: must be a sha256 digest: 64 lowercase hex digits, as sha256sum prints them"),
     ],
 )
 def test_bad_data_settings_are_one_line_naming_the_field(task: dict[str, object], expected: str) -> None:
