@@ -60,9 +60,11 @@ LOCAL_TRAINING: tuple[str, ...] = tuple(n for n in TrainingSection.model_fields 
 #: dataset's identity. ``data_path`` is among them only as an http(s) URL (a shard or a shard
 #: index): a local path means nothing on another machine, so a run on local data records
 #: ``local_data = true`` instead, and each node names its own copy in its config.
+#: ``data_index_sha256``: the digest of the shard index the run was created with (URL or local), so a
+#: node whose index differs, served by the data host or copied by the volunteer, is refused.
 RUN_WIDE_TASK: tuple[str, ...] = (
-    "name", "entrypoint", "data_path", "data_format", "text_field", "seq_len", "d_model", "n_layers", "n_heads",
-    "validation_fraction", "validation_batches", "options",
+    "name", "entrypoint", "data_path", "data_index_sha256", "data_format", "text_field", "seq_len", "d_model",
+    "n_layers", "n_heads", "validation_fraction", "validation_batches", "options",
 )
 #: [task] fields that are each machine's own: memory for text, the download cache and its limits.
 LOCAL_TASK: tuple[str, ...] = tuple(n for n in TaskSection.model_fields if n not in RUN_WIDE_TASK)

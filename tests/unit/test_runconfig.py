@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from p2ptrain.config.schema import ConfigError, NodeConfig, parse_config
-from p2ptrain.run.manifest import new_manifest
+from p2ptrain.run.manifest import load_manifest, new_manifest
 from p2ptrain.run.owner import OwnerKey
 from p2ptrain.run.runconfig import apply_settings, merge_manifest
 
@@ -103,6 +103,22 @@ def test_data_at_a_url_is_the_run_s_for_every_node(tmp_path):
     edited = apply_settings(manifest, ["task.local_data=true"])
     assert edited.local_data and edited.task["data_path"] is None
     assert apply_settings(edited, [f"task.data_path={url}"]).local_data is False
+
+
+def test_the_manifest_carries_the_data_index_digest_to_every_node(tmp_path):
+    digest = "ab" * 32
+    url = "https://data.example.org/shards/SHA256SUMS"
+    owner = parse_config({"task": {"data_path": url, "data_index_sha256": digest}}, "owner.toml")
+    key = OwnerKey.generate()
+    manifest = new_manifest(key, "pinned-data", owner.task, owner.training)
+    assert f'data_index_sha256 = "{digest}"' in manifest.to_toml()
+    assert load_manifest(manifest.to_toml(), "m", manifest.ref) == manifest
+    assert merge_manifest(parse_config({}, "node.toml"), manifest).task.data_index_sha256 == digest
+    with pytest.raises(ConfigError, match=rf"^task\.data_index_sha256: this node's config says '{'cd' * 32}' but "):
+        merge_manifest(parse_config({"task": {"data_index_sha256": "cd" * 32}}, "node.toml"), manifest)
+    # A run created without one renders as before: the field is left out, not written empty.
+    plain = new_manifest(key, "pinned-data", parse_config({"task": {"data_path": url}}, "o").task, owner.training)
+    assert "data_index_sha256" not in plain.to_toml()
 
 
 def test_apply_settings_edits_run_wide_fields_only(manifest):
