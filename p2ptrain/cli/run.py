@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from p2ptrain.atomicfile import write_atomic
-from p2ptrain.config.schema import ConfigError, NodeConfig, load_config
+from p2ptrain.config.schema import ConfigError, NodeConfig, TaskSection, load_config
 from p2ptrain.config.tomlfile import read_toml
+from p2ptrain.data.sources import names_an_index
 from p2ptrain.errors import EX_CANTCREAT, EX_FAILURE, EX_OK
 from p2ptrain.model.fingerprint import choose_fingerprint
 from p2ptrain.peerid import check_peer_id
@@ -102,9 +103,10 @@ def init_command(args: argparse.Namespace) -> int:
             raise ConfigError(f"{path}: already exists; a run is created once (change it with p2ptrain run update)")
     if args.fingerprint not in ("auto", "none"):
         choose_fingerprint(args.fingerprint, config)  # only checks the hex: nothing is built
+    task = _with_index_digest(config.task, config)
     key = OwnerKey.generate()
     # Refuses what cannot be signed, before the folder is made or the model built.
-    manifest = new_manifest(key, name, config.task, config.training, policy="invite" if args.private else "open")
+    manifest = new_manifest(key, name, task, config.training, policy="invite" if args.private else "open")
     try:
         created = make_run_dir(directory)
     except CannotCreate as error:
@@ -128,6 +130,8 @@ def init_command(args: argparse.Namespace) -> int:
         print(f"  data       task.data_path {config.task.data_path} is a path on this machine: it stays out of the "
               "manifest, and every volunteer must set task.data_path to its own copy of the data (an http(s) URL, "
               "or a SHA256SUMS index at one, would go into the manifest for all)")
+    if task.data_index_sha256 is not None:
+        print(f"  data index sha256 {task.data_index_sha256}: a node whose shard index differs refuses to start")
     print(f"  owner key  {key_path}  (keep it private and backed up: whoever holds it owns the run)")
     print(f"  manifest   {manifest_path}  (version 1, {manifest.policy} run)")
     kept = f"the local settings of {args.from_config}" if args.from_config is not None else "local settings"
@@ -142,6 +146,34 @@ def init_command(args: argparse.Namespace) -> int:
               f"(p2ptrain run peer-id --config {node_path} prints it), and put the token in its swarm.invite:")
         print(f"  p2ptrain run invite {manifest_path} PEER_ID --days 30")
     return EX_OK
+
+
+def _with_index_digest(task: TaskSection, config: NodeConfig | None = None) -> TaskSection:
+    """``task`` with the digest of the shard index its data_path names, unless it gives one (or names none).
+
+    A URL index is downloaded into ``config``'s data cache (the environment's default without one)."""
+    if task.data_index_sha256 is not None or not names_an_index(task.data_path):
+        return task
+    from p2ptrain.data.text import index_digest  # torch: only when there is an index to read
+
+    cache_dir = config.state_dir() / "data-cache" if config is not None else None
+    return task.model_copy(update={"data_index_sha256": index_digest(task, cache_dir)})
+
+
+def _data_changed(old: Manifest, new: Manifest, assignments: list[str]) -> Manifest:
+    """``new`` with the digest of its data's index, when an update changed the data but did not set the digest.
+
+    The owner's own copy of a local index is not known here: a run changed to local data then has no
+    digest unless ``--set task.data_index_sha256=...`` gives it.
+    """
+    explicit = any(a.partition("=")[0].strip() == "task.data_index_sha256" for a in assignments)
+    if explicit or (new.task.get("data_path"), new.local_data) == (old.task.get("data_path"), old.local_data):
+        return new
+    digest = None
+    if new.task.get("data_path") is not None:
+        task = TaskSection.model_validate({**new.task, "data_index_sha256": None})
+        digest = _with_index_digest(task).data_index_sha256
+    return dataclasses.replace(new, task={**new.task, "data_index_sha256": digest})
 
 
 def show_lines(manifest: Manifest, origin: str) -> list[str]:
@@ -251,7 +283,7 @@ def update_command(args: argparse.Namespace) -> int:
     reform = path.read_bytes() != old.to_toml().encode("utf-8")
     ref = old.ref
     key = _owner_key(_key_beside(path, ref, args.key), ref)
-    updated = apply_settings(old, args.set)
+    updated = _data_changed(old, apply_settings(old, args.set), args.set)
     changes: dict[str, Any] = {
         "banned": _peer_list(updated.banned, args.ban, args.unban, ("--ban", "--unban")),
         "revoked": _peer_list(updated.revoked, args.revoke, args.unrevoke, ("--revoke", "--unrevoke")),

@@ -96,6 +96,15 @@ def is_index(name: str) -> bool:
     return base in _INDEX_NAMES or base.lower().endswith(_INDEX_SUFFIXES)
 
 
+def names_an_index(data_path: str | None) -> bool:
+    """Whether ``data_path`` is a shard index (a local file or a URL), the data a digest can pin."""
+    if data_path is None:
+        return False
+    if is_url(data_path):
+        return is_index(urllib.parse.urlsplit(data_path).path)
+    return not glob.has_magic(data_path) and is_index(Path(os.path.expanduser(data_path)).name)
+
+
 def discover(data_path: str | None, data_format: str, seq_len: int, read_index: IndexReader,
              index_sha256: str | None = None) -> ShardSet:
     """The shards of ``data_path``; raises :class:`ConfigError` naming ``task.data_path``.

@@ -26,7 +26,7 @@ from p2ptrain.data.readers import (
     read_prefix,
 )
 from p2ptrain.data.remote import ShardFetcher
-from p2ptrain.data.sources import ShardRef, ShardSet, discover
+from p2ptrain.data.sources import ShardRef, ShardSet, discover, names_an_index
 from p2ptrain.data.stream import ShardStream
 from p2ptrain.paths import resolve_state_dir
 
@@ -82,6 +82,14 @@ def find_shards(cfg: TaskSection, fetcher: ShardFetcher) -> tuple[ShardSet, list
         )
     train, held_out = split_shards(found.shards, cfg.validation_fraction)
     return found, train, held_out
+
+
+def index_digest(cfg: TaskSection, cache_dir: Path | None = None) -> str | None:
+    """The sha256 of the shard index ``task.data_path`` names (read, or downloaded, and listed as a node would),
+    or None when the data is not an index. Raises :class:`ConfigError` as a node would."""
+    if not names_an_index(cfg.data_path):
+        return None
+    return discover(cfg.data_path, cfg.data_format, cfg.seq_len, make_fetcher(cfg, cache_dir).read_index).index_sha256
 
 
 def build_text_data(

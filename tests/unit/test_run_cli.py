@@ -3,6 +3,7 @@ exit 78, and leaves every file as it was."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import tomllib
@@ -386,3 +387,77 @@ def test_config_check_runs_the_node_s_data_checks_on_the_merged_config(tmp_path:
     assert main(["config", "check", str(node)]) == 0
     assert "data         each node's own copy" in capsys.readouterr().out
     assert not (tmp_path / "state").exists()
+
+
+def _index_folder(folder: Path, tag: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(3):
+        part = folder / f"part-{i}.txt"
+        part.write_text(f"{tag} shard {i}\n" * 40)
+        lines.append(f"{hashlib.sha256(part.read_bytes()).hexdigest()}  {part.name}")
+    index = folder / "SHA256SUMS"
+    index.write_text("\n".join(lines) + "\n")
+    return index
+
+
+def test_init_records_the_index_digest_and_a_volunteer_with_another_index_is_refused(tmp_path: Path, monkeypatch,
+                                                                                      capsys):
+    from p2ptrain.config.schema import parse_config
+    from p2ptrain.data.text import find_shards, make_fetcher
+    from p2ptrain.run.runconfig import merge_manifest
+
+    monkeypatch.chdir(tmp_path)
+    index = _index_folder(tmp_path / "owner", "the owner's")
+    digest = hashlib.sha256(index.read_bytes()).hexdigest()
+    (tmp_path / "owner.toml").write_text(f'[task]\ndata_path = "{index}"\n')
+    assert main(["run", "init", "pinned", "--from-config", "owner.toml", "--fingerprint", "none"]) == 0
+    assert f"data index sha256 {digest}" in capsys.readouterr().out
+    manifest = read_manifest_file(tmp_path / "pinned" / "manifest.toml")
+    assert manifest.local_data and manifest.task["data_index_sha256"] == digest
+
+    def shards_of(copy: Path) -> int:
+        merged = merge_manifest(parse_config({"task": {"data_path": str(copy)}}, "node.toml"), manifest)
+        return len(find_shards(merged.task, make_fetcher(merged.task, tmp_path / "cache"))[0].shards)
+
+    same = tmp_path / "same"
+    same.mkdir()
+    for path in (tmp_path / "owner").iterdir():
+        (same / path.name).write_bytes(path.read_bytes())
+    assert shards_of(same / "SHA256SUMS") == 3
+    other = _index_folder(tmp_path / "other", "another")
+    theirs = hashlib.sha256(other.read_bytes()).hexdigest()
+    with pytest.raises(ConfigError, match=rf"^task\.data_index_sha256: the shard index .*other/SHA256SUMS has "
+                                          rf"sha256 {theirs}, but the run was created with sha256 {digest}: this "
+                                          r"is not the run's data$"):
+        shards_of(other)
+    with pytest.raises(ConfigError, match=rf"^task\.data_index_sha256: the run's data is a shard index with sha256 "
+                                          rf"{digest}, but task\.data_path \(.*other\) is not a shard index$"):
+        shards_of(tmp_path / "other")
+
+
+def test_an_update_to_other_data_records_its_index_digest(tmp_path: Path, monkeypatch, capsys):
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the owner's download cache
+    index = _index_folder(tmp_path / "served", "served")
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "served"))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert main(["run", "init", "moving", "--fingerprint", "none"]) == 0
+        manifest = tmp_path / "moving" / "manifest.toml"
+        assert read_manifest_file(manifest).task["data_index_sha256"] is None
+        url = f"http://127.0.0.1:{server.server_address[1]}/SHA256SUMS"
+        assert main(["run", "update", str(manifest), "--set", f"task.data_path={url}"]) == 0
+        assert read_manifest_file(manifest).task["data_index_sha256"] == hashlib.sha256(index.read_bytes()).hexdigest()
+        assert list((tmp_path / "state" / "p2ptrain" / "data-cache").glob("index-*"))
+        assert main(["run", "update", str(manifest), "--set", "task.local_data=true"]) == 0
+        assert read_manifest_file(manifest).task["data_index_sha256"] is None  # the owner's copy is not known here
+    finally:
+        server.shutdown()
+        server.server_close()
