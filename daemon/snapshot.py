@@ -94,6 +94,10 @@ class DataFigures:
     past_passes: tuple[int, ...] = ()
     shards_total: int = 0
     source: str = ""
+    #: Records skipped (did not decode, too large; without text) and shard reads skipped, since start.
+    records_failed: int = 0
+    records_without_text: int = 0
+    shards_skipped: int = 0
 
 
 def data_figures(stream: object) -> DataFigures:
@@ -105,7 +109,10 @@ def data_figures(stream: object) -> DataFigures:
         figures = DataFigures(
             data_pass=_count(coverage.pass_number), shards_consumed=_count(len(coverage.consumed)),
             past_passes=tuple(_count(c) for c in past),
-            shards_total=_count(coverage.shards_total), source=str(getattr(stream, "source", ""))[:32])
+            shards_total=_count(coverage.shards_total), source=str(getattr(stream, "source", ""))[:32],
+            records_failed=_count(getattr(coverage, "failed_records_total", 0)),
+            records_without_text=_count(getattr(coverage, "bad_records_total", 0)),
+            shards_skipped=sum(_count(getattr(coverage, name, 0)) for name in ("skipped_total", "malformed_total")))
     except Exception:  # a user stream's coverage is optional; its errors must not cost the snapshot
         return DataFigures()
     return figures if figures.shards_total else DataFigures()
@@ -150,6 +157,8 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
         samples_contributed_total=credit.contributed, samples_not_averaged_total=credit.not_averaged,
         data_pass=data.data_pass, data_shards_consumed=data.shards_consumed,
         data_past_pass_shards=data.past_passes, data_shards_total=data.shards_total, data_source=data.source,
+        data_records_failed_total=data.records_failed, data_records_without_text_total=data.records_without_text,
+        data_shards_skipped_total=data.shards_skipped,
         loss_history_epochs=history.epochs, loss_history=history.losses, val_loss_history_epochs=history.val_epochs,
         val_loss_history=history.val_losses,
         **dataclasses.asdict(run),

@@ -209,6 +209,14 @@ def _credit(s: StatusSnapshot, swarm: SwarmView) -> Iterator[Metric]:
         yield _g("data_shards", "Training shards in the dataset.", s.data_shards_total)
         yield _g("data_shards_consumed", "Shards this node has read through in its current pass.",
                  s.data_shards_consumed)
+        records = CounterMetricFamily(_P + "data_records_skipped", "Records of the training data this node skipped, "
+                                      "by reason: undecodable (not decodable or too large) or no_text.",
+                                      labels=["reason"])
+        records.add_metric(["undecodable"], max(0.0, float(s.data_records_failed_total)))
+        records.add_metric(["no_text"], max(0.0, float(s.data_records_without_text_total)))
+        yield records
+        yield _counter("data_shards_skipped", "Shard reads this node gave up for a pass: unreadable, download "
+                       "refused or failed, malformed, or failing record after record.", s.data_shards_skipped_total)
     yield from _gauge("data_coverage_ratio", "Share of the swarm's current pass over the training shards that "
                       "its peers report read.", swarm.data_coverage)
     yield from _gauge("data_last_pass_coverage_ratio", "Share of the swarm's previous pass over the training "

@@ -287,6 +287,13 @@ class StatusSnapshot:
     data_past_pass_shards: tuple[int, ...] = ()
     data_shards_total: int = 0
     data_source: str = ""
+    #: What the training data cost this node since it started (the counts live in its checkpoints): records
+    #: skipped because they did not decode or were too large, records without text (null, not a string),
+    #: and shard reads given up for a pass (unreadable, download refused or failed, malformed, or records
+    #: failing one after another).
+    data_records_failed_total: int = 0
+    data_records_without_text_total: int = 0
+    data_shards_skipped_total: int = 0
     #: The loss curve, oldest first: (epoch, training loss) as each epoch was reached and (epoch,
     #: validation loss) at each validation; bounded, thinned evenly over the run when full.
     loss_history_epochs: tuple[int, ...] = ()

@@ -41,6 +41,7 @@ def populated_status(now: float | None = None) -> StatusSnapshot:
         peers_excluded=2,
         samples_contributed_total=11_904, samples_not_averaged_total=256, data_pass=2, data_shards_consumed=5,
         data_past_pass_shards=(9, 11), data_shards_total=20, data_source="0123456789abcdef",
+        data_records_failed_total=3, data_records_without_text_total=40, data_shards_skipped_total=2,
     )
 
 

@@ -160,9 +160,11 @@ def test_a_nodes_record_carries_its_credit_and_data_position_in_strict_types() -
 
 
 def test_data_figures_come_from_a_coverage_stream_and_zero_otherwise() -> None:
-    coverage = SimpleNamespace(pass_number=2, consumed=("a", "b"), shards_total=9)
+    coverage = SimpleNamespace(pass_number=2, consumed=("a", "b"), shards_total=9, failed_records_total=5,
+                               bad_records_total=7, skipped_total=1, malformed_total=2)
     stream = SimpleNamespace(coverage=lambda: coverage, source="src", past_pass_shards=lambda: (3, 4))
-    assert data_figures(stream) == DataFigures(2, 2, (3, 4), 9, "src")
+    assert data_figures(stream) == DataFigures(2, 2, (3, 4), 9, "src", records_failed=5, records_without_text=7,
+                                               shards_skipped=3)
     assert data_figures(object()) == DataFigures()
 
     def broken() -> object:

@@ -64,6 +64,9 @@ def test_populated_snapshot_values_and_types():
     assert m[("p2ptrain_swarm_contributors", ())] == 2
     assert m[("p2ptrain_data_pass", ())] == 2 and m[("p2ptrain_data_shards", ())] == 20
     assert m[("p2ptrain_data_shards_consumed", ())] == 5
+    assert m[("p2ptrain_data_records_skipped_total", (("reason", "undecodable"),))] == 3
+    assert m[("p2ptrain_data_records_skipped_total", (("reason", "no_text"),))] == 40
+    assert m[("p2ptrain_data_shards_skipped_total", ())] == 2
     assert m[("p2ptrain_data_coverage_ratio", ())] == 0.45
     assert m[("p2ptrain_data_last_pass_coverage_ratio", ())] == 1.0
     assert m[("p2ptrain_status_age_seconds", ())] == 2.0
