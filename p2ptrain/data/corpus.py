@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from p2ptrain.data.readers import ShardMalformed, ShardUnreadable, read_prefix
+from p2ptrain.data.readers import RecordFailure, ShardMalformed, ShardUnreadable, read_prefix
 from p2ptrain.data.sources import ShardRef
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ def split_shards(shards: Sequence[ShardRef], fraction: float) -> tuple[list[Shar
 def validation_text(shards: Sequence[ShardRef], files: Any, cap: int, block_bytes: int, text_field: str) -> bytes:
     """Up to ``cap`` bytes: an equal share from the start of each held-out shard, in ID order.
 
-    A held-out shard that cannot be read is left out with a warning (the node still starts);
+    A held-out shard that cannot be read is left out with a warning (the node still starts), and
+    records that do not decode are skipped with one (the shard's first named);
     every node that can read the same shards gets the same text.
     """
     chosen = list(shards)[:VALIDATION_MAX_SHARDS]
@@ -65,10 +66,14 @@ def validation_text(shards: Sequence[ShardRef], files: Any, cap: int, block_byte
     quota = max(1, cap // len(chosen))
     parts: list[bytes] = []
     for shard in chosen:
+        failed: list[RecordFailure] = []
         try:
-            parts.append(bytes(read_prefix(shard, files.local_path(shard), quota, block_bytes, text_field)))
+            parts.append(bytes(read_prefix(shard, files.local_path(shard), quota, block_bytes, text_field, failed)))
         except (ShardUnreadable, ShardMalformed) as exc:
             log.warning("validation shard %s left out: %s", shard.id, exc)
+        if failed:
+            log.warning("validation shard %s: %d record(s) skipped, the first: %s", shard.id,
+                        sum(failure.count for failure in failed), failed[0].reason)
     return b"".join(parts)
 
 

@@ -190,3 +190,16 @@ def test_a_parquet_footer_is_bounded_before_it_is_parsed(tmp_path: Path, tail: b
     with pytest.raises(Exception, match=message) as info:
         read_block(shard, path, 0, 4096, "text")
     assert type(info.value).__name__ == "ShardMalformed"
+
+
+def test_a_held_out_shard_names_its_skipped_records(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from p2ptrain.data.corpus import validation_text
+    from p2ptrain.data.stream import LocalFiles
+
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(DEEP + b"\n" + "\n".join(_records("after")).encode() + b"\n")
+    with caplog.at_level(logging.WARNING):
+        text = validation_text([ShardRef("deep.jsonl", "jsonl", path=str(path))], LocalFiles(), 4096, 4 * MIB, "text")
+    assert text.startswith(b"after record 0")
+    assert [r.getMessage() for r in caplog.records] == [
+        "validation shard deep.jsonl: 1 record(s) skipped, the first: the line at byte 0 is nested too deep to decode"]
