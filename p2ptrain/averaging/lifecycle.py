@@ -82,7 +82,8 @@ def own_locks(process: Any) -> list[Any]:
 @contextlib.contextmanager
 def holding(locks: Sequence[Any], timeout: float) -> Iterator[list[Any]]:
     """Hold each of ``locks`` that frees up within ``timeout`` (each); yields those it could not take."""
-    taken, missed = [], []
+    taken: list[Any] = []
+    missed: list[Any] = []
     try:
         for lock in locks:
             (taken if lock.acquire(timeout=timeout) else missed).append(lock)
@@ -168,9 +169,9 @@ _HIVEMIND_STARTS = {DecentralizedAverager: DecentralizedAverager.run_in_backgrou
 def install() -> None:
     """Put the bounded starts and the safe stops on hivemind's ``DecentralizedAverager`` and ``DHT``
     (their subclasses inherit them).  Calling it again changes nothing."""
-    DecentralizedAverager.run_in_background = _bounded_start(  # type: ignore[method-assign]
+    DecentralizedAverager.run_in_background = _bounded_start(
         _HIVEMIND_STARTS[DecentralizedAverager], lambda: AVERAGER_START_TIMEOUT)
-    DecentralizedAverager.shutdown = _averager_shutdown  # type: ignore[method-assign]
-    DHT.run_in_background = _bounded_start(  # type: ignore[method-assign]
+    DecentralizedAverager.shutdown = _averager_shutdown
+    DHT.run_in_background = _bounded_start(
         _HIVEMIND_STARTS[DHT], lambda: DHT_START_TIMEOUT)
-    DHT.shutdown = _dht_shutdown  # type: ignore[method-assign]
+    DHT.shutdown = _dht_shutdown

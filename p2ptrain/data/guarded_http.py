@@ -91,11 +91,12 @@ class _HTTP(urllib.request.HTTPHandler):
 
 class _HTTPS(urllib.request.HTTPSHandler):
     def __init__(self, chain: Chain) -> None:
-        super().__init__(context=ssl.create_default_context())
+        self._tls = ssl.create_default_context()
+        super().__init__(context=self._tls)
         self._chain = chain
 
     def https_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(_factory(http.client.HTTPSConnection, self._chain), req, context=self._context)
+        return self.do_open(_factory(http.client.HTTPSConnection, self._chain), req, context=self._tls)
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
