@@ -72,6 +72,8 @@ class RobustTensorPartReducer(TensorPartReducer):
         self._contributions: dict[int, tuple[torch.Tensor, float]] = {}
         self.contributions_accepted = 0
         self.clipped = 0
+        #: Each sender's weight as accepted (capped), by sender index: the round report says who was vouched for.
+        self.weights: dict[int, float] = {}
         super().__init__(part_shapes, num_senders)
 
     def reset_accumulators(self) -> None:
@@ -152,6 +154,8 @@ class RobustTensorPartReducer(TensorPartReducer):
         if not accepted:  # nothing usable: hand everyone back our own part (or zeros), never a poisoned mix
             return self._own_or_zeros()
         result, clipped = aggregate([t for t, _ in accepted.values()], [w for _, w in accepted.values()], self.rule)
+        for sender, (_, weight) in accepted.items():
+            self.weights[sender] = max(weight, self.weights.get(sender, 0.0))
         self.contributions_accepted += len(accepted)
         self.clipped += clipped
         return result

@@ -138,7 +138,9 @@ class CountingAveragerMixin(ServeGroupmatesMixin):
             contributions_expected=reducer.num_parts * len(runner.sender_peer_ids),
             contributions_received=reducer.contributions_accepted,
             results_expected=container.total_size, results_received=container.total_size - container.failed_size,
-            rejected=tuple(runner.rejections), clipped=reducer.clipped, ok=ok, finished_at=time.time()))
+            rejected=tuple(runner.rejections), clipped=reducer.clipped, ok=ok, finished_at=time.time(),
+            weights=tuple((str(runner.sender_peer_ids[index]), float(weight))
+                          for index, weight in getattr(reducer, "weights", {}).items())))
 
 
 class CountingGradientAverager(CountingAveragerMixin, GradientAverager):

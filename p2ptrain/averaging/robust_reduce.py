@@ -298,6 +298,9 @@ class AllReduceReport:
     clipped: int
     ok: bool
     finished_at: float
+    #: (peer ID, weight) of every sender whose parts this node reduced and accepted, the weight as the
+    #: reduce rule capped it (gradient and DiLoCo rounds: its samples); what this node can vouch for.
+    weights: tuple[tuple[str, float], ...] = ()
 
     @property
     def received_fraction(self) -> float:
@@ -320,6 +323,11 @@ class AllReduceReport:
             return ()
         refused = {peer for peer, _, _ in self.rejected}
         return tuple(peer for peer in self.peers if peer != own and peer not in refused)
+
+    def shares(self, own: str) -> dict[str, float]:
+        """The weights this node accepted from the peers it averaged with in this round (its own left out)."""
+        met = set(self.met(own))
+        return {peer: weight for peer, weight in self.weights if peer in met}
 
 
 class RoundReports:

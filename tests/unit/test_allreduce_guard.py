@@ -48,6 +48,7 @@ def test_honest_senders_get_the_weighted_mean_for_every_part():
         for s in range(3):
             assert torch.allclose(results[s][part], expected, atol=1e-5)
     assert rejected == [] and reducer.contributions_accepted == 6 and reducer.finished.is_set()
+    assert reducer.weights == {0: 1.0, 1: 2.0, 2: 3.0}  # what the round report vouches for
 
 
 def test_a_nonfinite_sender_is_rejected_named_and_left_out_of_later_parts():
@@ -64,17 +65,18 @@ def test_a_nonfinite_sender_is_rejected_named_and_left_out_of_later_parts():
         assert torch.allclose(results[0][part], (good[0][part] + good[1][part]) / 2, atol=1e-6)
         assert torch.isfinite(results[1][part]).all()
     assert results[2][-1] == "banned"  # its second part is refused
-    assert reducer.contributions_accepted == 4
+    assert reducer.contributions_accepted == 4 and set(reducer.weights) == {0, 1}  # nothing vouched for it
 
 
 def test_inflated_weight_is_capped_before_mixing():
     async def scenario():
         reducer, _ = _reducer(2, parts=1, max_weight=10.0)
         ours, theirs = torch.zeros(256), torch.ones(256)
-        return await asyncio.gather(_send(reducer, 0, [ours], 10.0), _send(reducer, 1, [theirs], 1e12))
+        return reducer, await asyncio.gather(_send(reducer, 0, [ours], 10.0), _send(reducer, 1, [theirs], 1e12))
 
-    results = _run(scenario())
+    reducer, results = _run(scenario())
     assert torch.allclose(results[0][0], torch.full((256,), 0.5))  # capped to 10 vs 10, not 1e12 vs 10
+    assert reducer.weights == {0: 10.0, 1: 10.0}  # and vouched for as capped
 
 
 def test_a_wrong_shape_is_rejected_without_stalling_the_others():
