@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from p2ptrain.config.schema import DAY, ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.builder import ClientParts, JoinedSwarm, NodeBuilder
@@ -46,6 +46,7 @@ from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, PeersRefused,
 from p2ptrain.swarm.manifest_source import SourceUnavailable
 from p2ptrain.swarm.ownedrun import apply_run_flags
 from p2ptrain.trust.swarm_credit import credited_view, epoch_samples_bound
+from p2ptrain.trust.vouching import Vouchers
 
 logger = logging.getLogger(__name__)
 
@@ -199,7 +200,9 @@ class ModelFetcher:
         card = CardInfo(run_ref=run_ref, epoch=epoch, val_loss=val_loss if finite else None,
                         val_epoch=epoch if finite else None, val_of=VAL_OF_EXPORT if finite else "",
                         saved_at=self.wall_clock(), fetched_from=donor,
-                        **swarm_credit(self.records.view(), epoch_samples_bound(config.training)))
+                        **swarm_credit(self.records.view(), epoch_samples_bound(config.training),
+                                       defences.vouchers() if defences is not None else None,
+                                       max(parts.optimizer.global_progress().epoch, epoch)))
         out = write_export(parts.task.model, config.task, parts.fingerprint, card, out_dir, force=force,
                            shape_config=parts.task.shape_config, torch_copy=torch_copy,
                            training={"batch_size": config.training.batch_size, "seed": config.training.seed})
@@ -271,21 +274,27 @@ class SwarmCredit(TypedDict):
     samples: int | None
     contributors: int | None
     reported_by: int
+    samples_claimed: NotRequired[int]
+    vouched_by: NotRequired[int]
 
 
-def swarm_credit(view: Any, samples_per_epoch: int) -> SwarmCredit:
+def swarm_credit(view: Any, samples_per_epoch: int, vouchers: Vouchers | None, swarm_epoch: int) -> SwarmCredit:
     """The card's samples and contributors from the run's peer records (``CardInfo`` keywords).
 
-    Each record's ``samples_contributed`` is its peer's claim about itself: it is credited at most what
-    the run allows a peer (:func:`p2ptrain.trust.swarm_credit.credited_view`), and the card says how many
-    records the figures come from.  No record read: nothing recorded (the card says so).
+    A record's ``samples_contributed`` is its peer's claim about itself, and identities are free: the
+    card's samples are only what the peers the fetcher joined through vouch for from their averaging
+    rounds (:mod:`p2ptrain.trust.vouching`), and the claims are given apart, labelled as such; both
+    clipped at the run's pace by the swarm's epoch as the optimizer believes it
+    (:func:`p2ptrain.trust.swarm_credit.credited_view`).  No record read: nothing recorded (the card says so).
     """
     if not view.peers:
         return {"samples": None, "contributors": None, "reported_by": 0}
-    credited = credited_view(view, samples_per_epoch)
+    credited = credited_view(view, samples_per_epoch, vouchers=vouchers or Vouchers(), swarm_epoch=swarm_epoch)
+    anchors = (vouchers or Vouchers()).anchors
     return {"samples": credited.samples_contributed,
             "contributors": sum(1 for peer in credited.peers if peer.samples_contributed > 0),
-            "reported_by": len(credited.peers)}
+            "reported_by": len(credited.peers), "samples_claimed": credited.samples_claimed,
+            "vouched_by": sum(1 for peer in credited.peers if peer.peer_id in anchors)}
 
 
 def last_download_source(optimizer: SwarmOptimizer) -> tuple[str, Any] | None:

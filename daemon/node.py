@@ -87,7 +87,8 @@ class Node:
         self.board.cpu = self.cpu_share.figures
         #: Plan, swarm, parts and leaving: the life cycle this node shares with ``p2ptrain fetch``.
         self.session = SwarmSession(config, builder=self.builder, hooks=self.hooks, stopper=self.stopper,
-                                    initial_peers=self.initial_peers, wall_clock=wall_clock)
+                                    initial_peers=self.initial_peers, wall_clock=wall_clock,
+                                    vouches=self.swarm_stats.credit.vouches)
         self.parts: TrainingParts | None = None
         self.loop: TrainingLoop | None = None
         #: How the node ends when nothing goes wrong: 0, or what a manifest update asked for.
@@ -188,7 +189,7 @@ class Node:
         cfg = self.config
         self.set_threads(cfg.training.threads)
         if self.defences is not None:
-            self.board.offences = self.defences.figures
+            self.board.offences, self.board.vouchers = self.defences.figures, self.defences.vouchers
         self.board.set_state(NodeState.STARTING)
         self.hooks.starting(NodeOutlets(state_dir, self.latest, self.logs, self.control))
 
@@ -275,6 +276,7 @@ class Node:
         self.board.checkpoints = lambda: parts.checkpointer.figures
         credit = self.swarm_stats.credit
         self.board.credit, self.board.note_contributors = credit.figures, credit.note_contributors
+        self.board.vouched = credit.vouches.largest
         self.board.data = lambda: data_figures(parts.task.train_batches)
         if hasattr(parts.task.train_batches, "swarm_passes"):  # a shard stream keeps in step with its peers
             parts.task.train_batches.swarm_passes = self._peer_passes

@@ -38,6 +38,7 @@ from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.optim.defences import Defences
 from p2ptrain.swarm.dht import IdentityLock
 from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan
+from p2ptrain.trust.vouching import VouchLedger
 
 _Parts = TypeVar("_Parts", bound="Closable")
 
@@ -50,12 +51,15 @@ class SwarmSession:
     """A node's or a fetch's part in one run's swarm, from its plan to leaving (see the module doc)."""
 
     def __init__(self, config: NodeConfig, *, builder: Any, hooks: NodeHooks, stopper: Stopper,
-                 initial_peers: Callable[[], Sequence[str]], wall_clock: Callable[[], float] = time.time) -> None:
+                 initial_peers: Callable[[], Sequence[str]], wall_clock: Callable[[], float] = time.time,
+                 vouches: VouchLedger | None = None) -> None:
         #: The config in force: the node's own, then the owned run's plan's, then its manifest's.
         self.config = config
         self.state_dir: Path = config.state_dir()
         self.builder, self.hooks, self.stopper = builder, hooks, stopper
         self.initial_peers, self.wall_clock = initial_peers, wall_clock
+        #: Where the peer checks' rounds record whom they vouch for (None: a fetcher, which averages with nobody).
+        self.vouches = vouches
         self.plan: RunPlan | None = None
         self.keeper: RunKeeper | None = None
         #: The peer checks (p2ptrain.optim.defences.Defences); None when off.
@@ -87,7 +91,7 @@ class SwarmSession:
         lock.acquire()
         self._lock = lock
         try:
-            self.defences = Defences.from_config(self.config.swarm)
+            self.defences = Defences.from_config(self.config.swarm, vouches=self.vouches)
         except BaseException:
             self._release()
             raise

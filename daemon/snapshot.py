@@ -25,6 +25,7 @@ from p2ptrain.status import LatestSnapshot, NodeState, PauseReason, Reachability
 from p2ptrain.trust.credit import CreditFigures
 from p2ptrain.trust.peergate import OffenceFigures, no_offences
 from p2ptrain.trust.swarm_credit import credited_view
+from p2ptrain.trust.vouching import Vouchers
 
 #: State changes are the node's story: their log lines carry the node's name, wherever they are made.
 state_logger = logging.getLogger("p2ptrain.daemon.node")
@@ -149,12 +150,18 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
                   stats: SwarmStatsView, cpu: CpuShareFigures, checkpoints: CheckpointFigures, view: SwarmView,
                   target_batch_size: int, taken_at: float, run: RunFigures = RunFigures(),
                   offences: OffenceFigures | None = None, credit: CreditFigures | None = None,
-                  data: DataFigures = DataFigures(), history: LossFigures = LossFigures()) -> StatusSnapshot:
-    """The node's status from plain figures; no I/O, no clock."""
+                  data: DataFigures = DataFigures(), history: LossFigures = LossFigures(),
+                  vouched: dict[str, int] | None = None) -> StatusSnapshot:
+    """The node's status from plain figures; no I/O, no clock.
+
+    The swarm's epoch is the optimizer's (robust against peers that agree on a far-off epoch among
+    themselves: :mod:`p2ptrain.averaging.robust_progress`), never below our own; the records' epochs
+    are claims and raise it not at all."""
     offences = offences if offences is not None else no_offences()
     credit = credit if credit is not None else CreditFigures()
     return StatusSnapshot(
         samples_contributed_total=credit.contributed, samples_not_averaged_total=credit.not_averaged,
+        vouched_samples=dict(vouched or {}),
         data_pass=data.data_pass, data_shards_consumed=data.shards_consumed,
         data_past_pass_shards=data.past_passes, data_shards_total=data.shards_total, data_source=data.source,
         data_records_failed_total=data.records_failed, data_records_without_text_total=data.records_without_text,
@@ -165,7 +172,7 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
         version=__version__, state=state.value, pause_reason=pause_reason.value,
         peer_id=identity.peer_id, visible_maddrs=identity.maddrs, reachability=identity.reachability().value,
         run_id=identity.run_id, model_fingerprint=identity.fingerprint,
-        local_epoch=training.epoch, global_epoch=max(progress.epoch, view.global_epoch, training.epoch),
+        local_epoch=training.epoch, global_epoch=max(progress.epoch, training.epoch),
         samples_accumulated=progress.samples_accumulated, target_batch_size=target_batch_size,
         round_in_flight=progress.round_in_flight,
         samples_processed_total=training.samples_processed,
@@ -230,6 +237,10 @@ class StatusBoard:
         self.credit_bound: Callable[[], int] = lambda: 0
         #: Called with the peers a swarm view credits with samples (the ledger remembers them).
         self.note_contributors: Callable[[list[str]], None] = lambda peers: None
+        #: What this node can vouch for of other peers' samples (None: peer checks off, claims credited as
+        #: they are, bounded), and the few figures its record carries; set by the node.
+        self.vouchers: Callable[[], Vouchers | None] = lambda: None
+        self.vouched: Callable[[], dict[str, int]] = dict
         self._losses, self._val_losses = LossCurve(), LossCurve()
 
     def set_state(self, state: NodeState) -> None:
@@ -254,10 +265,11 @@ class StatusBoard:
     def snapshot(self) -> StatusSnapshot:
         now = self.clock()
         view = self.view()
+        training, progress = self.training(), self.progress()
         if view is not None:
-            self._last_view = credited_view(view, self.credit_bound(), self.identity.peer_id)
+            self._last_view = credited_view(view, self.credit_bound(), self.identity.peer_id,
+                                            vouchers=self.vouchers(), swarm_epoch=max(progress.epoch, training.epoch))
             self.note_contributors([p.peer_id for p in self._last_view.peers if p.samples_contributed > 0])
-        training = self.training()
         self._losses.add(training.epoch, self._loss.value)
         history = LossFigures(self._losses.epochs, self._losses.values, self._val_losses.epochs,
                               self._val_losses.values)
@@ -266,10 +278,11 @@ class StatusBoard:
             seconds_since_progress=None if self._last_progress is None else now - self._last_progress,
             uptime_seconds=now - self._started_mono, started_at=self._started_wall)
         return make_snapshot(state=self.state, pause_reason=self.pause_reason, identity=self.identity,
-                             training=training, live=live, progress=self.progress(), rounds=self.rounds(),
+                             training=training, live=live, progress=progress, rounds=self.rounds(),
                              stats=self.stats(), cpu=self.cpu(), checkpoints=self.checkpoints(), view=self._last_view,
                              target_batch_size=self.target_batch_size, taken_at=self.wall_clock(), run=self.run(),
-                             offences=self.offences(), credit=self.credit(), data=self.data(), history=history)
+                             offences=self.offences(), credit=self.credit(), data=self.data(), history=history,
+                             vouched=self.vouched())
 
     def publish(self) -> None:
         self.latest.publish(self.snapshot(), self._last_view)

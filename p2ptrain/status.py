@@ -14,11 +14,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+#: 4: ``global_epoch`` is the optimizer's robust view (peer records' epochs no longer raise it), and a
+#: swarm view's ``samples_contributed`` is what this node can vouch for, not the peers' claims.
 #: 3: ``averaging_rounds_ok_total`` counts only rounds that averaged the whole swarm online with
 #: (near) all parts received, as this node's reducer measured them (see :mod:`p2ptrain.optim.round_stats`);
 #: in 2 a group of half the peers online was enough and the received share was not measured; in 1
 #: it counted every completed round.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: Upper bounds (seconds) of the averaging-round duration histogram; a last +Inf bucket is implied.
 ROUND_DURATION_BUCKETS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -108,16 +110,27 @@ class PeerRecord:
     past_pass_shards: tuple[int, ...] = ()
     shards_total: int = 0
     data_source: str = ""
+    #: (peer ID, samples) of the peers this node vouches for most: what their parts carried into its
+    #: averaging rounds (see :mod:`p2ptrain.trust.vouching`); signed with the rest of the record.
+    vouched: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["vouched"] = [list(pair) for pair in self.vouched]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PeerRecord:
         past = data.get("past_pass_shards") if isinstance(data, dict) else None
-        record = _from_dict(cls, data)
+        vouched = data.get("vouched") if isinstance(data, dict) else None
+        record = _from_dict(cls, {k: v for k, v in data.items() if k != "vouched"} if isinstance(data, dict) else data)
         if isinstance(past, list | tuple) and all(isinstance(c, int) and not isinstance(c, bool) for c in past):
             record = dataclasses.replace(record, past_pass_shards=tuple(past))
+        if isinstance(vouched, list | tuple):
+            pairs = tuple((pair[0], pair[1]) for pair in vouched
+                          if isinstance(pair, list | tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                          and isinstance(pair[1], int) and not isinstance(pair[1], bool) and pair[1] >= 0)
+            record = dataclasses.replace(record, vouched=pairs)
         return record
 
     @classmethod
@@ -127,7 +140,7 @@ class PeerRecord:
                    epoch=status.local_epoch, samples_per_second=status.local_samples_per_second,
                    loss=status.loss, val_loss=status.val_loss, reachability=status.reachability,
                    uptime_seconds=status.uptime_seconds, pause_reason=status.pause_reason,
-                   published_at=status.taken_at)
+                   published_at=status.taken_at, vouched=tuple(sorted(status.vouched_samples.items())))
 
 
 @dataclass(frozen=True)
@@ -166,6 +179,8 @@ class SwarmView:
     #: passes), the share of that pass and of the one before that the peers report read (None: no
     #: sharded data in view, or no pass before), and the shard count they agree on.
     samples_contributed: int = 0
+    #: The same peers' own claims, each clipped at the run's pace: claims, not vouched for.
+    samples_claimed: int = 0
     data_pass: int = 0
     data_coverage: float | None = None
     data_last_pass_coverage: float | None = None
@@ -279,6 +294,9 @@ class StatusSnapshot:
     #: and those of epochs whose round failed (applied on this node only); restored from checkpoints.
     samples_contributed_total: int = 0
     samples_not_averaged_total: int = 0
+    #: Samples other peers carried into this node's averaging rounds, for the few it vouches for most
+    #: (peer ID -> samples; :mod:`p2ptrain.trust.vouching`); its peer record carries them.
+    vouched_samples: dict[str, int] = field(default_factory=dict)
     #: This node's walk over sharded training data (all 0/"" for data that is not sharded): its pass,
     #: shards read through this pass and in the passes before it (newest first, a few), of how many, and
     #: which shard list.
@@ -344,7 +362,9 @@ class StatusSnapshot:
         base = _from_dict(cls, {k: v for k, v in data.items() if k not in lists})
         kinds = {k: v for k, v in base.peer_offenses_by_kind.items()
                  if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
-        return dataclasses.replace(base, **lists, peer_offenses_by_kind=kinds)
+        vouched = {k: v for k, v in base.vouched_samples.items()
+                   if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+        return dataclasses.replace(base, **lists, peer_offenses_by_kind=kinds, vouched_samples=vouched)
 
 
 _LIST_FIELDS = ("visible_maddrs", "recent_round_durations", "round_duration_bucket_counts",

@@ -67,7 +67,13 @@ class CardInfo:
     val_of: str = ""
     """What ``val_loss`` was measured on: ``VAL_OF_EXPORT``, ``VAL_OF_MODEL``, ``VAL_OF_LOCAL`` ("": not recorded)."""
     reported_by: int | None = None
-    """Fetched: the peer records ``samples`` and ``contributors`` were summed from (their claims, bounded)."""
+    """Fetched: the peer records read (whose figures ``samples``, ``contributors`` and ``samples_claimed`` sum)."""
+    samples_claimed: int | None = None
+    """Fetched: the samples those records claim for their own peers, each clipped at the run's pace: claims,
+    not vouched for.  (Fetched exports without it: ``samples`` are those claims.)"""
+    vouched_by: int | None = None
+    """Fetched: the peers this download joined through that have a record: whose averaging rounds vouch for
+    ``samples`` and ``contributors``."""
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], run_id: str, checkpoint: str = "") -> CardInfo:
@@ -235,18 +241,29 @@ def _validation(run: Mapping[str, Any], name: str, bytelm: bool) -> str:
 
 
 def _credit(run: Mapping[str, Any]) -> str:
-    """The card's rows on samples and contributors: this node's counts, or what the swarm's records claim."""
+    """The card's rows on samples and contributors: this node's own counts, or, fetched, what the swarm's
+    averaging rounds vouch for and, apart, what its peers' records claim."""
     if not run.get("fetched_from"):
         return (f"| samples (this node's count) | {_or_unknown(run.get('samples'), ',')} |\n"
-                f"| samples this node contributed | {_or_unknown(run.get('samples_contributed'), ',')} |\n"
-                f"| contributing peers (seen by this node) | {_or_unknown(run.get('contributors'))} |\n")
+                f"| samples this node contributed (its own count) | "
+                f"{_or_unknown(run.get('samples_contributed'), ',')} |\n"
+                f"| contributing peers (seen by this node, vouched for) | {_or_unknown(run.get('contributors'))} |\n")
     reporters = run.get("reported_by")
     if not reporters or run.get("samples") is None or run.get("contributors") is None:
         missing = "not recorded (no peer record of the run was read before the download)"
         return f"| samples contributed | {missing} |\n| contributing peers | {missing} |\n"
-    claims = f"as reported by {reporters} peer{'s' if reporters != 1 else ''}"
-    return (f"| samples contributed | {run['samples']:,}, {claims} (each claim capped at what the run allows) |\n"
-            f"| contributing peers | {run['contributors']}, {claims} |\n")
+    records = f"{reporters} peer record{'s' if reporters != 1 else ''}"
+    if run.get("samples_claimed") is None:  # an export fetched before vouching: its figures are claims
+        claims = f"as reported by {reporters} peer{'s' if reporters != 1 else ''}"
+        return (f"| samples contributed | {run['samples']:,}, {claims} (claims, each capped at what the run "
+                f"allows; not vouched for) |\n| contributing peers | {run['contributors']}, {claims} |\n")
+    vouchers = run.get("vouched_by") or 0
+    by = (f"vouched for by {vouchers} peer{'s' if vouchers != 1 else ''} this download joined through, from "
+          "the samples each peer carried into their averaging rounds")
+    return (f"| samples contributed (vouched for) | {run['samples']:,}, {by} |\n"
+            f"| contributing peers (vouched for) | {run['contributors']}, {by} |\n"
+            f"| samples claimed (not vouched for) | {run['samples_claimed']:,}, what {records} claim for "
+            "their own peers, each clipped at the run's pace |\n")
 
 
 def render_card(config: Mapping[str, Any], name: str) -> str:

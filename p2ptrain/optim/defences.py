@@ -24,6 +24,7 @@ from p2ptrain.config.schema import SwarmSection
 from p2ptrain.trust.evidence import PeerEvidence
 from p2ptrain.trust.peergate import OffenceFigures, PeerGate
 from p2ptrain.trust.verdicts import epoch_ceiling
+from p2ptrain.trust.vouching import Vouchers, VouchLedger, anchors_of
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +40,13 @@ class Defences:
     ban_seconds: float
     #: Ban for a malformed state (its donor's own doing); inf: for the rest of the run.
     state_ban_seconds: float
+    #: Where each round's accepted weights go: the samples this node can vouch for of its groupmates.
+    vouches: VouchLedger | None = None
 
     @classmethod
-    def from_config(cls, swarm: SwarmSection) -> Defences | None:
-        """The bundle ``swarm`` asks for (None when the peer checks are off)."""
+    def from_config(cls, swarm: SwarmSection, vouches: VouchLedger | None = None) -> Defences | None:
+        """The bundle ``swarm`` asks for (None when the peer checks are off); its rounds' weights go to
+        ``vouches`` (None: nowhere, e.g. a fetcher, which averages with nobody)."""
         if not swarm.peer_checks:
             logger.warning("peer checks are off (swarm.peer_checks = false): this node trusts every peer's "
                            "state, parts and progress; use it only to measure what the checks cost")
@@ -50,7 +54,7 @@ class Defences:
         gate = PeerGate(default_ban_seconds=swarm.ban_seconds)
         state_ban = swarm.bad_state_ban_seconds if swarm.bad_state_ban_seconds > 0 else math.inf
         return cls(gate=gate, evidence=PeerEvidence(is_gated=gate.is_gated), rounds=RoundReports(),
-                   ban_seconds=swarm.ban_seconds, state_ban_seconds=state_ban)
+                   ban_seconds=swarm.ban_seconds, state_ban_seconds=state_ban, vouches=vouches)
 
     # ------------------------------------------------------------------ what the averagers are given
 
@@ -75,10 +79,12 @@ class Defences:
 
     def take_round(self, own_peer: str) -> AllReduceReport | None:
         """The newest report of this node's main averager (None if none arrived); every report drained
-        adds the peers it met to the evidence."""
+        adds the peers it met to the evidence, and the samples they carried into it to ``vouches``."""
         reports = self.rounds.drain()
         for report in reports:
             self.evidence.met_in_round(report.met(own_peer))
+            if self.vouches is not None:
+                self.vouches.add_round(report.shares(own_peer))
         return reports[-1] if reports else None
 
     def joined_through(self, peers: Iterable[str]) -> PeerEvidence:
@@ -98,6 +104,12 @@ class Defences:
 
     def figures(self) -> OffenceFigures:
         return self.gate.figures()
+
+    def vouchers(self) -> Vouchers:
+        """What this node can vouch for: its rounds' figures, and the peers it joined through (not
+        excluded now), whose signed figures count."""
+        direct = self.vouches.vouched() if self.vouches is not None else {}
+        return Vouchers(direct=direct, anchors=anchors_of(self.evidence.initial_peers, self.gate.is_gated))
 
 
 def evaluate_fn(task: Any) -> Callable[[], float]:

@@ -18,6 +18,7 @@ from hivemind.utils import MSGPackSerializer
 
 from p2ptrain.swarm.identity import MAX_PUBLIC_KEY_BYTES, verify_for_peer
 from p2ptrain.trust.verdicts import MAX_EPOCH
+from p2ptrain.trust.vouching import MAX_RECORD_VOUCHES
 
 #: Largest serialized record (before the signature) a node publishes or accepts: the fields, the
 #: identity key (~300 bytes for RSA-2048) and its signature (256 bytes).
@@ -45,6 +46,8 @@ CREDIT_COUNTS: dict[str, int] = {"samples_contributed": MAX_SAMPLES_CONTRIBUTED,
 MAX_DATA_SOURCE_CHARS = 32
 #: Passes before the current one whose shard counts a record carries (``past_pass_shards``).
 MAX_PAST_PASSES = 7
+#: Longest peer ID a record's ``vouched`` pairs may name (libp2p's are 46-52 characters).
+MAX_VOUCHED_ID_CHARS = 64
 
 
 class PeerRecordModel(pyd.BaseModel):
@@ -90,6 +93,12 @@ def credit_problem(value: dict[str, Any]) -> str:
     total = value.get("shards_total", 0)
     if max([value.get("shards_consumed", 0), *past]) > total:
         return "claims more shards read than there are"
+    vouched = value.get("vouched", [])
+    if not isinstance(vouched, list | tuple) or len(vouched) > MAX_RECORD_VOUCHES or not all(
+            isinstance(pair, list | tuple) and len(pair) == 2 and isinstance(pair[0], str)
+            and 0 < len(pair[0]) <= MAX_VOUCHED_ID_CHARS and isinstance(pair[1], int) and not isinstance(pair[1], bool)
+            and 0 <= pair[1] <= MAX_SAMPLES_CONTRIBUTED for pair in vouched):
+        return f"vouched is not a list of up to {MAX_RECORD_VOUCHES} (peer ID, count) pairs"
     return ""
 
 

@@ -43,6 +43,8 @@ from p2ptrain.swarm.recordcheck import (  # noqa: F401 - re-exported: the record
     MAX_PAST_PASSES,
     MAX_RECORD_BYTES,
     MAX_RECORDS_PER_VIEW,
+    MAX_SAMPLES_CONTRIBUTED,
+    MAX_VOUCHED_ID_CHARS,
     REJECT_REASONS,
     PeerRecordModel,
     RecordChecker,
@@ -50,6 +52,7 @@ from p2ptrain.swarm.recordcheck import (  # noqa: F401 - re-exported: the record
 )
 from p2ptrain.swarm.recordcheck import bound_fingerprints as bound_fingerprints  # re-exported: swarm.dht reads it
 from p2ptrain.trust.swarm_view import summarize
+from p2ptrain.trust.vouching import MAX_RECORD_VOUCHES
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +209,9 @@ def to_wire(record: PeerRecord) -> dict[str, Any]:
     data["past_pass_shards"] = [min(max(0, int(c)), data["shards_total"])
                                 for c in data["past_pass_shards"][:MAX_PAST_PASSES]]
     data["data_source"] = str(data["data_source"])[:MAX_DATA_SOURCE_CHARS]
+    data["vouched"] = [[str(peer), min(max(0, int(count)), MAX_SAMPLES_CONTRIBUTED)]
+                       for peer, count in record.vouched if 0 < len(str(peer)) <= MAX_VOUCHED_ID_CHARS
+                       ][:MAX_RECORD_VOUCHES]
     return data
 
 

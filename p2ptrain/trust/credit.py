@@ -19,6 +19,9 @@ with the weight the averager gives them); the round's outcome arrives later thro
 :meth:`p2ptrain.optim.swarm_stats.SwarmStats.record_round` (:meth:`CreditLedger.round_ended`).  One round
 is in flight at a time in both modes, so outcomes settle epochs in the order they closed.
 
+The ledger also keeps what this node can vouch for of *other* peers' contributions
+(:attr:`CreditLedger.vouches`, :mod:`p2ptrain.trust.vouching`), so that a checkpoint carries both.
+
 Standard library only; thread-safe (rounds end on a background thread with ``training.overlap``).
 """
 
@@ -27,6 +30,8 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
+
+from p2ptrain.trust.vouching import VouchLedger
 
 #: Epochs waiting for their round's outcome; more than this means outcomes went missing (the
 #: oldest is then settled as not averaged).
@@ -56,10 +61,13 @@ class CreditLedger:
         self._contributed = 0
         self._not_averaged = 0
         self._contributors: dict[str, None] = {}
+        #: Samples other peers carried into this node's rounds (fed by the peer checks' round reports).
+        self.vouches = VouchLedger()
 
     def restore(self, state: dict[str, object]) -> None:
         """Carry a checkpoint's totals and contributors over (credit survives restarts)."""
         seen = state.get("contributors")
+        self.vouches.restore(state.get("vouched"))
         with self._lock:
             self._contributed = _count(state.get("samples_contributed"))
             self._not_averaged = _count(state.get("samples_not_averaged"))
@@ -69,11 +77,14 @@ class CreditLedger:
     def checkpoint_fields(self) -> dict[str, object]:
         """What a checkpoint keeps of the ledger (and a model card shows)."""
         with self._lock:
-            return {"samples_contributed": self._contributed, "samples_not_averaged": self._not_averaged,
-                    "contributors": list(self._contributors)}
+            fields: dict[str, object] = {"samples_contributed": self._contributed,
+                                         "samples_not_averaged": self._not_averaged,
+                                         "contributors": list(self._contributors)}
+        return {**fields, "vouched": self.vouches.checkpoint_field()}
 
     def note_contributors(self, peer_ids: list[str]) -> None:
-        """Peers seen with credit in a swarm view: the run's contributors, as far as this node knows."""
+        """Peers a swarm view credits with vouched-for samples: the run's contributors, as far as this
+        node can vouch."""
         with self._lock:
             for peer in peer_ids:
                 if len(self._contributors) >= MAX_CONTRIBUTORS:

@@ -1,13 +1,16 @@
 """The swarm's credit and data coverage, from its peers' records, with every claim bounded.
 
-A record's ``samples_contributed`` and shard counts are what that peer says about itself.  The
-record checks (:mod:`p2ptrain.swarm.recordcheck`) refuse values no node could have (counts beyond their
-bounds, more shards read than there are); here each claim is also held to what the run allows:
+A record's ``samples_contributed`` and shard counts are what that peer says about itself, and
+identities are free.  The record checks (:mod:`p2ptrain.swarm.recordcheck`) refuse values no node
+could have (counts beyond their bounds, more shards read than there are); here:
 
-- **samples**: a peer cannot have contributed more than ``(epochs + 1) x`` the most samples one
-  peer can put into one epoch (:func:`epoch_samples_bound`), its epoch taken as at most one past
-  the swarm's agreed epoch.  A larger claim is credited at that cap, so one peer's absurd number
-  cannot swallow everyone's share of the total.
+- **samples**: a peer is credited only what this node can vouch for (:mod:`p2ptrain.trust.vouching`:
+  its share of this node's rounds, or what the peers this node joined through vouch for), never its
+  own claim; the claims are summed apart (``samples_claimed``), labelled as claims.  Both are held to
+  the run's pace: a peer cannot have contributed more than ``(epochs + 1) x`` the most samples one
+  peer can put into one epoch (:func:`epoch_samples_bound`), its epoch taken as at most one past the
+  swarm's epoch as the optimizer believes it (robust against peers that agree on a far-off epoch
+  among themselves), not as the records' majority has it.
 - **coverage**: only records of the same shard list (``data_source``, ``shards_total``) as this
   node's are combined; the swarm's pass is the lower median of their passes (one peer far ahead or
   behind moves nothing); each count is at most ``shards_total`` and so is their sum.
@@ -23,11 +26,13 @@ pass ends.  Standard library only.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from p2ptrain.status import PeerRecord, SwarmView
+from p2ptrain.trust.vouching import Vouchers, vouched_credit
 
 #: How far a DiLoCo peer may out-train one round's length (as the robust reduce allows).
 DILOCO_SPEED_RATIO = 16
@@ -49,23 +54,33 @@ def epoch_samples_bound(training: Any) -> int:
     return 2 * (int(training.target_batch_size) + batch)
 
 
-def credit_cap(record: PeerRecord, agreed_epoch: int, samples_per_epoch: int) -> int:
+def credit_cap(record: PeerRecord, swarm_epoch: int, samples_per_epoch: int) -> int:
     """The most ``record`` may be credited with (``samples_per_epoch`` 0: no cap)."""
     if samples_per_epoch <= 0:
-        return record.samples_contributed
-    return (min(record.epoch, agreed_epoch + 1) + 1) * samples_per_epoch
+        return sys.maxsize
+    return (min(record.epoch, swarm_epoch + 1) + 1) * samples_per_epoch
 
 
-def credited_view(view: SwarmView, samples_per_epoch: int, own_peer: str = "") -> SwarmView:
-    """``view`` with each peer's ``samples_contributed`` as credited and the swarm's totals filled in."""
-    peers = tuple(
-        dataclasses.replace(p, samples_contributed=min(p.samples_contributed,
-                                                       credit_cap(p, view.global_epoch, samples_per_epoch)))
-        for p in view.peers)
+def credited_view(view: SwarmView, samples_per_epoch: int, own_peer: str = "", *,
+                  vouchers: Vouchers | None = None, swarm_epoch: int | None = None) -> SwarmView:
+    """``view`` with each peer's ``samples_contributed`` as credited and the swarm's totals filled in.
+
+    ``vouchers``: what this node can vouch for (None: the peer checks are off, and each record's claim is
+    credited, bounded).  ``swarm_epoch``: the swarm's epoch as the optimizer believes it, which the view
+    then shows and bounds credit by (None: the records' agreed epoch)."""
+    epoch = view.global_epoch if swarm_epoch is None else swarm_epoch
+    vouched = vouched_credit(view.peers, vouchers, own_peer) if vouchers is not None else None
+    peers, claimed = [], 0
+    for p in view.peers:
+        cap = credit_cap(p, epoch, samples_per_epoch)
+        claimed += min(p.samples_contributed, cap)
+        figure = p.samples_contributed if vouched is None else vouched.get(p.peer_id, 0)
+        peers.append(dataclasses.replace(p, samples_contributed=max(0, min(figure, cap))))
     data_pass, coverage, last, total = coverage_of(peers, own_peer)
-    return dataclasses.replace(view, peers=peers, samples_contributed=sum(p.samples_contributed for p in peers),
-                               data_pass=data_pass, data_coverage=coverage, data_last_pass_coverage=last,
-                               shards_total=total)
+    return dataclasses.replace(view, peers=tuple(peers), global_epoch=epoch,
+                               samples_contributed=sum(p.samples_contributed for p in peers),
+                               samples_claimed=claimed, data_pass=data_pass, data_coverage=coverage,
+                               data_last_pass_coverage=last, shards_total=total)
 
 
 def coverage_of(peers: Sequence[PeerRecord], own_peer: str = "") -> tuple[int, float | None, float | None, int]:

@@ -62,14 +62,18 @@ def test_the_ledger_survives_a_checkpoint_and_ignores_garbage_in_one() -> None:
     ledger = CreditLedger()
     ledger.epoch_closed(30, round_started=False, alone=True)
     ledger.note_contributors(["peer-a", "peer-b", "peer-a"])
+    ledger.vouches.add_round({"peer-a": 24.0})
     saved = ledger.checkpoint_fields()
-    assert saved == {"samples_contributed": 30, "samples_not_averaged": 0, "contributors": ["peer-a", "peer-b"]}
+    assert saved == {"samples_contributed": 30, "samples_not_averaged": 0, "contributors": ["peer-a", "peer-b"],
+                     "vouched": {"peer-a": 24}}
     restored = CreditLedger()
     restored.restore(saved)
     assert restored.figures().contributed == 30 and restored.contributors == 2
+    assert restored.vouches.vouched() == {"peer-a": 24}
     odd = CreditLedger()
-    odd.restore({"samples_contributed": -5, "samples_not_averaged": True, "contributors": "peer-a"})
-    assert odd.figures() == CreditFigures() and odd.contributors == 0
+    odd.restore({"samples_contributed": -5, "samples_not_averaged": True, "contributors": "peer-a",
+                 "vouched": {"peer-a": -3, "peer-b": True, 7: 5, "peer-c": "many"}})
+    assert odd.figures() == CreditFigures() and odd.contributors == 0 and odd.vouches.vouched() == {}
 
 
 def _peer(name: str, samples: int = 0, epoch: int = 10, **data: object) -> PeerRecord:

@@ -97,7 +97,8 @@ class FakeBuilder:
         if self.join_error is not None:
             raise self.join_error
         self.joined = True
-        return SimpleNamespace(dht=None, peer_id="QmFetcher", trusted=(), close=lambda: setattr(self, "left", True))
+        return SimpleNamespace(dht=None, peer_id="QmFetcher", trusted=("QmPeerA",),
+                               close=lambda: setattr(self, "left", True))
 
     def build_client(self, config: Any, swarm: Any, stats: Any, *, run: Any = None, defences: Any = None) -> Any:
         assert defences is not None, "a fetch always checks what it downloads"
@@ -112,7 +113,11 @@ class FakeBuilder:
 
 
 #: The run's peer records as the fetcher reads them: claims of samples contributed, one of them absurd.
-CLAIMS = (("QmPeerA", 1_000), ("QmPeerB", 2_000), ("QmLiar", 10**12), ("QmNewcomer", 0))
+CLAIMS = (("QmPeerA", 1_000), ("QmPeerB", 2_000), ("QmLiar", 10**12), ("QmNewcomer", 0), ("QmHelper", 10**12))
+#: What each record vouches for from its node's averaging rounds.  The fetcher joins through QmPeerA;
+#: the liar and its helper vouch for each other (and, the helper, for the liar at an absurd figure).
+VOUCHED = {"QmPeerA": (("QmPeerB", 1_500),), "QmPeerB": (("QmPeerA", 900), ("QmLiar", 10**6)),
+           "QmLiar": (("QmHelper", 10**12),), "QmHelper": (("QmLiar", 10**12),)}
 
 
 class FakeRecords:
@@ -121,8 +126,10 @@ class FakeRecords:
         self.claims = claims
 
     def view(self) -> SwarmView:
-        return SwarmView(peers=tuple(PeerRecord(peer_id=peer, state="training", epoch=7, samples_contributed=claim)
-                                     for peer, claim in self.claims), global_epoch=7)
+        # The liar and its helper claim an epoch far ahead: they agree, so the records' majority is theirs.
+        return SwarmView(peers=tuple(PeerRecord(peer_id=peer, state="training", samples_contributed=claim,
+                                                epoch=9_007 if claim == 10**12 else 7, vouched=VOUCHED.get(peer, ()))
+                                     for peer, claim in self.claims), global_epoch=9_007)
 
     def record_validators(self, run_id: str) -> list[Any]:
         return []
@@ -157,11 +164,19 @@ def test_an_adopted_state_is_written_with_its_donor_and_epoch(tmp_path, corpus, 
     assert f"| downloaded | from the swarm (`p2ptrain fetch`), peer {DONOR}," in card
     assert "| optimizer epochs | 7 |" in card
     assert f"fetched epoch 7 of run unit-fetch from peer {DONOR}" in capsys.readouterr().out
-    # The samples and contributors are the run's records' claims, each capped at what a peer can have
-    # contributed by epoch 7 (8 epochs of at most 2 x (256 + 4) samples), and the card says so.
-    assert (run["samples"], run["contributors"], run["reported_by"]) == (1_000 + 2_000 + 8 * 520, 3, 4)
-    assert "| samples contributed | 7,160, as reported by 4 peers (each claim capped at what the run allows) |" in card
-    assert "| contributing peers | 3, as reported by 4 peers |" in card
+    # The samples and contributors are what the peer it joined through vouches for from its rounds (and,
+    # for that peer itself, what the peers it vouches for say of it): the liar and its helper, vouching
+    # for each other, get nothing.  The claims are given apart, each clipped at what a peer can have
+    # contributed by one epoch past the optimizer's epoch 7 (9 epochs of at most 2 x (256 + 4) samples),
+    # not by the liars' epoch 9,007.
+    assert (run["samples"], run["contributors"], run["reported_by"], run["vouched_by"]) == (1_500 + 900, 2, 5, 1)
+    assert run["samples_claimed"] == 1_000 + 2_000 + 2 * 9 * 520
+    by = "vouched for by 1 peer this download joined through, from the samples each peer carried into their " \
+         "averaging rounds"
+    assert f"| samples contributed (vouched for) | 2,400, {by} |" in card
+    assert f"| contributing peers (vouched for) | 2, {by} |" in card
+    assert "| samples claimed (not vouched for) | 12,360, what 5 peer records claim for their own peers, each " \
+           "clipped at the run's pace |" in card
     assert "not recorded" not in card
     assert f"| validation loss | {run['val_loss']:.4f} nats/byte" in card and "at epoch 7: this model on the" in card
     assert builder.optimizer is not None and builder.optimizer.shut_down and builder.left

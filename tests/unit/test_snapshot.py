@@ -54,9 +54,10 @@ def test_plain_figures_land_in_the_fields_of_the_same_meaning() -> None:
     assert (snap.uptime_seconds, snap.taken_at, snap.seconds_since_progress) == (90.0, 1.7e9, 0.2)
 
 
-def test_global_epoch_is_the_furthest_of_progress_records_and_self() -> None:
-    assert _snapshot().global_epoch == 6  # hivemind's progress and the records agree on 6
-    assert _snapshot(view=_view(5, 9)).global_epoch == 9  # the records know more
+def test_global_epoch_is_the_optimizers_or_our_own_never_the_records() -> None:
+    assert _snapshot().global_epoch == 6  # the optimizer's (robust) progress
+    # Records are claims: two identities agreeing on an epoch far ahead move the shown epoch not at all.
+    assert _snapshot(view=_view(5, 9_006, 9_006)).global_epoch == 6
     assert _snapshot(progress=GlobalProgress(epoch=2, known=True), view=SwarmView()).global_epoch == 5  # we lead
     # Paused, a node does not read the swarm: its own epoch stays a floor.
     assert _snapshot(progress=GlobalProgress(), view=SwarmView(),
