@@ -201,7 +201,7 @@ class ModelFetcher:
                         val_epoch=epoch if finite else None, val_of=VAL_OF_EXPORT if finite else "",
                         saved_at=self.wall_clock(), fetched_from=donor,
                         **swarm_credit(self.records.view(), epoch_samples_bound(config.training),
-                                       defences.vouchers() if defences is not None else None,
+                                       session.defences.vouchers() if session.defences is not None else None,
                                        max(parts.optimizer.global_progress().epoch, epoch)))
         out = write_export(parts.task.model, config.task, parts.fingerprint, card, out_dir, force=force,
                            shape_config=parts.task.shape_config, torch_copy=torch_copy,

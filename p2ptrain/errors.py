@@ -15,6 +15,7 @@ code   name                used for
                            a node refused a control request, a file could not be written)
 2      ``EX_BAD_ARGUMENT`` a command-line value out of range, checked after parsing (as argparse exits)
 64     ``EX_USAGE``        a command used wrongly (``service install`` with a bad instance name)
+65     ``EX_DATAERR``      a model file refused as data: task code not trusted, too many parameters
 66     ``EX_NOINPUT``      the ``--config`` file cannot be read
 69     ``EX_UNAVAILABLE``  nothing answers (a node's API; the swarm, for ``p2ptrain fetch``)
 73     ``EX_CANTCREAT``    an output file cannot be created
@@ -38,6 +39,7 @@ EX_FAILURE = 1
 #: What argparse exits with for bad arguments; values it cannot check (a range) exit the same way.
 EX_BAD_ARGUMENT = 2
 EX_USAGE = os.EX_USAGE
+EX_DATAERR = os.EX_DATAERR
 EX_NOINPUT = os.EX_NOINPUT
 EX_UNAVAILABLE = os.EX_UNAVAILABLE
 EX_CANTCREAT = os.EX_CANTCREAT

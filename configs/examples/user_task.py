@@ -25,7 +25,9 @@ It returns a ``Task(model, loss_fn, train_batches, validation_batches, shape_con
 Two optional hooks make the trained model usable from the shell: ``sample(model, request)`` for
 ``p2ptrain sample`` (here: the model's output for the inputs given as ``--prompt "0.1,0.2,..."``)
 and ``evaluate(model, data_path)`` for ``p2ptrain eval`` (named metrics, ``"loss"`` among them).
-An exception in a hook is shown as one line.
+An exception in a hook is shown as one line.  An export of a user task is loaded with this code, so
+``sample`` and ``eval`` run it only with ``--trust-task-code`` or with the node config that names it
+(``-c node.toml``): a model directory from someone else is data, not code to run.
 
 Raise ``p2ptrain.config.schema.ConfigError("task.options.<key>: ...")`` for bad options: the node then
 prints that one line and exits with code 78.

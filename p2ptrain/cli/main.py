@@ -103,6 +103,30 @@ def _api_url(text: str) -> str:
     return text.strip()
 
 
+def _max_params(text: str) -> int:
+    """``--max-params``: a positive whole number (``2_000_000_000`` and ``2,000,000,000`` read too)."""
+    try:
+        value = int(text.strip().replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _add_model_file_flags(parser: argparse.ArgumentParser, trust: bool = True) -> None:
+    """The flags that say what a model config (an export's config.json, a run's manifest) may make us do
+    (``trust``: the config may come from someone else, so its task code needs the user's word)."""
+    from p2ptrain.model.limits import DEFAULT_MAX_PARAMS  # standard library only
+
+    if trust:
+        parser.add_argument("--trust-task-code", action="store_true",
+                            help="run the user task code (task.entrypoint) a model's config names; without it only "
+                            "built-in models are built, unless it is the entrypoint of your own node config (-c)")
+    parser.add_argument("--max-params", type=_max_params, default=DEFAULT_MAX_PARAMS, metavar="N",
+                        help=f"refuse (exit 65) a built-in model of more parameters (default {DEFAULT_MAX_PARAMS:,})")
+
+
 def _duration(text: str) -> float:
     """Parse ``90``, ``90s``, ``15m``, ``2h``, ``1d`` into seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -152,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="checkpoint file (default: the newest that loads in the config's checkpoint dir)")
     export.add_argument("--force", action="store_true", help="replace OUT_DIR if it already holds an export")
     export.add_argument("--torch", action="store_true", help="also write model.pt (a plain torch.save state dict)")
+    _add_model_file_flags(export, trust=False)  # a checkpoint of the node's own config: its code is the user's
     export.add_argument("out_dir", type=Path, metavar="OUT_DIR")
     export.set_defaults(handler=_lazy("p2ptrain.cli.tryit:export_command"))
 
@@ -172,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="give up (exit 69) when no valid state has arrived after this long (default 120s)")
     fetch.add_argument("--force", action="store_true", help="replace OUT_DIR if it already holds an export")
     fetch.add_argument("--torch", action="store_true", help="also write model.pt (a plain torch.save state dict)")
+    _add_model_file_flags(fetch)
     fetch.add_argument("out_dir", type=Path, metavar="OUT_DIR")
     fetch.set_defaults(handler=_lazy("p2ptrain.daemon.fetch:fetch_command"))
 
@@ -184,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--temperature", default="0.8", metavar="T", help="0 is greedy (default 0.8)")
     sample.add_argument("--top-k", default="40", metavar="K", help="sample from the K likeliest; 0: all (default 40)")
     sample.add_argument("--seed", default="0", metavar="S", help="the same seed gives the same text (default 0)")
+    _add_model_file_flags(sample)
     sample.set_defaults(handler=_lazy("p2ptrain.cli.tryit:sample_command"))
 
     evaluate = sub.add_parser("eval", help="validation loss, bits per byte and perplexity of a trained model")
@@ -192,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", metavar="PATH",
                           help="score this instead of the run's held-out split: a file, directory, glob or URL, "
                           "read as task.data_path is (text, JSONL's task.text_field, Parquet); its first 4 MiB")
+    _add_model_file_flags(evaluate)
     evaluate.set_defaults(handler=_lazy("p2ptrain.cli.tryit:eval_command"))
 
     config = sub.add_parser("config", help="write or validate a node config")

@@ -2,7 +2,8 @@
 
 Arguments arrive as text and are checked here, so every bad value is one line naming the flag
 and a non-zero exit code (2 for a bad flag value, 1 for a MODEL or output that cannot be used,
-78 for a bad config); never a traceback.
+65 for a model config that asks for untrusted task code or too many parameters, 78 for a bad
+config); never a traceback.  A model directory is data: see :mod:`p2ptrain.model.limits`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 
 from p2ptrain.config.schema import ConfigError, load_config
 from p2ptrain.data.remote import NotDownloaded
-from p2ptrain.errors import EX_BAD_ARGUMENT, EX_FAILURE, EX_OK
+from p2ptrain.errors import EX_BAD_ARGUMENT, EX_DATAERR, EX_FAILURE, EX_OK
 from p2ptrain.model.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
+from p2ptrain.model.limits import DEFAULT_MAX_PARAMS, ModelRefused
 from p2ptrain.model.load import LoadedModel, ModelError, from_checkpoint, resolve
 from p2ptrain.tasks.base import SampleRequest
 from p2ptrain.tasks.generate import prompt_bytes
@@ -58,7 +60,7 @@ def export_command(args: argparse.Namespace) -> int:
     say = _say("export")
     try:
         config = load_config(args.config)
-        loaded = from_checkpoint(config, args.checkpoint, say)
+        loaded = from_checkpoint(config, args.checkpoint, say, max_params=_max_params(args))
         check_target(args.out_dir, args.force)  # before the validation, which takes a while
         card = measured_card(loaded, say)
         out = write_export(loaded.model, loaded.task, loaded.fingerprint, card, args.out_dir,
@@ -67,6 +69,9 @@ def export_command(args: argparse.Namespace) -> int:
     except (ModelError, ExportError) as error:
         say(str(error))
         return EX_FAILURE
+    except ModelRefused as error:
+        say(str(error))
+        return EX_DATAERR
     epoch = "?" if card.epoch is None else card.epoch
     measured = ""
     if card.val_of == VAL_OF_EXPORT and card.val_loss is not None:
@@ -105,7 +110,12 @@ def measured_card(loaded: LoadedModel, say: Any) -> CardInfo:
 
 
 def _load(command: str, args: argparse.Namespace) -> LoadedModel:
-    return resolve(Path(args.model), args.config, _say(command))
+    trusted = bool(getattr(args, "trust_task_code", False))
+    return resolve(Path(args.model), args.config, _say(command), trust_task_code=trusted, max_params=_max_params(args))
+
+
+def _max_params(args: argparse.Namespace) -> int:
+    return int(getattr(args, "max_params", None) or DEFAULT_MAX_PARAMS)
 
 
 def sample_command(args: argparse.Namespace) -> int:
@@ -126,6 +136,9 @@ def sample_command(args: argparse.Namespace) -> int:
     except ModelError as error:
         say(str(error))
         return EX_FAILURE
+    except ModelRefused as error:
+        say(str(error))
+        return EX_DATAERR
     if hook is None:
         say(f"the task {loaded.task.entrypoint} has no sample hook (Task.sample); nothing to generate")
         return EX_FAILURE
@@ -188,6 +201,9 @@ def eval_command(args: argparse.Namespace) -> int:
     except ModelError as error:
         say(str(error))
         return EX_FAILURE
+    except ModelRefused as error:
+        say(str(error))
+        return EX_DATAERR
     except OSError as error:
         say(f"cannot read {args.data}: {error.strerror or error}")
         return EX_FAILURE

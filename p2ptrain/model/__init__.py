@@ -3,6 +3,7 @@
 - ``checkpoint``   atomic local checkpoints, the last ``keep`` retained, corrupt ones skipped
 - ``export``       a portable directory: ``model.safetensors``, ``config.json``, a model card
 - ``load``         a trained model from an export, a checkpoint or a node's config
+- ``limits``       what a model config may make us do: trusted task code only, a bounded parameter count
 - ``fingerprint``  the hash of what makes two nodes' models averageable together
 
 May import: torch, safetensors, :mod:`p2ptrain.tasks`, :mod:`p2ptrain.config`.

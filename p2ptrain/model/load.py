@@ -3,7 +3,9 @@
 The model is rebuilt from the task settings (the built-in ``bytelm`` without touching its
 data; a user task through its entrypoint) and must have the fingerprint the weights were saved
 with, so weights are never loaded into a model of another shape.  Every user mistake is a
-:class:`ModelError` with one line to print.
+:class:`ModelError` with one line to print.  Before anything is built, the settings are held to
+:mod:`p2ptrain.model.limits`: an export's task code runs only when trusted, and the parameter count
+is bounded (:class:`~p2ptrain.model.limits.ModelRefused`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from p2ptrain.errors import printable
 from p2ptrain.model.checkpoint import CheckpointStore, LoadedCheckpoint, load_failure, read_checkpoint
 from p2ptrain.model.export import CONFIG_FILE, EXPORT_FORMAT, MODEL_FILE, CardInfo
 from p2ptrain.model.fingerprint import model_fingerprint
+from p2ptrain.model.limits import DEFAULT_MAX_PARAMS, check_model_config
 from p2ptrain.tasks import bytelm
 from p2ptrain.tasks.loader import build_task
 
@@ -59,8 +62,12 @@ def build_model(task: TaskSection, training: TrainingSection) -> tuple[torch.nn.
     return built.model, built.shape_config
 
 
-def from_checkpoint(config: NodeConfig, checkpoint: Path | None, say: Say) -> LoadedModel:
-    """The model in ``checkpoint``, or in the newest checkpoint of ``config`` that loads."""
+def from_checkpoint(config: NodeConfig, checkpoint: Path | None, say: Say, *,
+                    max_params: int = DEFAULT_MAX_PARAMS) -> LoadedModel:
+    """The model in ``checkpoint``, or in the newest checkpoint of ``config`` that loads.  ``config`` is
+    the node's own: its task code is the user's."""
+    check_model_config(config.task, "the config's [task]", own_entrypoint=config.task.entrypoint,
+                       max_params=max_params)
     if checkpoint is not None:
         if checkpoint.is_dir():
             raise ModelError(f"--checkpoint {checkpoint} is a directory: name a checkpoint file in it (ckpt-*.pt), "
@@ -100,11 +107,17 @@ def from_checkpoint(config: NodeConfig, checkpoint: Path | None, say: Say) -> Lo
                        cache_dir=config.state_dir() / "data-cache")
 
 
-def from_export(directory: Path) -> LoadedModel:
-    """The model of an export directory written by :func:`p2ptrain.model.export.write_export`."""
+def from_export(directory: Path, *, trust_task_code: bool = False, own_entrypoint: str | None = None,
+                max_params: int = DEFAULT_MAX_PARAMS) -> LoadedModel:
+    """The model of an export directory written by :func:`p2ptrain.model.export.write_export`.
+
+    Its task code runs only with ``trust_task_code``, or when it is ``own_entrypoint`` (the node's own
+    config's); a built-in model is built only within ``max_params``."""
     from safetensors.torch import load_model
 
     settings = read_export_config(directory)
+    check_model_config(settings.task, str(directory / CONFIG_FILE), trust_task_code=trust_task_code,
+                       own_entrypoint=own_entrypoint, max_params=max_params)
     model, shape = build_model(settings.task, settings.training)
     fingerprint = model_fingerprint(model, shape)
     if settings.fingerprint != fingerprint:
@@ -176,15 +189,20 @@ def read_export_config(directory: Path) -> ExportSettings:
     return ExportSettings(sections.task, sections.training, fingerprint, card)
 
 
-def resolve(model_arg: Path, config_path: Path | None, say: Say) -> LoadedModel:
-    """MODEL as the user gave it: an export dir, a node config (.toml), or a checkpoint file (+ -c)."""
+def resolve(model_arg: Path, config_path: Path | None, say: Say, *, trust_task_code: bool = False,
+            max_params: int = DEFAULT_MAX_PARAMS) -> LoadedModel:
+    """MODEL as the user gave it: an export dir, a node config (.toml), or a checkpoint file (+ -c).
+
+    An export's task code runs only with ``trust_task_code`` or when the node config given with -c names
+    the same entrypoint; a node config's own always does (it is the user's)."""
     if not model_arg.exists():
         raise ModelError(f"{model_arg} does not exist")
     if model_arg.is_dir():
-        return from_export(model_arg)
+        own = load_config(config_path).task.entrypoint if config_path is not None else None
+        return from_export(model_arg, trust_task_code=trust_task_code, own_entrypoint=own, max_params=max_params)
     if model_arg.suffix == ".toml":
-        return from_checkpoint(load_config(model_arg), None, say)
-    return from_checkpoint(load_config(config_path), model_arg, say)
+        return from_checkpoint(load_config(model_arg), None, say, max_params=max_params)
+    return from_checkpoint(load_config(config_path), model_arg, say, max_params=max_params)
 
 
 def consensus_weights(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:

@@ -95,6 +95,14 @@ def shape_config(seq_len: int, d_model: int, n_layers: int, n_heads: int) -> dic
             "n_layers": n_layers, "n_heads": n_heads, "tied_head": True}
 
 
+def parameter_count(seq_len: int, d_model: int, n_layers: int) -> int:
+    """The parameters of a :class:`ByteLM` of this shape, computed without building it: token and
+    position embeddings, per block two LayerNorms, qkv, proj, fc and out with biases, the final LayerNorm
+    (the head is tied to the token embedding)."""
+    per_block = 12 * d_model * d_model + 13 * d_model
+    return VOCAB_SIZE * d_model + seq_len * d_model + n_layers * per_block + 2 * d_model
+
+
 def model_args(cfg: TaskSection) -> dict[str, int]:
     """The arguments of :class:`ByteLM` for ``cfg`` (what an export's config.json records)."""
     return {"seq_len": cfg.seq_len, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads}

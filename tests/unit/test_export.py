@@ -235,10 +235,10 @@ def test_export_reloads_bit_for_bit_with_the_documented_three_lines(run, tmp_pat
     own = Trainer(run["task"], optimizer=None, batch_size=4).validation_loss()  # type: ignore[arg-type]
     assert f"{run['val_loss']:.4f}" != f"{own:.4f}"
     for expected in ("| run | unit-run@abc |", "| optimizer epochs | 5 |", "| samples (this node's count) | 60 |",
-                     "| samples this node contributed | 60 |",
+                     "| samples this node contributed (its own count) | 60 |",
                      f"| validation loss | {own:.4f} nats/byte ({own / math.log(2):.3f} bits per byte) at epoch 5: "
                      "this model on the run's held-out split |",
-                     "| contributing peers (seen by this node) | 3 |", "2023-11-14"):
+                     "| contributing peers (seen by this node, vouched for) | 3 |", "2023-11-14"):
         assert expected in card
     assert f"{run['val_loss']:.4f}" not in card
     config = json.loads((out / "config.json").read_text())
@@ -444,9 +444,14 @@ def _user_model(tmp_path: Path, monkeypatch, entrypoint: str, variant: str = "")
 def test_a_user_tasks_hooks_sample_and_evaluate_its_model(tmp_path: Path, capsys, monkeypatch) -> None:
     config_path = _user_model(tmp_path, monkeypatch, "user_task:build")
     assert _main("export", "-c", config_path, tmp_path / "m") == 0
-    assert from_export(tmp_path / "m").task.entrypoint == "user_task:build"
+    assert from_export(tmp_path / "m", trust_task_code=True).task.entrypoint == "user_task:build"
     capsys.readouterr()
-    assert _main("sample", tmp_path / "m", "--prompt", "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8") == 0
+    # An export's task code is someone else's until the user says otherwise (or it is the -c config's own).
+    assert _main("sample", tmp_path / "m", "--prompt", "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8") == 65
+    assert "pass --trust-task-code if you trust it" in capsys.readouterr().err
+    assert _main("sample", tmp_path / "m", "-c", config_path, "--prompt", "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8") == 0
+    assert capsys.readouterr().out.startswith("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8 -> ")
+    assert _main("sample", tmp_path / "m", "--trust-task-code", "--prompt", "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8") == 0
     out = capsys.readouterr().out
     assert out.startswith("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8 -> ") and "(target " in out
     assert _main("eval", config_path) == 0
@@ -455,7 +460,7 @@ def test_a_user_tasks_hooks_sample_and_evaluate_its_model(tmp_path: Path, capsys
     rmse = float(report.split("rmse")[1].split()[0])
     assert loss > 0 and abs(rmse - math.sqrt(loss)) < 1e-4
     # The hook's own refusal of bad input is one line, exit 1.
-    assert _main("sample", tmp_path / "m", "--prompt", "def ") == 1
+    assert _main("sample", tmp_path / "m", "--trust-task-code", "--prompt", "def ") == 1
     err = capsys.readouterr().err
     assert err == "p2ptrain sample: the task's sample hook failed: ValueError: --prompt must be 8 comma-separated " \
                   "numbers, got 'def '\n"
@@ -464,7 +469,7 @@ def test_a_user_tasks_hooks_sample_and_evaluate_its_model(tmp_path: Path, capsys
 def test_a_user_task_without_hooks_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
     config_path = _user_model(tmp_path, monkeypatch, "variant_task:build", "no-hooks")
     assert _main("export", "-c", config_path, tmp_path / "m") == 0
-    assert _main("sample", tmp_path / "m") == 1
+    assert _main("sample", tmp_path / "m", "--trust-task-code") == 1
     assert "has no sample hook (Task.sample)" in capsys.readouterr().err
     assert _main("eval", config_path) == 1
     assert "has no evaluate hook (Task.evaluate)" in capsys.readouterr().err
