@@ -14,9 +14,13 @@ samples and contributors the run's peer records claim (bounded, and said to be t
 
 Exit codes: 0 written; 1 OUT_DIR cannot be used (it exists: ``--force``) or cannot be written;
 69 (EX_UNAVAILABLE) no peer answered, or none served a state that passed the checks, within
-``--timeout``; 75 another node holds the state directory (invite runs, which fetch with the node's
-own identity); 78 bad input (an address, a run reference, a manifest, a config, a model that is not
-the run's); 130 stopped by a signal.  Whatever the reason, nothing is written unless it is 0.
+``--timeout``; 65 (EX_DATAERR) the run's model names task code the user did not trust (a run's manifest
+is someone else's: its ``task.entrypoint`` runs only with ``--trust-task-code`` or when the node's own
+config names it) or more parameters than ``--max-params`` (:mod:`p2ptrain.model.limits`), refused
+before anything is imported or built; 75 another node holds the state directory (invite runs, which
+fetch with the node's own identity); 78 bad input (an address, a run reference, a manifest, a config,
+a model that is not the run's); 130 stopped by a signal.  Whatever the reason, nothing is written
+unless it is 0.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from p2ptrain.daemon.shutdown import end_process
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.errors import EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE
 from p2ptrain.model.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
+from p2ptrain.model.limits import DEFAULT_MAX_PARAMS, EX_DATAERR, ModelRefused, check_model_config
 from p2ptrain.optim.protocol import SwarmOptimizer
 from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, PeersRefused, SwarmError
 from p2ptrain.swarm.manifest_source import SourceUnavailable
@@ -124,8 +129,13 @@ class ModelFetcher:
     """Join, download, write, leave.  Build it, call :meth:`run` from the main thread, get an exit code."""
 
     def __init__(self, config: NodeConfig, *, timeout: float, builder: Any = None, records: Any = None,
-                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 trust_task_code: bool = False, max_params: int = DEFAULT_MAX_PARAMS) -> None:
         self.config, self.timeout = config, timeout
+        #: What the run's model may make us do: ``config`` is the user's own, so its task code is trusted;
+        #: a manifest's other task code only with ``trust_task_code``.
+        self.trust_task_code, self.max_params = trust_task_code, max_params
+        self._own_entrypoint = config.task.entrypoint
         self.builder = builder or NodeBuilder()
         self.records = records or RecordReader()
         self.clock, self.wall_clock = clock, wall_clock
@@ -164,6 +174,8 @@ class ModelFetcher:
             return _fail(str(error), EX_CONFIG)
         if isinstance(error, IdentityInUse):
             return _fail(str(error), EX_TEMPFAIL)
+        if isinstance(error, ModelRefused):
+            return _fail(f"{error}; nothing written", EX_DATAERR)
         if isinstance(error, SwarmError | SourceUnavailable | Unavailable) and self.stopper.is_set():
             return _fail(stopped, EX_INTERRUPTED)
         if isinstance(error, PeersRefused | SourceUnavailable | Unavailable):
@@ -180,11 +192,13 @@ class ModelFetcher:
         from p2ptrain.optim.swarm_stats import SwarmStats
 
         session = self.session
+        self._admit(session.config, session.plan)  # before anything is joined, imported or built
         swarm = session.join()
         run_id = session.config.swarm.run_id
         logger.info("joined run %r as client-mode peer %s (it trains nothing and serves nothing)", run_id,
                     swarm.peer_id)
         config = session.follow_run(max(1.0, self.remaining()))
+        self._admit(config, session.plan)  # the manifest in force may be newer than the one read before joining
         session.read_records()
         assert session.presence is not None and session.presence.evidence is not None  # fetch_config: checks on
         evidence = session.presence.evidence
@@ -210,6 +224,12 @@ class ModelFetcher:
         if config.task.entrypoint is None:
             print(f"try it: p2ptrain sample {out} --prompt 'def '")
         return EX_OK
+
+    def _admit(self, config: NodeConfig, plan: Any) -> None:
+        """Refuse (:class:`ModelRefused`) a model the user did not allow, before anything is imported or built."""
+        where = "the run's manifest" if plan is not None else "the config's [task]"
+        check_model_config(config.task, where, trust_task_code=self.trust_task_code,
+                           own_entrypoint=self._own_entrypoint, max_params=self.max_params)
 
     def _settle(self, optimizer: SwarmOptimizer, records: threading.Event) -> None:
         """Wait (bounded) for the run's progress and a first view of its records, as a joining node does."""
@@ -340,7 +360,8 @@ def fetch_command(args: argparse.Namespace) -> int:
     configure_logging(config.node.log_level, config.node.log_format)
     tie_children_to_this_process()
     state_dir, temporary = client_state_dir(config)
-    fetcher = ModelFetcher(fetch_config(config, args.join, state_dir, args.timeout), timeout=args.timeout)
+    fetcher = ModelFetcher(fetch_config(config, args.join, state_dir, args.timeout), timeout=args.timeout,
+                           trust_task_code=args.trust_task_code, max_params=args.max_params)
     fetcher.stopper.handle_stop_signals()  # a second SIGINT/SIGTERM exits at once
     try:
         code = fetcher.run(args.out_dir, force=args.force, torch_copy=args.torch)

@@ -243,6 +243,33 @@ def test_a_manifest_of_another_run_is_exit_78_before_joining(tmp_path, corpus, c
     assert not builder.joined and not (tmp_path / "model").exists()
 
 
+@pytest.mark.parametrize("task, trusted, message", [
+    (TaskSection(entrypoint="builtins:print"), False,
+     "the run's manifest names task code 'builtins:print' (task.entrypoint); a model file is data, so its code is "
+     "not run: pass --trust-task-code if you trust it; nothing written"),
+    (TaskSection(d_model=16_384, n_layers=1_024, n_heads=16), True,
+     "the run's manifest asks for a model of 3,298,759,311,360 parameters (12.0 TiB of float32), over "
+     "--max-params 2,000,000,000; nothing was built; nothing written"),
+])
+def test_a_manifests_task_code_or_size_is_refused_before_joining(tmp_path, corpus, capsys, task, trusted,
+                                                                  message) -> None:
+    """A run's manifest is someone else's: its task code runs only when trusted, its model is sized first."""
+    key = OwnerKey.generate()
+    manifest = new_manifest(key, "theirs", task, TrainingSection())
+    path = tmp_path / "manifest.toml"
+    path.write_text(manifest.to_toml())
+    builder = FakeBuilder()
+    config = parse_config({"node": {"state_dir": str(tmp_path / "state")},
+                           "swarm": {"initial_peers": [PEER], "run": str(manifest.ref), "manifest": str(path)},
+                           "task": {"data_path": str(corpus)}}, "node.toml")
+    client = fetch_config(config, [], config.state_dir(), 30.0)
+    fetcher = Fetcher(client, timeout=30.0, builder=builder, records=FakeRecords(), trust_task_code=trusted)
+    assert fetcher.run(tmp_path / "model") == 65
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip().splitlines() == [f"p2ptrain fetch: {message}"]
+    assert not builder.joined and not builder.built and not (tmp_path / "model").exists()
+
+
 def test_the_fetch_config_is_a_quiet_client(tmp_path, corpus) -> None:
     loaded = _config(tmp_path, corpus, peer_checks=False, listen_addrs=["/ip4/0.0.0.0/tcp/41400"],
                      announce_addrs=["/ip4/203.0.113.7/tcp/41400"])
