@@ -200,9 +200,9 @@ def _credit(s: StatusSnapshot, swarm: SwarmView) -> Iterator[Metric]:
                    "(averaged with another peer, or trained alone).", s.samples_contributed_total)
     yield _counter("samples_not_averaged", "Samples of this node's epochs whose averaging round failed "
                    "(applied on this node only).", s.samples_not_averaged_total)
-    yield _g("swarm_samples_contributed", "Samples the swarm's live peers report contributed, as credited.",
-             swarm.samples_contributed)
-    yield _g("swarm_contributors", "Live peers that report contributed samples.",
+    yield _g("swarm_samples_contributed", "Samples the swarm's live peers contributed, as far as this node "
+             "can vouch for them.", swarm.samples_contributed)
+    yield _g("swarm_contributors", "Live peers with contributed samples this node can vouch for.",
              sum(1 for p in swarm.peers if p.samples_contributed > 0))
     if s.data_shards_total > 0:
         yield _g("data_pass", "This node's pass over its share of the training shards.", s.data_pass)

@@ -6,6 +6,7 @@
 - ``evidence``      what we know of peers from sources one stranger cannot forge alone
 - ``swarm_view``    the swarm's totals from a set of checked records
 - ``credit``        the samples this node contributed, settled epoch by epoch
+- ``vouching``      credit a stranger cannot mint: what rounds and trusted peers vouch for
 - ``swarm_credit``  the swarm's credit and coverage, every claim bounded
 
 No torch, no hivemind, no network: every rule is tested with plain values.
