@@ -72,8 +72,8 @@ class CardInfo:
     """Fetched: the samples those records claim for their own peers, each clipped at the run's pace: claims,
     not vouched for.  (Fetched exports without it: ``samples`` are those claims.)"""
     vouched_by: int | None = None
-    """Fetched: the peers this download joined through that have a record: whose averaging rounds vouch for
-    ``samples`` and ``contributors``."""
+    """Fetched: the peers this download joined through that have a record: whose own figures and averaging
+    rounds vouch for ``samples`` and ``contributors``."""
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], run_id: str, checkpoint: str = "") -> CardInfo:
@@ -258,8 +258,9 @@ def _credit(run: Mapping[str, Any]) -> str:
         return (f"| samples contributed | {run['samples']:,}, {claims} (claims, each capped at what the run "
                 f"allows; not vouched for) |\n| contributing peers | {run['contributors']}, {claims} |\n")
     vouchers = run.get("vouched_by") or 0
-    by = (f"vouched for by {vouchers} peer{'s' if vouchers != 1 else ''} this download joined through, from "
-          "the samples each peer carried into their averaging rounds")
+    peers, verb = (f"{vouchers} peer", "vouches") if vouchers == 1 else (f"{vouchers} peers", "vouch")
+    by = (f"as {peers} this download joined through {verb} for them: their own figures and the samples each "
+          "peer carried into their averaging rounds")
     return (f"| samples contributed (vouched for) | {run['samples']:,}, {by} |\n"
             f"| contributing peers (vouched for) | {run['contributors']}, {by} |\n"
             f"| samples claimed (not vouched for) | {run['samples_claimed']:,}, what {records} claim for "

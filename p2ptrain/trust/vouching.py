@@ -7,14 +7,17 @@ bound tied to it.  So a peer's credit counts only samples some node can vouch fo
 - **this node's rounds**: the weight each peer's parts carried into an all-reduce this node reduced
   and accepted (gradient rounds: the samples it accumulated for the epoch; DiLoCo: those of the round),
   as the reduce rule capped it (:class:`VouchLedger`, fed by the round reports);
-- **figures signed by peers that vouch for each other through rounds**: every record carries the
-  largest few such figures of its node (``vouched``); those of the peers this node joined through
-  (the operator's word that they are in the run) count, and such a peer's own credit is what the
-  peers it vouches for vouch for it (:func:`vouched_credit`).
+- **figures signed by the peers this node joined through**: every record carries the largest few
+  figures its node's rounds vouch for (``vouched``).  The records of the peers this node joined
+  through (the operator's word that they are in the run) are believed: what they vouch for of
+  others, and their own figure (:func:`vouched_credit`).  A node that trained alone before the others
+  came is thus credited by those who joined through it, and a fetcher, which averages with nobody,
+  credits what the node it joined through vouches for.
 
-A record's own claim about itself never counts.  Whatever is vouched for is still clipped at the
-run's pace (:func:`p2ptrain.trust.swarm_credit.credited_view`).  Standard library only; the ledger is
-thread-safe (rounds end on a background thread with ``training.overlap``).
+Any other record's claim about itself never counts, nor does what such peers say of each other.
+Whatever is vouched for is still clipped at the run's pace
+(:func:`p2ptrain.trust.swarm_credit.credited_view`).  Standard library only; the ledger is thread-safe
+(rounds end on a background thread with ``training.overlap``).
 """
 
 from __future__ import annotations
@@ -89,22 +92,19 @@ class VouchLedger:
 def vouched_credit(peers: Iterable[PeerRecord], vouchers: Vouchers, own_peer: str = "") -> dict[str, int]:
     """Each listed peer's credit as far as anyone this node believes vouches for it (0: nobody does).
 
-    ``own_peer``'s is its record's own figure (this node's ledger); any other peer's is the most that
-    this node's rounds (``vouchers.direct``) or an anchor's signed figures say, and an anchor's own is
-    the most that a peer it vouches for says of it.  Claims about oneself count for nobody else.
+    ``own_peer``'s and an anchor's (a peer this node joined through) is its record's own figure; any
+    peer's is at least what this node's rounds (``vouchers.direct``) or an anchor's signed figures say.
+    Any other peer's claims, about itself or about others, count for nothing.
     """
     records = {p.peer_id: p for p in peers}
-    signed = {peer: dict(record.vouched) for peer, record in records.items()}
-    anchors = [peer for peer in vouchers.anchors if peer in records and peer != own_peer]
+    anchors = [peer for peer in vouchers.anchors if peer in records]
+    signed = {anchor: dict(records[anchor].vouched) for anchor in anchors}
     credit: dict[str, int] = {}
     for peer, record in records.items():
-        if peer == own_peer:
-            credit[peer] = record.samples_contributed
-            continue
         figures = [vouchers.direct.get(peer, 0)]
         figures += [signed[anchor].get(peer, 0) for anchor in anchors if anchor != peer]
-        if peer in anchors:  # peers it averaged with vouch for it: vouching for each other through rounds
-            figures += [signed[other].get(peer, 0) for other in signed[peer] if other in signed and other != peer]
+        if peer == own_peer or peer in signed:  # our own ledger's figure; a peer we joined through: its word
+            figures.append(record.samples_contributed)
         credit[peer] = max(0, *figures)
     return credit
 

@@ -85,9 +85,12 @@ def test_fetch_gives_the_state_of_a_node(make_node, tmp_path, mode):
         assert torch.allclose(tensor, expected[name], rtol=tolerance, atol=0.0), name
     card = (out / "README.md").read_text()
     assert "| downloaded | from the swarm (`p2ptrain fetch`), peer " + donor in card
-    # Samples and contributors: what the nodes' records claim, and the card says so.
-    assert config["run"]["reported_by"] >= 1 and isinstance(config["run"]["samples"], int), config["run"]
-    assert f"as reported by {config['run']['reported_by']} peer" in card
+    # Samples and contributors: what the node it joined through vouches for from its rounds (the nodes
+    # averaged with each other), and apart, labelled as claims, what the records claim.
+    facts = config["run"]
+    assert facts["reported_by"] >= 1 and facts["vouched_by"] == 1, facts
+    assert facts["samples"] > 0 and facts["contributors"] >= 1 and facts["samples_claimed"] > 0, facts
+    assert "| samples contributed (vouched for) | " in card and "| samples claimed (not vouched for) | " in card
 
 
 def test_fetch_with_no_swarm_is_exit_69_and_writes_nothing(tmp_path):

@@ -164,16 +164,15 @@ def test_an_adopted_state_is_written_with_its_donor_and_epoch(tmp_path, corpus, 
     assert f"| downloaded | from the swarm (`p2ptrain fetch`), peer {DONOR}," in card
     assert "| optimizer epochs | 7 |" in card
     assert f"fetched epoch 7 of run unit-fetch from peer {DONOR}" in capsys.readouterr().out
-    # The samples and contributors are what the peer it joined through vouches for from its rounds (and,
-    # for that peer itself, what the peers it vouches for say of it): the liar and its helper, vouching
-    # for each other, get nothing.  The claims are given apart, each clipped at what a peer can have
-    # contributed by one epoch past the optimizer's epoch 7 (9 epochs of at most 2 x (256 + 4) samples),
-    # not by the liars' epoch 9,007.
-    assert (run["samples"], run["contributors"], run["reported_by"], run["vouched_by"]) == (1_500 + 900, 2, 5, 1)
+    # The samples and contributors are what the peer it joined through vouches for from its rounds, and
+    # that peer's own figure: the liar and its helper, vouching for each other, get nothing.  The claims
+    # are given apart, each clipped at what a peer can have contributed by one epoch past the optimizer's
+    # epoch 7 (9 epochs of at most 2 x (256 + 4) samples), not by the liars' epoch 9,007.
+    assert (run["samples"], run["contributors"], run["reported_by"], run["vouched_by"]) == (1_000 + 1_500, 2, 5, 1)
     assert run["samples_claimed"] == 1_000 + 2_000 + 2 * 9 * 520
-    by = "vouched for by 1 peer this download joined through, from the samples each peer carried into their " \
-         "averaging rounds"
-    assert f"| samples contributed (vouched for) | 2,400, {by} |" in card
+    by = "as 1 peer this download joined through vouches for them: their own figures and the samples each peer " \
+         "carried into their averaging rounds"
+    assert f"| samples contributed (vouched for) | 2,500, {by} |" in card
     assert f"| contributing peers (vouched for) | 2, {by} |" in card
     assert "| samples claimed (not vouched for) | 12,360, what 5 peer records claim for their own peers, each " \
            "clipped at the run's pace |" in card

@@ -76,7 +76,7 @@ def _peer(name: str, claim: int = 0, epoch: int = 12, vouched: tuple[tuple[str, 
 
 #: A freeloader and a helper identity: an epoch 9,000 ahead, a million samples claimed each, and each
 #: vouching for the other; an honest peer "b" this node averaged with; "c", which only the peer this node
-#: joined through ("anchor") averaged with; the anchor, which "c" vouches for in turn.
+#: joined through ("anchor") averaged with, and which vouches for the anchor in turn.
 SYBILS = (_peer("freeloader", 10**6, 9_012, (("helper", 10**6),)),
           _peer("helper", 10**6, 9_012, (("freeloader", 10**6),)))
 HONEST = (_peer("me", 480), _peer("b", 500), _peer("anchor", 600, vouched=(("c", 300), ("freeloader", 50))),
@@ -88,14 +88,14 @@ def test_only_what_someone_this_node_believes_vouches_for_counts_never_a_claim()
     credit = vouched_credit(HONEST + SYBILS, vouchers, own_peer="me")
     assert credit == {"me": 480,  # our own ledger's figure, as our record has it
                       "b": 440,  # what its parts carried into our rounds, not its claim of 500
-                      "anchor": 250,  # the peers it vouches for vouch for it (more than our rounds did)
-                      "c": 300,  # what the peer we joined through vouches for
+                      "anchor": 600,  # the peer we joined through: its word, as for what it vouches for
+                      "c": 300,  # what the peer we joined through vouches for, not its claim of 700
                       "freeloader": 50,  # the anchor averaged with it once; the helper's figure counts for nothing
                       "helper": 0}
-    # Without the anchor's word, a peer that vouches for the anchor gets nothing from it either.
+    # Without the anchor's word, neither it nor "c" (which vouches for it) is credited anything.
     alone = vouched_credit(HONEST + SYBILS, Vouchers(direct={"b": 440}), own_peer="me")
     assert alone == {"me": 480, "b": 440, "anchor": 0, "c": 0, "freeloader": 0, "helper": 0}
-    # The Sybils joined through each other vouch for each other, and nobody else does.
+    # Had the operator joined through the freeloader, its word would count: the operator's choice.
     assert vouched_credit(SYBILS, Vouchers(anchors=frozenset({"freeloader"})))["helper"] == 10**6
 
 
@@ -105,7 +105,7 @@ def test_a_view_credits_vouched_samples_at_the_runs_pace_and_keeps_the_claims_ap
     credited = credited_view(view, 100, "me", vouchers=vouchers, swarm_epoch=12)
     by_id = {p.peer_id: p.samples_contributed for p in credited.peers}
     # Even a vouched-for figure is clipped at (swarm epoch + 1 + 1) epochs of at most 100 samples.
-    assert by_id == {"me": 480, "b": 440, "anchor": 250, "c": 300, "freeloader": 1_400, "helper": 0}
+    assert by_id == {"me": 480, "b": 440, "anchor": 600, "c": 300, "freeloader": 1_400, "helper": 0}
     assert credited.samples_contributed == sum(by_id.values())
     assert credited.samples_claimed == 480 + 500 + 600 + 700 + 2 * 1_400  # claims, each clipped the same way
     assert credited.global_epoch == 12  # the optimizer's epoch, not the one the records agree on
