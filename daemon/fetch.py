@@ -43,9 +43,9 @@ from p2ptrain.daemon.hooks import NodeHooks, SwarmPresence
 from p2ptrain.daemon.session import SwarmSession
 from p2ptrain.daemon.shutdown import end_process
 from p2ptrain.daemon.stopper import Stopper
-from p2ptrain.errors import EX_CONFIG, EX_FAILURE, EX_INTERRUPTED, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE
+from p2ptrain.errors import EX_CONFIG, EX_DATAERR, EX_FAILURE, EX_INTERRUPTED, EX_OK, EX_TEMPFAIL, EX_UNAVAILABLE
 from p2ptrain.model.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
-from p2ptrain.model.limits import DEFAULT_MAX_PARAMS, EX_DATAERR, ModelRefused, check_model_config
+from p2ptrain.model.limits import DEFAULT_MAX_PARAMS, ModelRefused, check_model_config
 from p2ptrain.optim.protocol import SwarmOptimizer
 from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, PeersRefused, SwarmError
 from p2ptrain.swarm.manifest_source import SourceUnavailable

@@ -262,7 +262,7 @@ def test_a_manifests_task_code_or_size_is_refused_before_joining(tmp_path, corpu
                            "swarm": {"initial_peers": [PEER], "run": str(manifest.ref), "manifest": str(path)},
                            "task": {"data_path": str(corpus)}}, "node.toml")
     client = fetch_config(config, [], config.state_dir(), 30.0)
-    fetcher = Fetcher(client, timeout=30.0, builder=builder, records=FakeRecords(), trust_task_code=trusted)
+    fetcher = ModelFetcher(client, timeout=30.0, builder=builder, records=FakeRecords(), trust_task_code=trusted)
     assert fetcher.run(tmp_path / "model") == 65
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip().splitlines() == [f"p2ptrain fetch: {message}"]
