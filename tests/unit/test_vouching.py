@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from hivemind.utils import MSGPackSerializer
 
-from p2ptrain.averaging.robust_reduce import RoundReport, RoundReports
+from p2ptrain.averaging.robust_reduce import AllReduceReport, RoundReports
 from p2ptrain.config.schema import SwarmSection
 from p2ptrain.daemon.snapshot import StatusBoard, TrainingFigures
 from p2ptrain.optim.defences import Defences
@@ -23,8 +23,8 @@ from p2ptrain.trust.swarm_credit import credited_view
 from p2ptrain.trust.vouching import MAX_RECORD_VOUCHES, Vouchers, VouchLedger, vouched_credit
 
 
-def _report(ok: bool = True, **changes: object) -> RoundReport:
-    report = RoundReport(averager="grad", group_size=4, peers=("me", "b", "c", "liar"), senders=4,
+def _report(ok: bool = True, **changes: object) -> AllReduceReport:
+    report = AllReduceReport(averager="grad", group_size=4, peers=("me", "b", "c", "liar"), senders=4,
                          contributions_expected=8, contributions_received=6, results_expected=10, results_received=10,
                          rejected=(("liar", "oversized_part", "norm"),), clipped=0, ok=ok, finished_at=1.0,
                          weights=(("me", 48.0), ("b", 40.0), ("c", 56.0), ("liar", 48.0)))
