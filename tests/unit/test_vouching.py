@@ -14,7 +14,7 @@ from p2ptrain.daemon.snapshot import StatusBoard, TrainingFigures
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.protocol import GlobalProgress
 from p2ptrain.status import LatestSnapshot, PeerRecord, StatusSnapshot, SwarmView
-from p2ptrain.swarm.identity import NodeIdentity
+from p2ptrain.swarm.identity import IdentityKey
 from p2ptrain.swarm.recordcheck import MAX_RECORD_BYTES, credit_problem
 from p2ptrain.swarm.records import to_wire
 from p2ptrain.trust import vouching
@@ -132,8 +132,8 @@ def test_the_board_shows_sybils_no_credit_and_the_optimizers_epoch() -> None:
 
 
 def test_a_record_carries_its_vouched_figures_bounded_and_within_the_record_size() -> None:
-    identity = NodeIdentity.generate()
-    vouched = {NodeIdentity.generate().peer_id: 10**12 + i for i in range(MAX_RECORD_VOUCHES + 3)}
+    identity = IdentityKey.generate()
+    vouched = {IdentityKey.generate().peer_id: 10**12 + i for i in range(MAX_RECORD_VOUCHES + 3)}
     status = StatusSnapshot(peer_id=identity.peer_id, samples_contributed_total=10**12, taken_at=1.0,
                             vouched_samples=vouched, data_past_pass_shards=(9,) * 7, data_shards_total=10**6,
                             data_source="f" * 32)
