@@ -14,7 +14,7 @@ tensor math they need (screens, robust aggregates, state checks) lives here besi
 - ``matchmaking``      group reads paced, and whether a step still looks for its group
 - ``paced_progress``   progress published about once a second; withdrawing it while paused
 - ``robust_progress``  the swarm's epoch as several peers agree on it
-- ``roundclock``       DiLoCo's shared round clock over hivemind's progress tracker
+- ``roundclock``       DiLoCo's round target over hivemind's progress tracker (the arithmetic: ``trust.pace``)
 - ``state_check``      a downloaded state's tensors checked before they touch the model
 - ``model_check``      a downloaded model's loss on our validation batches
 - ``state_download``   adopting a peer's state: validated, donor-aware, O(1) catch-up

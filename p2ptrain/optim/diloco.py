@@ -2,7 +2,7 @@
 
 Each outer round starts from the shared "outer" parameters.  A peer trains alone with inner AdamW
 steps of ``inner_batch_size`` sequences (accumulated over micro-batches) until the swarm's round
-clock (``p2ptrain.averaging.roundclock``) says the round is over: when the swarm has processed
+clock (:mod:`p2ptrain.optim.round_clock`) says the round is over: when the swarm has processed
 ``inner_steps`` inner batches for every peer of its fastest peer's speed, at the same moment for
 fast and slow peers.
 It then averages its parameters with whoever is in the round, weighted by samples, takes
@@ -52,14 +52,7 @@ from p2ptrain.averaging.matchmaking import looking_for_group
 from p2ptrain.averaging.paced_progress import withdraw_progress
 from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
 from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
-from p2ptrain.averaging.roundclock import (
-    RobustRoundTracker,
-    SwarmRoundTracker,
-    met_the_next_round,
-    micro_batches_per_inner_step,
-    schedule_position,
-    set_schedule_position,
-)
+from p2ptrain.averaging.roundclock import RobustRoundTracker, SwarmRoundTracker
 from p2ptrain.averaging.state_download import diloco_state_validator
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.optim.defences import Defences
@@ -69,6 +62,12 @@ from p2ptrain.optim.microbatches import MicroBatches
 from p2ptrain.optim.outer_step import OuterStep
 from p2ptrain.optim.protocol import GlobalProgress, GuardTargets
 from p2ptrain.optim.retune import retune
+from p2ptrain.optim.round_clock import (
+    met_the_next_round,
+    micro_batches_per_inner_step,
+    schedule_position,
+    set_schedule_position,
+)
 from p2ptrain.optim.round_stats import RoundReport
 from p2ptrain.optim.solo_round import SoloRounds
 from p2ptrain.optim.swarm_stats import SwarmStats
@@ -250,7 +249,7 @@ class DiLoCoOptimizer(DiLoCoState):
 
     def _size_inner_batch(self) -> None:
         """Scale the next inner batch to this peer's share of the swarm's pace, so that it too makes about
-        ``inner_steps`` inner steps a round (:func:`p2ptrain.averaging.roundclock.micro_batches_per_inner_step`)."""
+        ``inner_steps`` inner steps a round (:func:`p2ptrain.optim.round_clock.micro_batches_per_inner_step`)."""
         own_rate, pace = self._tracker.performance_ema.samples_per_second, self._tracker.pace
         per_step = micro_batches_per_inner_step(self._accumulate, own_rate, pace)
         if per_step != self._micro.per_step and self._micro.count == 0:

@@ -7,18 +7,16 @@ import pytest
 import torch
 from hivemind.utils import ValueWithExpiration, get_dht_time
 
-from p2ptrain.averaging.roundclock import (
-    SPREAD,
-    SwarmRoundTracker,
-    effective_peers,
+from p2ptrain.averaging.roundclock import SwarmRoundTracker
+from p2ptrain.config.schema import ConfigError, parse_config
+from p2ptrain.optim.inner import warmup_cosine
+from p2ptrain.optim.round_clock import (
     group_round,
     micro_batches_per_inner_step,
     schedule_position,
     set_schedule_position,
-    swarm_pace,
 )
-from p2ptrain.config.schema import ConfigError, parse_config
-from p2ptrain.optim.inner import warmup_cosine
+from p2ptrain.trust.pace import SPREAD, effective_peers, swarm_pace
 from tests.support.trackerdht import TrackerDht
 
 PER_PEER = 800  # inner_steps x inner_batch_size
