@@ -11,7 +11,8 @@ tensor math they need (screens, robust aggregates, state checks) lives here besi
 - ``counting``         every round says how much of it was really averaged
 - ``admitting``        averagers that deal only with a run's admitted peers
 - ``groupmates``       answering groupmates' streams: not before ready, not cut off
-- ``matchmaking``      group reads paced, and whether a step still looks for its group
+- ``matchmaking``      group reads paced
+- ``handles``          the DHT, DHT time and where a round's control stands, for the optimizers to hold
 - ``paced_progress``   progress published about once a second; withdrawing it while paused
 - ``robust_progress``  the swarm's epoch as several peers agree on it
 - ``roundclock``       DiLoCo's round target over hivemind's progress tracker (the arithmetic: ``trust.pace``)

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import hivemind
 import torch
 
 from p2ptrain.averaging.compression import make_compression
+from p2ptrain.averaging.handles import DHT
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
 from p2ptrain.optim.protocol import SwarmOptimizer
@@ -33,7 +33,7 @@ def bandwidth_hint(upload_kbps: int, download_kbps: int) -> float | None:
 
 def build_optimizer(
     model: torch.nn.Module,
-    dht: hivemind.DHT,
+    dht: DHT,
     averaging_run_id: str,
     cfg: TrainingSection,
     *,

@@ -40,15 +40,12 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any
 
-import hivemind
 import torch
-from hivemind.averaging.control import AveragingStage
-from hivemind.utils import get_dht_time
 
 from p2ptrain.averaging.admitting import Admission
 from p2ptrain.averaging.compression import make_compression, wire_bytes
 from p2ptrain.averaging.diloco import averager_class
-from p2ptrain.averaging.matchmaking import looking_for_group
+from p2ptrain.averaging.handles import DHT, awaiting_trigger, dht_time, looking_for_group
 from p2ptrain.averaging.paced_progress import withdraw_progress
 from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
 from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
@@ -94,7 +91,7 @@ class _RoundInFlight:
 class DiLoCoOptimizer(DiLoCoState):
     """The DiLoCo outer loop behind the node's optimizer protocol."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], dht: hivemind.DHT, run_id: str, cfg: TrainingSection,
+    def __init__(self, params: Iterable[torch.nn.Parameter], dht: DHT, run_id: str, cfg: TrainingSection,
                  *, client_mode: bool, stats: SwarmStats, bandwidth: float | None = None,
                  admission: Admission | None = None, defences: Defences | None = None,
                  evaluate: Callable[[], float] | None = None, wait: Callable[[float], object] = time.sleep) -> None:
@@ -245,7 +242,7 @@ class DiLoCoOptimizer(DiLoCoState):
         """
         scheduled = self._scheduled
         return self._tracker.ready_to_update_epoch or (
-            scheduled is not None and scheduled.stage == AveragingStage.AWAITING_TRIGGER)
+            scheduled is not None and awaiting_trigger(scheduled))
 
     def _size_inner_batch(self) -> None:
         """Scale the next inner batch to this peer's share of the swarm's pace, so that it too makes about
@@ -275,7 +272,7 @@ class DiLoCoOptimizer(DiLoCoState):
         looking = flight is not None and looking_for_group(flight.control)
         if self._scheduled is not None or looking or self._tracker.global_progress.num_peers < 2:
             return
-        now = get_dht_time()
+        now = dht_time()
         ends = self._tracker.estimated_next_update_time
         if ends - now > self.cfg.matchmaking_time:
             return

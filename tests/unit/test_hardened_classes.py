@@ -175,14 +175,16 @@ def _refusing_state_averager() -> SimpleNamespace:
 def test_a_gradient_mode_download_says_once_that_every_donor_was_rejected(caplog):
     """Normal weather is one line: a fresh node that finds only bad donors says it trains from its own
     initialisation once per download, not once per attempt."""
-    from p2ptrain.optim.gradient import GradientOptimizer
+    from p2ptrain.averaging.optimizer import HardenedOptimizer
     from p2ptrain.optim.swarm_stats import SwarmStats
 
+    stats = SwarmStats()
     optimizer = SimpleNamespace(state_averager=_refusing_state_averager(), _retry_sync_after=30.0,
-                                _last_failed_sync=-math.inf, stats=SwarmStats(), _load_state_attempts=3,
+                                _last_failed_sync=-math.inf, _load_state_attempts=3,
                                 _wait=lambda seconds: False, tracker=None, local_epoch=0, _adopted=False,
-                                _state_marker=lambda: (0, 0.0))
-    GradientOptimizer._bound_state_download(optimizer)
+                                _state_marker=lambda: (0, 0.0), on_download_started=stats.download_started,
+                                on_download_finished=stats.download_finished)
+    HardenedOptimizer._bound_state_download(optimizer)
     with caplog.at_level(logging.INFO, logger="p2ptrain"):
         optimizer.state_averager.load_state_from_peers()
     said = [r for r in caplog.records if "every donor's state was rejected" in r.getMessage()]
