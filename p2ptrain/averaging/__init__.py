@@ -5,12 +5,14 @@ hivemind's private methods are overridden here and nowhere else, next to the pin
 tensor math they need (screens, robust aggregates, state checks) lives here beside them.
 
 - ``pinned``           the hivemind version these subclasses were written against, checked at start-up
-- ``hardened``         the hardened averager: gated peers kept out, robust all-reduce, bounded downloads
+- ``hardened``         the one layer of averager overrides; the plain and gradient averagers through it
 - ``allreduce``        hivemind's all-reduce with each sender's part checked before it is mixed in
+- ``counting``         hivemind's all-reduce counting what it mixed in (without the peer checks)
 - ``robust_reduce``    the math of a robust part: screen, weight cap, robust aggregate, round reports
-- ``counting``         every round says how much of it was really averaged
-- ``admitting``        averagers that deal only with a run's admitted peers
-- ``groupmates``       answering groupmates' streams: not before ready, not cut off
+- ``admitting``        whether an averager may deal with a peer of an owned run (no hivemind)
+- ``groupmates``       answering groupmates' streams: not before ready, not cut off (no hivemind)
+- ``donors``           which donor's state to adopt, and whom a bad one bans (no hivemind)
+- ``optimizer``        ``hivemind.Optimizer``'s overrides, for gradient mode
 - ``matchmaking``      group reads paced
 - ``handles``          the DHT, DHT time and where a round's control stands, for the optimizers to hold
 - ``paced_progress``   progress published about once a second; withdrawing it while paused

@@ -6,8 +6,8 @@ scheduling loses epochs between peers of different speeds.  :class:`HardenedOpti
 (``hivemind.Optimizer`` 1.1.12 unless noted; :mod:`p2ptrain.averaging.pinned` lists them all):
 
 * ``_make_progress_tracker``, ``_make_state_averager``, ``_make_gradient_averager``: our tracker and
-  averagers (:mod:`p2ptrain.averaging.roundclock` and the averager modules) under hivemind's wire
-  names; with the peer checks the hardened ones, behind an owned run's admission gate if any.
+  averagers (:mod:`p2ptrain.averaging.paced_progress`, :mod:`p2ptrain.averaging.hardened`) under
+  hivemind's wire names, with the peer checks or without, given an owned run's admission gate if any.
 * ``_should_load_state_from_peers`` (and its flag ``_should_check_synchronization_on_update``): no
   download for a while after one failed, nor when a peer one epoch behind can end its epoch in the
   swarm's round instead.
@@ -25,6 +25,7 @@ hears of each epoch, round and download through the ``on_*`` methods.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -33,11 +34,13 @@ from typing import Any
 
 import hivemind
 from hivemind.averaging.control import AveragingStage
+from hivemind.optim.grad_averager import GradientAverager, GradientAveragerFactory
 from hivemind.optim.progress_tracker import ProgressTracker
 from hivemind.optim.state_averager import TrainingStateAverager
 
-from p2ptrain.averaging.admitting import Admission, AdmittingOptimizerMixin, admitting
+from p2ptrain.averaging.admitting import Admission
 from p2ptrain.averaging.handles import looking_for_group
+from p2ptrain.averaging.hardened import HardenedGradientAverager
 from p2ptrain.averaging.paced_progress import PacedProgressTracker, withdraw_progress
 from p2ptrain.averaging.pinned import require_hivemind
 from p2ptrain.averaging.robust_progress import RobustProgressTracker
@@ -48,7 +51,7 @@ require_hivemind(__name__)
 logger = logging.getLogger(__name__)
 
 
-class HardenedOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
+class HardenedOptimizer(hivemind.Optimizer):
     """``hivemind.Optimizer`` with bounded state downloads and rounds that do not lose epochs.
 
     ``load_state_attempts`` bounds each download, ``retry_sync_after`` is the pause after one that
@@ -150,22 +153,25 @@ class HardenedOptimizer(AdmittingOptimizerMixin, hivemind.Optimizer):
         checks = self._state_checks
         if checks is None and self._admission is None:
             return super()._make_state_averager(**kwargs)
-        cls: type[TrainingStateAverager] = TrainingStateAverager
-        if checks is not None:
-            from p2ptrain.averaging.state_download import SafeTrainingStateAverager
+        from p2ptrain.averaging.state_download import SafeTrainingStateAverager
 
-            cls = SafeTrainingStateAverager
-            kwargs.update(checks)
-        if self._admission is not None:
-            cls = admitting(cls, self._admission)
         # hivemind.Optimizer names its state averager's settings in its own _make_state_averager;
         # the same settings here, for our class.
         opt: Any = self
-        return cls(dht=opt.dht, prefix=f"{opt.run_id}_state_averager", min_matchmaking_time=opt.matchmaking_time,
-                   allreduce_timeout=opt.allreduce_timeout, shutdown_timeout=opt.shutdown_timeout,
-                   offload_optimizer=opt.offload_optimizer, custom_gradients=opt.offload_optimizer,
-                   status_loglevel=opt.status_loglevel, next_chunk_timeout=opt.next_chunk_timeout,
-                   client_mode=opt.client_mode, auxiliary=opt.auxiliary, start=True, **kwargs)
+        return SafeTrainingStateAverager(
+            dht=opt.dht, prefix=f"{opt.run_id}_state_averager", min_matchmaking_time=opt.matchmaking_time,
+            allreduce_timeout=opt.allreduce_timeout, shutdown_timeout=opt.shutdown_timeout,
+            offload_optimizer=opt.offload_optimizer, custom_gradients=opt.offload_optimizer,
+            status_loglevel=opt.status_loglevel, next_chunk_timeout=opt.next_chunk_timeout,
+            client_mode=opt.client_mode, auxiliary=opt.auxiliary, start=True, admission=self._admission,
+            peer_checks=checks is not None, **(checks or {}), **kwargs)
+
+    def _make_gradient_averager(self, factory: GradientAveragerFactory | None, **kwargs: Any) -> GradientAverager:
+        """``factory`` builds one of our gradient averagers (None: ours without the peer checks); it is
+        handed the run's admission gate."""
+        if factory is None:
+            factory = functools.partial(HardenedGradientAverager, peer_checks=False)
+        return super()._make_gradient_averager(functools.partial(factory, admission=self._admission), **kwargs)
 
     # ------------------------------------------------------------------ hivemind overrides: when to download
 

@@ -44,7 +44,7 @@ import torch
 
 from p2ptrain.averaging.admitting import Admission
 from p2ptrain.averaging.compression import make_compression, wire_bytes
-from p2ptrain.averaging.diloco import averager_class
+from p2ptrain.averaging.diloco import DiLoCoAverager
 from p2ptrain.averaging.handles import DHT, awaiting_trigger, dht_time, looking_for_group
 from p2ptrain.averaging.paced_progress import withdraw_progress
 from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
@@ -131,7 +131,7 @@ class DiLoCoOptimizer(DiLoCoState):
                     "speed (%d inner steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
         #: Where the averager reports each round (how much it really averaged), checks on or off.
         self._rounds = defences.rounds if defences is not None else RoundReports()
-        checks: dict[str, Any] = dict(round_reports=self._rounds)
+        checks: dict[str, Any] = dict(round_reports=self._rounds, admission=admission, peer_checks=defences is not None)
         if defences is not None:
             self._tracker: SwarmRoundTracker | RobustRoundTracker = RobustRoundTracker(
                 dht, f"{run_id}_diloco", client_mode=client_mode, start=True, per_peer_samples=per_peer,
@@ -144,7 +144,7 @@ class DiLoCoOptimizer(DiLoCoState):
             self._tracker = SwarmRoundTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
                                               per_peer_samples=per_peer)
         # With an owned run's gate, only admitted peers are averaged with and served state.
-        self.averager = averager_class(defences is not None, admission)(
+        self.averager = DiLoCoAverager(
             self._buffers, dht, owner=self, start=True, prefix=f"{run_id}_diloco_avg", client_mode=client_mode,
             min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
             allreduce_timeout=cfg.averaging_timeout, next_chunk_timeout=cfg.averaging_timeout / 3,

@@ -12,7 +12,7 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
 
-from p2ptrain.averaging.counting import CountingGradientAverager
+from p2ptrain.averaging.diloco import DiLoCoAverager
 from p2ptrain.averaging.hardened import HardenedAverager, HardenedGradientAverager
 from p2ptrain.averaging.robust_progress import RobustProgressTracker
 from p2ptrain.averaging.state_download import SafeTrainingStateAverager
@@ -23,7 +23,6 @@ from p2ptrain.trust.peergate import PeerGate
     (HardenedAverager, hivemind.DecentralizedAverager),
     (HardenedGradientAverager, GradientAverager),
     (SafeTrainingStateAverager, TrainingStateAverager),
-    (CountingGradientAverager, GradientAverager),
 ])
 def test_hardened_averagers_speak_hivemind_wire_names_and_stream_kinds(ours, theirs):
     """hivemind names RPCs after the class and reads streaming from typing annotations: a subclass must
@@ -40,6 +39,12 @@ def test_hardened_averagers_speak_hivemind_wire_names_and_stream_kinds(ours, the
         name = handler.method_name
         assert ours._get_handle_name("run", name) == theirs._get_handle_name("run", name)
     assert ours._stub_type.__name__ == f"{ours.__name__}Stub"  # made for our class, not inherited
+
+
+def test_diloco_averagers_speak_one_wire_name_whatever_checks_a_node_runs():
+    DiLoCoAverager._collect_rpc_handlers()
+    assert DiLoCoAverager._get_handle_name("run", "rpc_join_group") == "run::_DiLoCoAverager.rpc_join_group"
+    assert len(DiLoCoAverager._rpc_handlers) == 3 and "_rpc_handlers" in DiLoCoAverager.__dict__
 
 
 def _peer(n: int) -> bytes:
@@ -161,7 +166,7 @@ def test_a_flood_of_entries_is_filtered_and_merged_before_it_is_capped():
 
 def _refusing_state_averager() -> SimpleNamespace:
     """A hardened state averager (its real load_state_from_peers) whose every download rejects a donor."""
-    averager = SimpleNamespace(last_download_rejections=[], local_epoch=0)
+    averager = SimpleNamespace(last_download_rejections=[], local_epoch=0, _peer_checks=True)
 
     def download_state(timeout: float | None = None) -> None:
         averager.last_download_rejections = [("QmLiar", "tensor 0 has NaN")]
@@ -198,7 +203,8 @@ def test_a_state_that_cannot_be_applied_is_a_warning_not_an_error(caplog):
     def broken(metadata, tensors):
         raise RuntimeError("size mismatch")
 
-    averager = SimpleNamespace(download_state=lambda timeout: StateDownload("QmDonor", {}, []), _apply=broken)
+    averager = SimpleNamespace(download_state=lambda timeout: StateDownload("QmDonor", {}, []), _apply=broken,
+                               _peer_checks=True)
     with caplog.at_level(logging.INFO, logger="p2ptrain"):
         assert SafeTrainingStateAverager.load_state_from_peers(averager) is False
     assert [r.levelno for r in caplog.records] == [logging.WARNING] and "QmDonor" in caplog.text

@@ -173,7 +173,7 @@ def test_the_optimizer_accumulates_the_automatic_inner_batch(monkeypatch) -> Non
             pass
 
     monkeypatch.setattr(diloco, "SwarmRoundTracker", Tracker)
-    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: Averager)
+    monkeypatch.setattr(diloco, "DiLoCoAverager", Averager)
     training = parse_config({"training": {"mode": "diloco"}}, "x").training
     optimizer = diloco.DiLoCoOptimizer([torch.nn.Parameter(torch.zeros(2))], None, "run", training,
                                        client_mode=False, stats=SwarmStats())
