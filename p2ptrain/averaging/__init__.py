@@ -15,9 +15,10 @@ tensor math they need (screens, robust aggregates, state checks) lives here besi
 - ``optimizer``        ``hivemind.Optimizer``'s overrides, for gradient mode
 - ``matchmaking``      group reads paced
 - ``handles``          the DHT, DHT time and where a round's control stands, for the optimizers to hold
-- ``paced_progress``   progress published about once a second; withdrawing it while paused
-- ``robust_progress``  the swarm's epoch as several peers agree on it
-- ``roundclock``       DiLoCo's round target over hivemind's progress tracker (the arithmetic: ``trust.pace``)
+- ``progress``         hivemind's progress tracker, hardened: paced reports, the robust view, DiLoCo's round target
+- ``paced_progress``   when a progress report is due: about once a second (no hivemind)
+- ``robust_progress``  the swarm's epoch as several peers agree on it (no hivemind)
+- ``roundclock``       DiLoCo's round target, by the peers' speed (no hivemind; the arithmetic: ``trust.pace``)
 - ``state_check``      a downloaded state's tensors checked before they touch the model
 - ``model_check``      a downloaded model's loss on our validation batches
 - ``state_download``   adopting a peer's state: validated, donor-aware, O(1) catch-up

@@ -6,7 +6,7 @@ scheduling loses epochs between peers of different speeds.  :class:`HardenedOpti
 (``hivemind.Optimizer`` 1.1.12 unless noted; :mod:`p2ptrain.averaging.pinned` lists them all):
 
 * ``_make_progress_tracker``, ``_make_state_averager``, ``_make_gradient_averager``: our tracker and
-  averagers (:mod:`p2ptrain.averaging.paced_progress`, :mod:`p2ptrain.averaging.hardened`) under
+  averagers (:mod:`p2ptrain.averaging.progress`, :mod:`p2ptrain.averaging.hardened`) under
   hivemind's wire names, with the peer checks or without, given an owned run's admission gate if any.
 * ``_should_load_state_from_peers`` (and its flag ``_should_check_synchronization_on_update``): no
   download for a while after one failed, nor when a peer one epoch behind can end its epoch in the
@@ -41,9 +41,8 @@ from hivemind.optim.state_averager import TrainingStateAverager
 from p2ptrain.averaging.admitting import Admission
 from p2ptrain.averaging.handles import looking_for_group
 from p2ptrain.averaging.hardened import HardenedGradientAverager
-from p2ptrain.averaging.paced_progress import PacedProgressTracker, withdraw_progress
 from p2ptrain.averaging.pinned import require_hivemind
-from p2ptrain.averaging.robust_progress import RobustProgressTracker
+from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.trust.peergate import PeerGate
 
 require_hivemind(__name__)
@@ -121,7 +120,7 @@ class HardenedOptimizer(hivemind.Optimizer):
             if control is not None and not control.done():
                 self._tag_along_with_zero_weight(control)
             setattr(self, name, None)
-        withdraw_progress(self.tracker)
+        self.tracker.withdraw()
 
     def shutdown(self) -> None:
         """Leave without waiting out a round nobody will join.
@@ -146,8 +145,8 @@ class HardenedOptimizer(hivemind.Optimizer):
         kwargs.update(dht=opt.dht, prefix=opt.run_id, target_batch_size=target_batch_size, client_mode=opt.client_mode,
                       status_loglevel=opt.status_loglevel, start=True)
         if self._tracker_gate is None:
-            return PacedProgressTracker(**kwargs)
-        return RobustProgressTracker(gate=self._tracker_gate, bound=self._tracker_bound, **kwargs)
+            return SwarmProgressTracker(**kwargs)
+        return SwarmProgressTracker(robust=True, gate=self._tracker_gate, bound=self._tracker_bound, **kwargs)
 
     def _make_state_averager(self, **kwargs: Any) -> TrainingStateAverager:
         checks = self._state_checks
@@ -304,7 +303,7 @@ class HardenedOptimizer(hivemind.Optimizer):
                     break
             self.on_download_finished(False, 0.0)
             self._last_failed_sync = time.monotonic()
-            if isinstance(self.tracker, RobustProgressTracker):
+            if getattr(self.tracker, "robust", False):
                 self.tracker.distrust_unsupported(self._retry_sync_after)
             if rejected and self.local_epoch == 0:  # once per download, however many attempts found them
                 logger.warning("every donor's state was rejected: training from this node's own initialisation")

@@ -46,10 +46,10 @@ from p2ptrain.averaging.admitting import Admission
 from p2ptrain.averaging.compression import make_compression, wire_bytes
 from p2ptrain.averaging.diloco import DiLoCoAverager
 from p2ptrain.averaging.handles import DHT, awaiting_trigger, dht_time, looking_for_group
-from p2ptrain.averaging.paced_progress import withdraw_progress
+from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
 from p2ptrain.averaging.robust_reduce import RoundReport as ReducerReport
-from p2ptrain.averaging.roundclock import RobustRoundTracker, SwarmRoundTracker
+from p2ptrain.averaging.roundclock import RoundTarget
 from p2ptrain.averaging.state_download import diloco_state_validator
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.optim.defences import Defences
@@ -133,16 +133,16 @@ class DiLoCoOptimizer(DiLoCoState):
         self._rounds = defences.rounds if defences is not None else RoundReports()
         checks: dict[str, Any] = dict(round_reports=self._rounds, admission=admission, peer_checks=defences is not None)
         if defences is not None:
-            self._tracker: SwarmRoundTracker | RobustRoundTracker = RobustRoundTracker(
-                dht, f"{run_id}_diloco", client_mode=client_mode, start=True, per_peer_samples=per_peer,
-                gate=defences.gate, bound=defences.evidence.bound_keys)
+            self._tracker: SwarmProgressTracker = SwarmProgressTracker(
+                dht, f"{run_id}_diloco", client_mode=client_mode, start=True, round_target=RoundTarget(per_peer),
+                robust=True, gate=defences.gate, bound=defences.evidence.bound_keys)
             tracker = self._tracker
             defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
             # A round's weight is its samples: a fast peer does a few times the average, never 16x.
             checks.update(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer))
         else:
-            self._tracker = SwarmRoundTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
-                                              per_peer_samples=per_peer)
+            self._tracker = SwarmProgressTracker(dht, f"{run_id}_diloco", client_mode=client_mode, start=True,
+                                                 round_target=RoundTarget(per_peer))
         # With an owned run's gate, only admitted peers are averaged with and served state.
         self.averager = DiLoCoAverager(
             self._buffers, dht, owner=self, start=True, prefix=f"{run_id}_diloco_avg", client_mode=client_mode,
@@ -182,8 +182,9 @@ class DiLoCoOptimizer(DiLoCoState):
                               round_in_flight=self._in_flight is not None and not self._in_flight.control.done())
 
     def step_aside(self) -> None:
-        """Stop being counted on while paused (see :func:`p2ptrain.averaging.paced_progress.withdraw_progress`)."""
-        withdraw_progress(self._tracker)
+        """Stop being counted on while paused (see
+        :meth:`p2ptrain.averaging.progress.SwarmProgressTracker.withdraw`)."""
+        self._tracker.withdraw()
 
     def rejoin(self) -> None:
         self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)

@@ -123,7 +123,7 @@ def test_a_nonfinite_micro_batch_anywhere_in_an_inner_batch_is_dropped_alone(mon
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.swarm_stats import SwarmStats
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", _NoSwarm)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", _NoSwarm)
     monkeypatch.setattr(diloco, "DiLoCoAverager", _NoSwarm)
     param = torch.nn.Parameter(torch.zeros(3))
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=16, inner_steps=10, lr=0.1, warmup_epochs=0)
@@ -202,7 +202,7 @@ def _two_peer_optimizer(monkeypatch, inner_batch_size: int = 8) -> tuple[Any, li
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.swarm_stats import SwarmStats
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", _TwoPeerClock)
     averagers: list[_Averager] = []
 
     def make_averager(*args: object, **kwargs: object) -> _Averager:
@@ -383,7 +383,7 @@ def _behind_optimizer(monkeypatch) -> tuple[object, _Behind, _Behind, list[int],
         made.append(_Behind(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", make)
     monkeypatch.setattr(diloco, "DiLoCoAverager", make)
     param = torch.nn.Parameter(torch.zeros(3))
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
@@ -485,7 +485,7 @@ def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_
         made.append(_Flickering(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", make)
     monkeypatch.setattr(diloco, "DiLoCoAverager", make)
     param = torch.nn.Parameter(torch.zeros(3))
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
@@ -546,7 +546,7 @@ def _no_donor_optimizer(monkeypatch, wait):
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.swarm_stats import SwarmStats
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", _NoSwarm)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", _NoSwarm)
     averagers: list[_NoDonor] = []
     monkeypatch.setattr(diloco, "DiLoCoAverager", lambda *a, **k: averagers.append(_NoDonor()) or averagers[-1])
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, load_state_attempts=3, warmup_epochs=0)
@@ -586,7 +586,7 @@ def test_without_peer_checks_a_round_s_received_share_is_still_measured(monkeypa
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.swarm_stats import SwarmStats
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", _TwoPeerClock)
     made: list[dict[str, object]] = []
 
     def make_averager(*args: object, **kwargs: object) -> _Averager:

@@ -14,7 +14,7 @@ from hivemind.p2p import PeerID
 
 from p2ptrain.averaging.diloco import DiLoCoAverager
 from p2ptrain.averaging.hardened import HardenedAverager, HardenedGradientAverager
-from p2ptrain.averaging.robust_progress import RobustProgressTracker
+from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.averaging.state_download import SafeTrainingStateAverager
 from p2ptrain.trust.peergate import PeerGate
 
@@ -69,8 +69,8 @@ def _entry(peer: int, epoch: int, samples: int = 10, rate: float = 5.0, client: 
                                   "samples_per_second": rate, "time": 1.0e12, "client_mode": client})
 
 
-def _tracker(gate: PeerGate | None = None) -> RobustProgressTracker:
-    return RobustProgressTracker(_FakeDht(), "run", 100, start=False, gate=gate)
+def _tracker(gate: PeerGate | None = None) -> SwarmProgressTracker:
+    return SwarmProgressTracker(_FakeDht(), "run", 100, start=False, robust=True, gate=gate)
 
 
 def test_one_peer_claiming_a_huge_epoch_moves_nothing_and_claims_are_bounded():
@@ -118,7 +118,7 @@ def test_with_bound_keys_only_entries_written_with_a_peers_record_key_count():
     """One process with many RSA keys can write entries in any name; only the key a peer's identity-bound
     record names speaks for that peer."""
     honest = {b"k1": str(PeerID(_peer(1))), b"k2": str(PeerID(_peer(2)))}
-    tracker = RobustProgressTracker(_FakeDht(), "run", 100, start=False, bound=lambda: honest)
+    tracker = SwarmProgressTracker(_FakeDht(), "run", 100, start=False, robust=True, bound=lambda: honest)
     tracker.local_progress = tracker._get_local_progress(10, 0)
     forged_victim = _entry(1, 5000)
     forged_victim.value["time"] = 2.0e12
@@ -140,7 +140,7 @@ def test_a_bound_peer_claiming_an_impossible_epoch_is_named_and_excluded_an_unbo
 
     liar, framed = str(PeerID(_peer(3))), str(PeerID(_peer(4)))
     gate = PeerGate()
-    tracker = RobustProgressTracker(_FakeDht(), "run", 100, start=False, gate=gate,
+    tracker = SwarmProgressTracker(_FakeDht(), "run", 100, start=False, robust=True, gate=gate,
                                     bound=lambda: {b"k1": str(PeerID(_peer(1))), b"k3": liar})
     tracker.local_progress = tracker._get_local_progress(10, 0)
     metadata = {b"k1": _entry(1, 10), b"k3": _entry(3, 2**40), b"x4": _entry(4, MAX_EPOCH + 1)}
