@@ -12,6 +12,7 @@ tensor math they need (screens, robust aggregates, state checks) lives here besi
 - ``admitting``        whether an averager may deal with a peer of an owned run (no hivemind)
 - ``groupmates``       answering groupmates' streams: not before ready, not cut off (no hivemind)
 - ``donors``           which donor's state to adopt, and whom a bad one bans (no hivemind)
+- ``donor_stream``     reading donors' streams in the averager's process, best first, each bounded
 - ``optimizer``        ``hivemind.Optimizer``'s overrides, for gradient mode
 - ``matchmaking``      group reads paced
 - ``handles``          the DHT, DHT time and where a round's control stands, for the optimizers to hold

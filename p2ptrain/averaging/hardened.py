@@ -31,18 +31,15 @@ in :mod:`p2ptrain.averaging.pinned`):
   (:mod:`p2ptrain.averaging.allreduce` or :mod:`p2ptrain.averaging.counting`) and ends in a report.
 * ``load_state_from_peers`` (node process), with the checks: donors tried one at a time through
   ``_download_state_from_donor`` (a new pipe target beside hivemind's ``_load_state_from_peers``),
-  which skips gated peers and implausible donor priorities and aborts a stream as soon as it
-  exceeds the byte bound, the tensor count or a tensor's shape.
+  which reads the donors' streams (:mod:`p2ptrain.averaging.donor_stream`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, AsyncIterator  # noqa: UP035  (hivemind's rpc_* annotations need typing's)
@@ -51,18 +48,16 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
 from hivemind.averaging.group_info import GroupInfo
-from hivemind.compression import deserialize_torch_tensor
 from hivemind.optim.grad_averager import GradientAverager
-from hivemind.p2p import P2P, P2PContext, P2PDaemonError, PeerID, ServicerBase, StubBase
+from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase, StubBase
 from hivemind.proto import averaging_pb2
 from hivemind.utils import MPFuture, get_dht_time
 from hivemind.utils.asyncio import as_aiter, azip
-from hivemind.utils.streaming import combine_from_streaming
-from hivemind.utils.timed_storage import ValueWithExpiration
 
 from p2ptrain.averaging.admitting import Admission, AdmissionCheck
 from p2ptrain.averaging.allreduce import RobustAllReduceRunner
 from p2ptrain.averaging.counting import CountingAllReduceRunner, NotAdmitted
+from p2ptrain.averaging.donor_stream import read_best_donor
 from p2ptrain.averaging.donors import StateDownload, StateDownloads
 from p2ptrain.averaging.groupmates import GroupmateService
 from p2ptrain.averaging.matchmaking import pace_group_polls
@@ -70,7 +65,6 @@ from p2ptrain.averaging.pinned import require_hivemind
 from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReport, RoundReports
 from p2ptrain.averaging.state_check import StateValidator
 from p2ptrain.trust.peergate import PeerGate
-from p2ptrain.trust.verdicts import MAX_EPOCH
 
 require_hivemind(__name__)
 
@@ -367,118 +361,10 @@ class AveragerLayer:
 
     # ------------------------------------------------------------------ state downloads (averager process)
 
-    async def _download_state_from_donor(self, future: MPFuture, timeout: float, exclude: Sequence[str],
-                                         max_priority: float | None, prefer: Sequence[str],
-                                         shapes: Sequence[Sequence[int]], max_bytes: int) -> None:
-        failures: list[tuple[str, str, str]] = []
-        try:
-            deadline = time.monotonic() + timeout
-            for peer, priority in await self._donor_candidates(set(exclude), max_priority, set(prefer)):
-                if time.monotonic() >= deadline:
-                    break
-                result = await self._read_state(peer, shapes, max_bytes, deadline)
-                if isinstance(result, tuple) and len(result) == 3:
-                    failures.append(result)
-                    continue
-                future.set_result(dict(donor=str(peer), metadata=result["metadata"], tensors=result["tensors"],
-                                       failures=failures, priority=priority))
-                return
-        except Exception as exc:
-            logger.debug("looking for a state donor failed: %r", exc, exc_info=True)
-        finally:
-            if not future.done():
-                future.set_result(dict(donor=None, failures=failures))
-
-    async def _donor_candidates(self, exclude: set[str], max_priority: float | None,
-                                prefer: set[str]) -> list[tuple[PeerID, float]]:
-        """Donors by priority (an unsigned number any peer can write: only plausible ones count)."""
-        key = f"{self._matchmaking.group_key_manager.prefix}.all_averagers"  # type: ignore[attr-defined]
-        found = await self.dht.get(key, latest=True, return_future=True)  # type: ignore[attr-defined]
-        entries = found.value if found is not None and isinstance(found.value, dict) else {}
-        ceiling = MAX_EPOCH if max_priority is None else min(MAX_EPOCH, max_priority)
-        ranked = []
-        for subkey, item in entries.items():
-            value = item.value if isinstance(item, ValueWithExpiration) else None
-            if not isinstance(subkey, bytes) or not isinstance(value, int | float) or isinstance(value, bool):
-                continue
-            if not (math.isfinite(value) and 0 <= value <= ceiling):
-                continue
-            peer = PeerID(subkey)
-            name = str(peer)
-            if peer == self.peer_id or name in exclude or self._is_gated(peer):  # type: ignore[attr-defined]
-                continue
-            ranked.append(((name in prefer, float(value), random.random()), peer))
-        return [(peer, rank[1]) for rank, peer in sorted(ranked, key=lambda item: item[0], reverse=True)]
-
-    async def _read_state(self, peer: PeerID, shapes: Sequence[Sequence[int]], max_bytes: int,
-                          deadline: float) -> dict[str, Any] | tuple[str, str, str]:
-        """One donor's stream, aborted at the first violation; a (peer, offence kind, reason) on failure."""
-        # A donor first gathers and serialises its state: give that more than a chunk's time (hivemind
-        # waits for it without a bound); each later chunk gets the averager's chunk timeout, at least 2 s.
-        chunk_timeout = max(2.0, self.next_chunk_timeout or self.request_timeout)  # type: ignore[attr-defined]
-        first_timeout = max(10.0, chunk_timeout)
-        metadata, tensors, parts, received = None, [], [], 0
-        stream = None
-        try:
-            stub = self.get_stub(self._p2p, peer, namespace=self.prefix)  # type: ignore[attr-defined]
-            stream = await asyncio.wait_for(stub.rpc_download_state(averaging_pb2.DownloadRequest()),
-                                            timeout=min(first_timeout, max(0.1, deadline - time.monotonic())))
-            async for message in _with_timeouts(stream, first_timeout, chunk_timeout):
-                received += len(message.tensor_part.buffer) + len(message.metadata)
-                if received > max_bytes:
-                    return str(peer), "bad_state", f"sent over {max_bytes} bytes"
-                if time.monotonic() > deadline:
-                    return str(peer), "", "too slow"
-                if message.metadata:
-                    if metadata is not None:
-                        return str(peer), "bad_state", "sent its metadata twice"
-                    metadata = self.serializer.loads(message.metadata)  # type: ignore[attr-defined]
-                if message.tensor_part.dtype:  # the first chunk of the next tensor
-                    if parts:
-                        tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-                        parts = []
-                    index = len(tensors)
-                    if index >= len(shapes):
-                        return str(peer), "bad_state", f"sent more than {len(shapes)} tensors"
-                    declared = list(message.tensor_part.size)
-                    if declared != list(shapes[index]):
-                        expected = list(shapes[index])
-                        return str(peer), "bad_state", f"tensor {index} has shape {declared}, expected {expected}"
-                elif not parts:
-                    if message.tensor_part.buffer:
-                        return str(peer), "bad_state", "sent tensor data without a header"
-                    continue
-                parts.append(message.tensor_part)
-            if parts:
-                tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-            if metadata is not None and len(tensors) < len(shapes):
-                return str(peer), "short_state", f"its stream ended after {len(tensors)} of {len(shapes)} tensors"
-        except (TimeoutError, ConnectionError, OSError) as exc:
-            return str(peer), "", f"{type(exc).__name__} while downloading"
-        except Exception as exc:
-            # p2p errors (peer gone, handler refused, a peer we will not dial) are weather; anything
-            # else broke in decoding.
-            weather = isinstance(exc, P2PDaemonError) or type(exc).__module__.startswith("hivemind.p2p")
-            return str(peer), "" if weather else "bad_state", f"{type(exc).__name__}: {str(exc)[:80]}"
-        finally:
-            if stream is not None:
-                with contextlib.suppress(Exception):  # closing a stream the peer already ended
-                    await stream.aclose()
-        if metadata is None:
-            return str(peer), "", "sent no state"
-        return dict(metadata=metadata, tensors=tensors)
-
-
-async def _with_timeouts(stream: AsyncIterator[Any], first: float, each: float) -> AsyncIterator[Any]:
-    """The stream's messages, the first within ``first`` seconds, every later one within ``each``."""
-    iterator, timeout = stream.__aiter__(), first
-    while True:
-        try:
-            message = await asyncio.wait_for(iterator.__anext__(), timeout=timeout)
-        except StopAsyncIteration:
-            return
-        yield message
-        timeout = each
+    async def _download_state_from_donor(self, future: MPFuture, **request: Any) -> None:
+        """The donors' streams, read in this averager's process
+        (:func:`~p2ptrain.averaging.donor_stream.read_best_donor`)."""
+        await read_best_donor(self, future, **request)
 
 
 class HardenedAverager(AveragerLayer, DecentralizedAverager):

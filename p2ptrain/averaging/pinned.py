@@ -67,7 +67,8 @@ Patched on an instance, called, or relied on (see :data:`CALLED` and :data:`ATTR
 * ``Optimizer._tag_along_with_zero_weight`` (called when the node steps aside);
 * ``AllReduceRunner._get_peer_stub`` (called by ours once a peer is admitted);
 * ``DecentralizedAverager._run_internal``: its pipe calls any averager method by name, which is how
-  ``_download_state_from_donor`` (ours) runs in the averager's process;
+  ``_download_state_from_donor`` (ours: :mod:`p2ptrain.averaging.donor_stream`) runs in the averager's
+  process;
 * hivemind's codec registry ``hivemind.compression.serialization._BASE_COMPRESSION_TYPES``, where
   ``compression`` puts its 8-bit decoder;
 * the private attributes of :data:`ATTRIBUTES`, read or written.
@@ -135,6 +136,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     _AVERAGER: ("_matchmaking", "_p2p", "_outer_pipe", "_running_groups", "_state_updated", "_averaging_alpha",
                 "next_chunk_timeout", "request_timeout", "serializer", "last_updated"),
     "hivemind.averaging.matchmaking.Matchmaking": ("group_key_manager",),
+    _SERVICER: ("_rpc_handlers", "_stub_type"),
     _OPTIMIZER: ("_should_check_synchronization_on_update", "scheduled_grads", "scheduled_state", "grad_averager",
                  "state_averager", "tracker"),
     _TRACKER: ("_local_public_key", "should_report_progress", "training_progress_key", "metadata_expiration",

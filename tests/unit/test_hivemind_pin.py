@@ -170,6 +170,7 @@ def _adapter_pairs() -> list[tuple[type, type]]:
 
 _NOT_OVERRIDES = {"__module__", "__doc__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
                   "__abstractmethods__", "_abc_impl",
+                  "_rpc_handlers", "_stub_type",  # hivemind's per-class caches (pinned.ATTRIBUTES), not methods
                   "__parameters__", "__orig_bases__", "__firstlineno__", "__static_attributes__", "rpc_name"}
 
 
