@@ -7,7 +7,7 @@ Async Local-SGD, and of hivemind's own sample-counted epochs) a round here ends 
 processed ``inner_steps x inner_batch_size`` sequences for every peer *of the fastest peer's
 speed* (:func:`p2ptrain.trust.pace.effective_peers`): a round lasts about as long as ``inner_steps``
 inner steps of the fastest peer, whoever else is in the swarm.  Every peer reports its samples and
-its rate through the progress tracker (:mod:`p2ptrain.averaging.roundclock`), every peer sees the
+its rate through the progress tracker (:mod:`p2ptrain.averaging.progress`), every peer sees the
 same swarm totals and the same estimated end time (in DHT time), and every peer stops its inner
 steps then.  The fastest peer does about
 ``inner_steps`` inner steps of ``inner_batch_size``; a slower one trains proportionally fewer
