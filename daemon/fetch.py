@@ -321,7 +321,7 @@ def last_download_source(optimizer: SwarmOptimizer) -> tuple[str, Any] | None:
     """(donor peer ID, metadata) of the state the optimizer's hardened state averager last accepted.
 
     The state averager is ``state_averager`` in gradient mode and ``averager`` in DiLoCo mode; both
-    are :class:`p2ptrain.averaging.hardened.HardenedAveragerMixin` classes, which remember the donor.
+    are :class:`p2ptrain.averaging.hardened.AveragerLayer` classes, which remember the donor.
     """
     for name in ("state_averager", "averager"):
         source = getattr(getattr(optimizer, name, None), "last_download_source", None)

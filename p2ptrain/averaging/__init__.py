@@ -5,16 +5,21 @@ hivemind's private methods are overridden here and nowhere else, next to the pin
 tensor math they need (screens, robust aggregates, state checks) lives here beside them.
 
 - ``pinned``           the hivemind version these subclasses were written against, checked at start-up
-- ``hardened``         the hardened averager: gated peers kept out, robust all-reduce, bounded downloads
+- ``hardened``         the one layer of averager overrides; the plain and gradient averagers through it
 - ``allreduce``        hivemind's all-reduce with each sender's part checked before it is mixed in
+- ``counting``         hivemind's all-reduce counting what it mixed in (without the peer checks)
 - ``robust_reduce``    the math of a robust part: screen, weight cap, robust aggregate, round reports
-- ``counting``         every round says how much of it was really averaged
-- ``admitting``        averagers that deal only with a run's admitted peers
-- ``groupmates``       answering groupmates' streams: not before ready, not cut off
-- ``matchmaking``      group reads paced, and whether a step still looks for its group
-- ``paced_progress``   progress published about once a second; withdrawing it while paused
-- ``robust_progress``  the swarm's epoch as several peers agree on it
-- ``roundclock``       DiLoCo's shared round clock over hivemind's progress tracker
+- ``admitting``        whether an averager may deal with a peer of an owned run (no hivemind)
+- ``groupmates``       answering groupmates' streams: not before ready, not cut off (no hivemind)
+- ``donors``           which donor's state to adopt, and whom a bad one bans (no hivemind)
+- ``donor_stream``     reading donors' streams in the averager's process, best first, each bounded
+- ``optimizer``        ``hivemind.Optimizer``'s overrides, for gradient mode
+- ``matchmaking``      group reads paced
+- ``handles``          the DHT, DHT time and where a round's control stands, for the optimizers to hold
+- ``progress``         hivemind's progress tracker, hardened: paced reports, the robust view, DiLoCo's round target
+- ``paced_progress``   when a progress report is due: about once a second (no hivemind)
+- ``robust_progress``  the swarm's epoch as several peers agree on it (no hivemind)
+- ``roundclock``       DiLoCo's round target, by the peers' speed (no hivemind; the arithmetic: ``trust.pace``)
 - ``state_check``      a downloaded state's tensors checked before they touch the model
 - ``model_check``      a downloaded model's loss on our validation batches
 - ``state_download``   adopting a peer's state: validated, donor-aware, O(1) catch-up

@@ -13,7 +13,8 @@ Three small subclasses of hivemind 1.1.12's all-reduce internals, each overridin
   average returned by another reducer that is not finite or moves our part implausibly far, keeps our
   own values for that reducer's share instead, and names it.
 * :class:`RobustAllReduceRunner` (``AllReduceRunner.__init__``, restated so that only our container and
-  reducer are built, ``_communicate_with_peer``, ``_accumulate_parts_streaming``) installs both, leaves
+  reducer are built, ``_communicate_with_peer``, ``_accumulate_parts_streaming``, ``_get_peer_stub``:
+  never a peer not admitted to an owned run) installs both, leaves
   gated peers out from the start (their parts
   are never awaited, their results never used), and checks each incoming part's declared shape, dtype,
   compression and size before it is deserialised.
@@ -30,10 +31,11 @@ from typing import Any
 import torch
 from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
 from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartContainer, TensorPartReducer
-from hivemind.p2p import P2P, PeerID, ServicerBase
+from hivemind.p2p import P2P, PeerID, ServicerBase, StubBase
 from hivemind.proto import averaging_pb2, runtime_pb2
 
 from p2ptrain.averaging.compression import WIRE_COMPRESSIONS
+from p2ptrain.averaging.counting import Refuse, admitted_stub
 from p2ptrain.averaging.pinned import require_hivemind
 from p2ptrain.averaging.robust_reduce import (
     PART_DTYPES,
@@ -216,7 +218,7 @@ class RobustAllReduceRunner(AllReduceRunner):
 
     def __init__(self, *, p2p: P2P, servicer_type: type[ServicerBase], prefix: str | None, group_id: bytes,
                  tensors: Sequence[torch.Tensor], ordered_peer_ids: Sequence[PeerID], peer_fractions: tuple[float, ...],
-                 rule: ReduceRule, gate: PeerGate | None, weight: float | None = None,
+                 rule: ReduceRule, gate: PeerGate | None, refuse: Refuse | None = None, weight: float | None = None,
                  modes: Sequence[AveragingMode] | None = None, sender_timeout: float | None = None,
                  reducer_timeout: float | None = None, **kwargs: Any) -> None:
         # hivemind 1.1.12's AllReduceRunner.__init__, building our container and reducer in place of
@@ -247,7 +249,7 @@ class RobustAllReduceRunner(AllReduceRunner):
         if len(self.active_senders) == len(self.sender_peer_ids):
             self.all_senders_started.set()
 
-        self.rule, self.gate = rule, gate
+        self.rule, self.gate, self._refuse = rule, gate, refuse
         #: (peer ID, offence kind, reason) of every sender or reducer refused in this round.
         self.rejections: list[tuple[str, str, str]] = []
         local_index = self.ordered_peer_ids.index(self.peer_id)
@@ -277,6 +279,9 @@ class RobustAllReduceRunner(AllReduceRunner):
         if self.gate is not None:
             # An average with NaN or inf is never honest; one that moved ours far is a judgement.
             self.gate.offend(peer, kind, reason, certain=kind == "bad_result" and "NaN" in reason)
+
+    def _get_peer_stub(self, peer: PeerID) -> StubBase:
+        return admitted_stub(self, self._refuse, peer)
 
     async def _communicate_with_peer(self, peer_id: PeerID) -> None:
         if peer_id != self.peer_id and self._gated(peer_id):

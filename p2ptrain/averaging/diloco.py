@@ -1,12 +1,10 @@
 """DiLoCo's averager: the peers' parameters averaged each round, and the outer state served to newcomers.
 
-:class:`_DiLoCoAverager` is a plain hivemind ``DecentralizedAverager`` that serves (outer params,
-outer momentum, round position); a node without the peer checks runs it as :class:`CountingDiLoCoAverager`
-(its rounds say how much they averaged: :mod:`p2ptrain.averaging.counting`), and :class:`HardenedDiLoCoAverager`
-is the same behind the peer checks (:class:`~p2ptrain.averaging.hardened.HardenedAveragerMixin`: robust
-all-reduce, gated peers kept out, validated downloads).  All speak under the wire name
-``_DiLoCoAverager`` (hivemind names every RPC after the servicer's class), so nodes with and without
-the checks still find each other.
+:class:`DiLoCoAverager` is a hivemind ``DecentralizedAverager`` through the adapter's layer
+(:class:`~p2ptrain.averaging.hardened.AveragerLayer`: an owned run's gate, the peer checks or
+hivemind's all-reduce counted, groupmates served) that serves (outer params, outer momentum, round
+position).  It speaks under the wire name ``_DiLoCoAverager`` (hivemind names every RPC after the
+servicer's class) whichever checks a node runs, so nodes with and without them still find each other.
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ from typing import Any, Protocol
 import hivemind
 import torch
 
-from p2ptrain.averaging.admitting import Admission, admitting
-from p2ptrain.averaging.counting import CountingAveragerMixin
-from p2ptrain.averaging.hardened import HardenedAveragerMixin
+from p2ptrain.averaging.hardened import AveragerLayer
 
 
 class OuterStateSource(Protocol):
@@ -28,13 +24,15 @@ class OuterStateSource(Protocol):
         """Round position and the outer tensors, called in a thread of the training process."""
         ...
 
-#: The RPC name every DiLoCo node uses, whichever class it runs.
+#: The RPC name every DiLoCo node uses, whichever checks it runs.
 WIRE_NAME = "_DiLoCoAverager"
 
 
-class _DiLoCoAverager(hivemind.DecentralizedAverager):
+class DiLoCoAverager(AveragerLayer, hivemind.DecentralizedAverager):
     """Averages the peers' parameters each round; serves (outer params, outer momentum, round
-    position) to newcomers."""
+    position) to newcomers (``owner``).  Takes the layer's keyword arguments."""
+
+    rpc_name = WIRE_NAME
 
     def __init__(self, *args: Any, owner: OuterStateSource, **kwargs: Any) -> None:
         self._owner = owner
@@ -43,21 +41,3 @@ class _DiLoCoAverager(hivemind.DecentralizedAverager):
     def get_current_state(self) -> tuple[Any, list[torch.Tensor], Any]:
         metadata, tensors = self._owner.served_state()
         return metadata, tensors, None
-
-
-class CountingDiLoCoAverager(CountingAveragerMixin, _DiLoCoAverager):
-    """DiLoCo's averager without the peer checks, its rounds reported, under the same wire name."""
-
-    rpc_name = WIRE_NAME
-
-
-class HardenedDiLoCoAverager(HardenedAveragerMixin, _DiLoCoAverager):
-    """DiLoCo's averager behind the peer checks, under the same wire name."""
-
-    rpc_name = WIRE_NAME
-
-
-def averager_class(hardened: bool, admission: Admission | None) -> type[_DiLoCoAverager]:
-    """The averager class a DiLoCo node runs: hardened or plain, behind an owned run's gate if any."""
-    cls: type[_DiLoCoAverager] = HardenedDiLoCoAverager if hardened else CountingDiLoCoAverager
-    return cls if admission is None else admitting(cls, admission)

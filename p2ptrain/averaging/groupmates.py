@@ -20,8 +20,9 @@ gets two moments of that wrong for peers of different speeds:
   A node shutting down then (``training.max_epochs``, a leave) would cut those streams.  Here
   ``shutdown`` first waits (bounded) until no stream is being served.
 
-Both waits are at most :meth:`ServeGroupmatesMixin.serve_grace` (the averager's chunk timeout):
-a groupmate gives up on a silent reducer after that anyway.
+Both waits are at most :meth:`GroupmateService.grace` (the averager's chunk timeout): a groupmate
+gives up on a silent reducer after that anyway.  :class:`GroupmateService` is that policy, free of
+hivemind; the adapter's averagers (:mod:`p2ptrain.averaging.hardened`) call it from their overrides.
 """
 
 from __future__ import annotations
@@ -32,13 +33,8 @@ import ctypes
 import logging
 import multiprocessing as mp
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, AsyncIterator  # noqa: UP035  (hivemind's rpc_* annotations need typing's)
-
-from hivemind.averaging.group_info import GroupInfo
-from hivemind.p2p import P2PContext
-from hivemind.proto import averaging_pb2
-from hivemind.utils.asyncio import achain, anext, as_aiter
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterator
+from typing import Any, TypeVar
 
 from p2ptrain.waiting import WaitTimeout, wait_until
 
@@ -50,17 +46,20 @@ DEFAULT_SERVE_GRACE = 5.0
 MAX_SERVE_GRACE = 10.0
 POLL_SECONDS = 0.02
 
+_Message = TypeVar("_Message")
 
-class ServeGroupmatesMixin:
-    """Goes before a hivemind ``DecentralizedAverager`` in the bases (after mixins that refuse calls).
 
-    ``serve_grace``: the longest either wait lasts (None: the averager's ``next_chunk_timeout``,
-    or :data:`DEFAULT_SERVE_GRACE`)."""
+class GroupmateService:
+    """How one averager serves its groupmates' streams (see the module doc).
 
-    def __init__(self, *args: Any, serve_grace: float | None = None, **kwargs: Any) -> None:
-        # Before the base class starts the averager's process: the counter is shared by the fork.
+    ``grace``: the longest either wait lasts (None: the averager's chunk timeout, or
+    :data:`DEFAULT_SERVE_GRACE`).  Create it before the averager's process forks: the count of streams
+    being served is shared with it.
+    """
+
+    def __init__(self, grace: float | None = None) -> None:
         self._serving = mp.Value(ctypes.c_int, 0)
-        self._serve_grace = serve_grace
+        self._grace = grace
         # The rest lives in the averager's process.  Groups our matchmaking assembled that are not
         # registered for all-reduce yet (our trigger has not come), by the step that assembled them;
         # how many searches for a group are under way (a follower learns its group's ID last); and
@@ -68,106 +67,92 @@ class ServeGroupmatesMixin:
         self._assembled: dict[int, set[bytes]] = {}
         self._matching = 0
         self._changed: asyncio.Event | None = None
-        super().__init__(*args, **kwargs)
 
-    def serve_grace(self) -> float:
-        if self._serve_grace is not None:
-            return max(0.0, min(self._serve_grace, MAX_SERVE_GRACE))
-        chunk_timeout = getattr(self, "next_chunk_timeout", None)
+    def grace(self, chunk_timeout: float | None) -> float:
+        """The longest wait, given the averager's chunk timeout (None or 0: none set)."""
+        if self._grace is not None:
+            return max(0.0, min(self._grace, MAX_SERVE_GRACE))
         return min(float(chunk_timeout), MAX_SERVE_GRACE) if chunk_timeout else DEFAULT_SERVE_GRACE
 
     # ------------------------------------------------------------------ parts before our trigger
 
-    async def _step(self, **kwargs: Any) -> None:
-        self._note_assembled_groups()
-        step = kwargs.get("step")
+    async def search(self, look_for_group: Callable[[Any], Awaitable[Any]], step: Any) -> Any:
+        """One search of our matchmaking (``look_for_group(step)``), noted with the group it found."""
+        self._matching += 1
+        group = None
         try:
-            await super()._step(**kwargs)  # type: ignore[misc]
+            group = await look_for_group(step)
         finally:
-            # Groups the step never registered (cancelled, failed while awaiting its trigger): a
-            # groupmate's stream for one of them stops waiting and gets hivemind's answer.
-            if self._assembled.pop(id(step), None):
-                self._notify()
-
-    def _note_assembled_groups(self) -> None:
-        """Wrap this process's matchmaking once so that every search and the group it finds are noted."""
-        matchmaking = self._matchmaking  # type: ignore[attr-defined]
-        if getattr(matchmaking, "_p2ptrain_noted", False):
-            return
-        look_for_group = matchmaking.look_for_group
-
-        async def noted_look_for_group(step: Any) -> GroupInfo | None:
-            self._matching += 1
-            group = None
-            try:
-                group = await look_for_group(step)
-            finally:
-                self._matching -= 1
-                if group is not None:
-                    self._assembled.setdefault(id(step), set()).add(group.group_id)
-                self._notify()
-            return group
-
-        matchmaking.look_for_group = noted_look_for_group
-        matchmaking._p2ptrain_noted = True
-
-    @contextlib.contextmanager
-    def _register_allreduce_group(self, group_info: GroupInfo) -> Iterator[None]:
-        with super()._register_allreduce_group(group_info):  # type: ignore[misc]
-            for groups in self._assembled.values():
-                groups.discard(group_info.group_id)
+            self._matching -= 1
+            if group is not None:
+                self._assembled.setdefault(id(step), set()).add(group.group_id)
             self._notify()
-            yield
+        return group
+
+    def step_ended(self, step: Any) -> None:
+        """Groups the step never registered (cancelled, failed while awaiting its trigger): a
+        groupmate's stream for one of them stops waiting and gets hivemind's answer."""
+        if self._assembled.pop(id(step), None):
+            self._notify()
+
+    def registered(self, group_id: bytes) -> None:
+        """The group is registered for all-reduce: streams for it need not wait any longer."""
+        for groups in self._assembled.values():
+            groups.discard(group_id)
+        self._notify()
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, None
         if changed is not None:
             changed.set()
 
-    def _settled(self, group_id: bytes) -> bool:
-        """Registered, or not about to be: no step holds it as assembled and no search may yield it."""
-        if group_id in self._running_groups:  # type: ignore[attr-defined]
+    def settled(self, group_id: bytes, running: Container[bytes]) -> bool:
+        """Registered (in ``running``), or not about to be: no step holds it as assembled and no
+        search may yield it."""
+        if group_id in running:
             return True
         return self._matching == 0 and not any(group_id in groups for groups in self._assembled.values())
 
-    async def _until_settled(self, group_id: bytes) -> None:
+    async def until_settled(self, group_id: bytes, running: Container[bytes], grace: float) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.serve_grace()
-        while not self._settled(group_id) and (left := deadline - loop.time()) > 0:
+        deadline = loop.time() + grace
+        while not self.settled(group_id, running) and (left := deadline - loop.time()) > 0:
             if self._changed is None:
                 self._changed = asyncio.Event()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
 
-    # hivemind reads these annotations (typing's AsyncIterator) to tell a streaming RPC.
-    async def rpc_aggregate_part(self, stream: AsyncIterator[averaging_pb2.AveragingData],
-                                 context: P2PContext) -> AsyncIterator[averaging_pb2.AveragingData]:
-        self._count_serving(+1)
-        try:
-            request = await anext(stream)
-            await self._until_settled(request.group_id)
-            async for message in super().rpc_aggregate_part(  # type: ignore[misc]
-                    achain(as_aiter(request), stream), context):
+    async def serve(self, stream: AsyncIterator[_Message], group_of: Callable[[_Message], bytes],
+                    running: Container[bytes], grace: float,
+                    answer: Callable[[AsyncIterator[_Message]], AsyncIterator[Any]]) -> AsyncIterator[Any]:
+        """A groupmate's stream, answered by ``answer`` once its group (``group_of`` its first message)
+        is settled, and counted as served until it ends."""
+        with self.serving():
+            first = await stream.__anext__()
+            await self.until_settled(group_of(first), running, grace)
+            async for message in answer(_prepend(first, stream)):
                 yield message
-        finally:
-            self._count_serving(-1)
 
     # ------------------------------------------------------------------ leaving
 
     @property
     def streams_serving(self) -> int:
-        """The all-reduce streams this averager is answering right now (read from any process)."""
+        """The all-reduce streams the averager is answering right now (read from any process)."""
         return int(self._serving.value)
 
-    def _count_serving(self, change: int) -> None:
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        self._count(+1)
+        try:
+            yield
+        finally:
+            self._count(-1)
+
+    def _count(self, change: int) -> None:
         with self._serving.get_lock():
             self._serving.value += change
 
-    def shutdown(self) -> None:
-        self.finish_serving()
-        super().shutdown()  # type: ignore[misc]
-
-    def finish_serving(self, sleep: Callable[[float], None] = time.sleep,
+    def finish_serving(self, grace: float, sleep: Callable[[float], None] = time.sleep,
                        clock: Callable[[], float] = time.monotonic) -> float:
         """Wait (bounded) until no groupmate is still reading averages from us; returns the seconds waited."""
         in_flight = self.streams_serving
@@ -175,7 +160,7 @@ class ServeGroupmatesMixin:
             return 0.0
         started = clock()
         with contextlib.suppress(WaitTimeout):
-            wait_until(lambda: self.streams_serving <= 0, self.serve_grace(), "groupmate reading our averages",
+            wait_until(lambda: self.streams_serving <= 0, grace, "groupmate reading our averages",
                        POLL_SECONDS, clock=clock, sleep=sleep)
         waited = clock() - started
         if self.streams_serving > 0:
@@ -184,3 +169,9 @@ class ServeGroupmatesMixin:
         else:
             logger.info("waited %.2f s for %d groupmates to read this round's averages", waited, in_flight)
         return waited
+
+
+async def _prepend(first: _Message, rest: AsyncIterator[_Message]) -> AsyncIterator[_Message]:
+    yield first
+    async for message in rest:
+        yield message

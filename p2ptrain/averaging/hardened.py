@@ -1,113 +1,180 @@
-"""A hardened hivemind averager: gated peers kept out, robust all-reduce, bounded donor-aware downloads.
+"""The one layer of overrides over hivemind's averagers, and the hardened plain and gradient averagers.
 
-:class:`HardenedAveragerMixin` goes first in the bases of any hivemind 1.1.12 ``DecentralizedAverager``
-subclass.  It overrides (in the averager's forked process unless noted):
+hivemind's ``GradientAverager`` and ``TrainingStateAverager`` are ``DecentralizedAverager`` s, so the
+overrides every averager of ours needs live in one class, :class:`AveragerLayer`, put first in the bases
+of one subclass per hivemind class (:class:`HardenedAverager`, :class:`HardenedGradientAverager`,
+:class:`p2ptrain.averaging.state_download.SafeTrainingStateAverager`,
+:class:`p2ptrain.averaging.diloco.DiLoCoAverager`).  What the overrides decide comes from policy objects
+given to the constructor, each tested without hivemind:
 
-* ``rpc_join_group``, ``rpc_aggregate_part``, ``rpc_download_state``: a gated peer (banned, or not
-  admitted to the run) is refused: never a follower in our groups, never reduced; a peer not admitted
-  is never served state either (a banned one is: see ``rpc_download_state``).
-* ``_step``: once per process, hivemind's matchmaking is told never to ask a gated peer to lead us.
-* ``_make_runner`` (of :class:`p2ptrain.averaging.counting.CountingAveragerMixin`, which restates hivemind's
-  ``_run_allreduce_inplace_`` and reports every round to :class:`RoundReports`): every round runs
-  through :class:`p2ptrain.averaging.allreduce.RobustAllReduceRunner`.
-* ``load_state_from_peers`` (node process): donors are tried one at a time through
-  ``_download_state_from_donor`` (a new pipe target replacing ``_load_state_from_peers``), which skips
-  gated peers and implausible donor priorities and aborts a stream as soon as it exceeds the byte bound,
-  the tensor count or a tensor's shape; each state is then validated, a bad donor is banned and the next
-  one tried (a state refused on an unconfirmed judgement, e.g. a model scoring worse than ours,
-  bans nobody: in a loss spike every honest donor's does).  It returns ``(metadata, tensors)`` or
-  None, and never raises.
+* an owned run's admission (:class:`~p2ptrain.averaging.admitting.AdmissionCheck`; None for open runs),
+* the peer gate and the per-sender checks of a robust all-reduce (:class:`~p2ptrain.trust.peergate.PeerGate`,
+  :class:`~p2ptrain.averaging.robust_reduce.ReduceRule`; ``peer_checks=False``: hivemind's all-reduce, counted),
+* round reports (:class:`~p2ptrain.averaging.robust_reduce.RoundReports`),
+* serving groupmates (:class:`~p2ptrain.averaging.groupmates.GroupmateService`),
+* validated state downloads (:class:`~p2ptrain.averaging.donors.StateDownloads`).
+
+It overrides (hivemind 1.1.12, in the averager's forked process unless noted; every one is listed
+in :mod:`p2ptrain.averaging.pinned`):
+
+* ``_get_handle_name``, ``_collect_rpc_handlers``: the hivemind class's wire names (``rpc_name``),
+  so nodes with and without our classes still find each other.
+* ``rpc_join_group``, ``rpc_aggregate_part``, ``rpc_download_state``: a peer not admitted to the run,
+  or gated (banned), is refused (a banned one is still served state: see ``rpc_download_state``); a
+  groupmate's parts wait (bounded) for our own trigger, and are counted while served.
+* ``get_stub`` (on an instance only; node process too): never dial a peer not admitted.
+* ``_step``: matchmaking's group reads paced (:mod:`p2ptrain.averaging.matchmaking`), a gated or
+  non-admitted peer never asked to lead us (``Matchmaking._request_join_group``, wrapped), every
+  search noted (``Matchmaking.look_for_group``, wrapped).
+* ``_register_allreduce_group``, ``shutdown`` (node process): groupmates served, not cut off.
+* ``_run_allreduce_inplace_`` (restated from hivemind's): every round runs through our runner
+  (:mod:`p2ptrain.averaging.allreduce` or :mod:`p2ptrain.averaging.counting`) and ends in a report.
+* ``load_state_from_peers`` (node process), with the checks: donors tried one at a time through
+  ``_download_state_from_donor`` (a new pipe target beside hivemind's ``_load_state_from_peers``),
+  which reads the donors' streams (:mod:`p2ptrain.averaging.donor_stream`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import logging
 import math
-import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, AsyncIterator  # noqa: UP035  (hivemind's rpc_* annotations need typing's)
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, ClassVar  # noqa: UP035  (hivemind's rpc_* annotations need typing's)
 
 import torch
 from hivemind.averaging import DecentralizedAverager
-from hivemind.compression import deserialize_torch_tensor
+from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
+from hivemind.averaging.group_info import GroupInfo
 from hivemind.optim.grad_averager import GradientAverager
-from hivemind.p2p import P2PContext, P2PDaemonError, PeerID
+from hivemind.p2p import P2P, P2PContext, PeerID, ServicerBase, StubBase
 from hivemind.proto import averaging_pb2
-from hivemind.utils import MPFuture
-from hivemind.utils.streaming import combine_from_streaming
-from hivemind.utils.timed_storage import ValueWithExpiration
+from hivemind.utils import MPFuture, get_dht_time
+from hivemind.utils.asyncio import as_aiter, azip
 
+from p2ptrain.averaging.admitting import Admission, AdmissionCheck
 from p2ptrain.averaging.allreduce import RobustAllReduceRunner
-from p2ptrain.averaging.counting import CountingAveragerMixin
+from p2ptrain.averaging.counting import CountingAllReduceRunner, NotAdmitted
+from p2ptrain.averaging.donor_stream import read_best_donor
+from p2ptrain.averaging.donors import StateDownload, StateDownloads
+from p2ptrain.averaging.groupmates import GroupmateService
+from p2ptrain.averaging.matchmaking import pace_group_polls
 from p2ptrain.averaging.pinned import require_hivemind
-from p2ptrain.averaging.robust_reduce import ReduceRule, RoundReports
+from p2ptrain.averaging.robust_reduce import AllReduceReport, ReduceRule, RoundReports
 from p2ptrain.averaging.state_check import StateValidator
-from p2ptrain.dhtkeys import all_averagers_key
 from p2ptrain.trust.peergate import PeerGate
-from p2ptrain.trust.verdicts import MAX_EPOCH, Verdict, advertised_epoch
 
 require_hivemind(__name__)
 
 logger = logging.getLogger(__name__)
 
-#: Verdicts that compare a donor with what other peers report: banned for a while, not for good.
-_JUDGEMENTS = frozenset({"implausible_epoch", "bad_model", "short_state"})
+__all__ = ["AveragerLayer", "HardenedAverager", "HardenedGradientAverager", "NotAdmitted", "StateDownload"]
+
+_HIVEMIND_AVERAGER_LOGGER = "hivemind.averaging.averager"
 
 
-@dataclass(frozen=True)
-class StateDownload:
-    """A state that passed every check, and the peer it came from."""
+class _DropNotAdmitted(logging.Filter):
+    """hivemind logs a failed state download from a donor with a traceback; a donor we skipped on
+    purpose is already logged by us in one line."""
 
-    donor: str
-    metadata: Any
-    tensors: list[torch.Tensor]
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], NotAdmitted))
 
 
-class HardenedAveragerMixin(CountingAveragerMixin):
-    """Put first in the bases of a hivemind ``DecentralizedAverager`` subclass (see the module doc);
-    ``rpc_name`` keeps the hivemind class's wire name (see :class:`CountingAveragerMixin`).
+@functools.cache
+def _quiet_hivemind() -> None:
+    logging.getLogger(_HIVEMIND_AVERAGER_LOGGER).addFilter(_DropNotAdmitted())
 
-    ``gate``, ``reduce_rule`` and ``round_reports`` must be created before the averager (they are
-    shared with its forked process).  ``state_validator`` is required to download state;
-    ``max_donor_priority`` bounds the epoch a donor may advertise (e.g. the robust global epoch + 2);
-    ``known_peers`` lists peers seen training, tried first as donors.  A donor whose state is malformed
-    (its own doing, whatever anyone else says) is banned for ``state_ban_seconds``; one rejected on a
-    judgement against other peers' reports (an implausible epoch, a poor model) for ``judgement_ban_seconds``,
-    since those reports may themselves be forged.
+
+class _AdmittedStubs:
+    """``get_stub``: hivemind's classmethod when called on the class (matchmaking and the all-reduce
+    runner do: :class:`AveragerLayer` checks their peers itself); on an averager with an admission gate,
+    a refusal first (hivemind's own state download dials donors through the instance)."""
+
+    def __get__(self, instance: Any, owner: type) -> Callable[..., StubBase]:
+        plain = ServicerBase.__dict__["get_stub"].__get__(None, owner)
+        admission: AdmissionCheck | None = getattr(instance, "_admission", None) if instance is not None else None
+        if admission is None:
+            return plain
+
+        def get_stub(p2p: P2P, peer: PeerID, *, namespace: str | None = None) -> StubBase:
+            if admission.refuses(peer, "contact"):
+                raise NotAdmitted(f"peer {peer} is not admitted to this run")
+            return plain(p2p, peer, namespace=namespace)
+
+        return get_stub
+
+
+class AveragerLayer:
+    """Put first in the bases of a hivemind ``DecentralizedAverager`` subclass (see the module doc).
+
+    ``rpc_name``: the wire name of the hivemind class it replaces (None: the class's own name).
+    ``admission``: an owned run's gate (None: an open run).  ``peer_checks``: the gate (``gate``),
+    a robust all-reduce (``reduce_rule``) and validated downloads (``state_validator``, ``max_donors``,
+    the ban times; ``max_donor_priority`` bounds the epoch a donor may advertise, ``known_peers`` are
+    tried first); without them hivemind's all-reduce (counted) and downloads.  ``round_reports`` and
+    ``gate`` must be created before the averager: they are shared with its forked process.
     """
 
-    _gate: PeerGate | None
+    _rpc_handlers: ClassVar[Any]  # hivemind's ServicerBase cache (declared only: see _collect_rpc_handlers)
 
-    def __init__(self, *args: Any, gate: PeerGate | None = None, reduce_rule: ReduceRule | None = None,
+    rpc_name: str | None = None
+    get_stub = _AdmittedStubs()
+
+    def __init__(self, *args: Any, admission: Admission | None = None, peer_checks: bool = True,
+                 gate: PeerGate | None = None, reduce_rule: ReduceRule | None = None,
                  round_reports: RoundReports | None = None, state_validator: StateValidator | None = None,
                  max_donors: int = 4, state_ban_seconds: float = math.inf,
                  judgement_ban_seconds: float | None = None,
                  max_donor_priority: Callable[[], float | None] | None = None,
-                 known_peers: Callable[[], Sequence[str]] | None = None, **kwargs: Any) -> None:
-        self._gate, self._reduce_rule = gate, reduce_rule or ReduceRule()
-        self.state_validator = state_validator
-        self._max_donors, self._state_ban_seconds = max_donors, state_ban_seconds
-        self._judgement_ban_seconds = judgement_ban_seconds
+                 known_peers: Callable[[], Sequence[str]] | None = None,
+                 serve_grace: float | None = None, **kwargs: Any) -> None:
+        if not peer_checks and gate is not None:
+            raise ValueError("a peer gate needs the peer checks")
+        self._admission = AdmissionCheck(admission) if admission is not None else None
+        if admission is not None:
+            _quiet_hivemind()
+        self._peer_checks, self._gate = peer_checks, gate
+        self._reduce_rule = reduce_rule or ReduceRule()
+        self._round_reports = round_reports
+        self._downloads = StateDownloads(gate, validator=state_validator, max_donors=max_donors,
+                                         state_ban_seconds=state_ban_seconds,
+                                         judgement_ban_seconds=judgement_ban_seconds) if peer_checks else None
         self._max_donor_priority, self._known_peers = max_donor_priority, known_peers
-        #: What the last download attempt rejected: (peer ID, reason); how many of them were offences,
-        #: and how many were refused on an unconfirmed judgement (nobody blamed).
-        self.last_download_rejections: list[tuple[str, str]] = []
-        self._lied = self._unconfirmed = 0
-        #: Where the state that passed the last download's checks came from: (donor peer ID, its metadata).
-        self.last_download_source: tuple[str, Any] | None = None
-        super().__init__(*args, round_reports=round_reports, **kwargs)
+        # Before the base class starts the averager's process: the count of streams served is shared.
+        self._groupmates = GroupmateService(serve_grace)
+        super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------------------------ wire names
+
+    @classmethod
+    def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
+        handle = f"{cls.rpc_name or cls.__name__}.{method_name}"
+        return handle if namespace is None else f"{namespace}::{handle}"
+
+    @classmethod
+    def _collect_rpc_handlers(cls) -> None:
+        # hivemind caches handlers and stubs in a class attribute that subclasses inherit: a stub made
+        # for a parent class would call the parent's RPC names.  Each of our classes makes its own.
+        if "_rpc_handlers" not in cls.__dict__:
+            cls._rpc_handlers = None
+        super()._collect_rpc_handlers()  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ who may talk to us
+
+    def _refuses(self, peer: Any, what: str) -> bool:
+        return self._admission is not None and self._admission.refuses(peer, what)
 
     def _is_gated(self, peer: Any) -> bool:
         return self._gate is not None and self._gate.is_gated(peer)
 
-    # ------------------------------------------------------------------ who may talk to us
-
     async def rpc_join_group(self, request: averaging_pb2.JoinRequest,
                              context: P2PContext) -> AsyncIterator[averaging_pb2.MessageFromLeader]:
+        if self._refuses(context.remote_id, "take into an averaging group"):
+            yield averaging_pb2.MessageFromLeader(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
+            return
         if self._is_gated(context.remote_id):
             yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
             return
@@ -116,14 +183,22 @@ class HardenedAveragerMixin(CountingAveragerMixin):
 
     async def rpc_aggregate_part(self, stream: AsyncIterator[averaging_pb2.AveragingData],
                                  context: P2PContext) -> AsyncIterator[averaging_pb2.AveragingData]:
+        if self._refuses(context.remote_id, "average with"):
+            yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+            return
         if self._is_gated(context.remote_id):
             yield averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
             return
-        async for message in super().rpc_aggregate_part(stream, context):
+        answer = super().rpc_aggregate_part  # type: ignore[misc]
+        async for message in self._groupmates.serve(
+                stream, lambda request: request.group_id, self._running_groups,  # type: ignore[attr-defined]
+                self.serve_grace(), lambda parts: answer(parts, context)):
             yield message
 
     async def rpc_download_state(self, request: averaging_pb2.DownloadRequest,
                                  context: P2PContext) -> AsyncIterator[averaging_pb2.DownloadData]:
+        if self._refuses(context.remote_id, "serve state to"):
+            return  # what hivemind answers when sharing is off: the caller asks the next donor
         # Peers not admitted to the run are never served.  A *banned* peer still is: the usual honest
         # reason for a ban is a peer that drifted (its parameters far from ours), and it can only
         # recover by downloading; serving it costs upload that any unbanned peer could cost us anyway.
@@ -132,93 +207,148 @@ class HardenedAveragerMixin(CountingAveragerMixin):
         async for message in super().rpc_download_state(request, context):  # type: ignore[misc]
             yield message
 
-    async def _step(self, **kwargs: Any) -> None:
-        self._filter_leaders()
-        await super()._step(**kwargs)
+    # ------------------------------------------------------------------ matchmaking
 
-    def _filter_leaders(self) -> None:
-        """Wrap this process's matchmaking so that a gated peer is never asked to lead our group."""
+    async def _step(self, **kwargs: Any) -> None:
         matchmaking = self._matchmaking  # type: ignore[attr-defined]
-        if self._gate is None or getattr(matchmaking, "_p2ptrain_gated", False):
+        pace_group_polls(matchmaking)
+        self._wrap_matchmaking(matchmaking)
+        try:
+            await super()._step(**kwargs)  # type: ignore[misc]
+        finally:
+            self._groupmates.step_ended(kwargs.get("step"))
+
+    def _wrap_matchmaking(self, matchmaking: Any) -> None:
+        """Once per process: a gated or non-admitted peer is never asked to lead our group, and every
+        search and the group it finds are noted for serving groupmates."""
+        if getattr(matchmaking, "_p2ptrain_wrapped", False):
             return
-        ask, gate = matchmaking._request_join_group, self._gate
+        ask, look_for_group = matchmaking._request_join_group, matchmaking.look_for_group
 
         async def request_join_group(leader: PeerID) -> Any:
-            return None if gate.is_gated(leader) else await ask(leader)
+            if self._is_gated(leader) or self._refuses(leader, "contact"):
+                return None
+            return await ask(leader)
+
+        async def noted_look_for_group(step: Any) -> GroupInfo | None:
+            return await self._groupmates.search(look_for_group, step)
 
         matchmaking._request_join_group = request_join_group
-        matchmaking._p2ptrain_gated = True
+        matchmaking.look_for_group = noted_look_for_group
+        matchmaking._p2ptrain_wrapped = True
+
+    # ------------------------------------------------------------------ serving groupmates
+
+    def serve_grace(self) -> float:
+        """The longest a groupmate's stream waits for our trigger, and our shutdown for its readers."""
+        return self._groupmates.grace(getattr(self, "next_chunk_timeout", None))
+
+    @property
+    def streams_serving(self) -> int:
+        """The all-reduce streams this averager is answering right now (read from any process)."""
+        return self._groupmates.streams_serving
+
+    @contextlib.contextmanager
+    def _register_allreduce_group(self, group_info: GroupInfo) -> Iterator[None]:
+        with super()._register_allreduce_group(group_info):  # type: ignore[misc]
+            self._groupmates.registered(group_info.group_id)
+            yield
+
+    def finish_serving(self, sleep: Callable[[float], None] = time.sleep,
+                       clock: Callable[[], float] = time.monotonic) -> float:
+        """Wait (bounded) until no groupmate is still reading averages from us; returns the seconds waited."""
+        return self._groupmates.finish_serving(self.serve_grace(), sleep=sleep, clock=clock)
+
+    def shutdown(self) -> None:
+        self.finish_serving()
+        super().shutdown()  # type: ignore[misc]
 
     # ------------------------------------------------------------------ the all-reduce
 
-    def _make_runner(self, **kwargs: Any) -> RobustAllReduceRunner:
-        return RobustAllReduceRunner(rule=self._reduce_rule, gate=self._gate, **kwargs)
+    def _make_runner(self, **kwargs: Any) -> AllReduceRunner:
+        """The runner of one round (``kwargs``: what hivemind gives its ``AllReduceRunner``)."""
+        refuse = functools.partial(self._refuses, what="contact") if self._admission is not None else None
+        if not self._peer_checks:
+            return CountingAllReduceRunner(refuse=refuse, **kwargs)
+        return RobustAllReduceRunner(rule=self._reduce_rule, gate=self._gate, refuse=refuse, **kwargs)
+
+    async def _run_allreduce_inplace_(self, tensors: Sequence[torch.Tensor], group_info: GroupInfo,
+                                      group_id: bytes | None = None, **kwargs: Any) -> None:
+        # hivemind 1.1.12's DecentralizedAverager._run_allreduce_inplace_ with our runner and a report.
+        group_id = group_info.group_id if group_id is None else group_id
+        runner = self._make_runner(
+            p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors,  # type: ignore[attr-defined]
+            group_id=group_id, ordered_peer_ids=group_info.peer_ids, **kwargs)
+        assert group_id in self._running_groups, f"group {group_id!r} was not registered"  # type: ignore[attr-defined]
+        self._running_groups[group_id].set_result(runner)  # type: ignore[attr-defined]
+        ok = False
+        try:
+            if runner.modes[group_info.peer_ids.index(self.peer_id)] != AveragingMode.AUX:  # type: ignore[attr-defined]
+                async for tensor, update in azip(as_aiter(*tensors), runner):
+                    tensor.add_(update, alpha=self._averaging_alpha)  # type: ignore[attr-defined]
+                    self.last_updated = get_dht_time()
+                # hivemind sets this per tensor: each set re-declares this peer as a state donor (a
+                # DHT store sent to every peer), one per averaged tensor every round.  Once per round
+                # says the same.
+                self._state_updated.set()  # type: ignore[attr-defined]
+            else:
+                async for _ in runner:
+                    raise ValueError("aux peers should not receive averaged tensors")
+            ok = True
+        finally:
+            self._report_round(runner, group_info, ok)
+
+    def _report_round(self, runner: Any, group_info: GroupInfo, ok: bool) -> None:
+        if self._round_reports is None:
+            return
+        reducer, container = runner.tensor_part_reducer, runner.tensor_part_container
+        self._round_reports.put(AllReduceReport(
+            averager=self.prefix, group_size=len(group_info.peer_ids),  # type: ignore[attr-defined]
+            peers=tuple(str(peer) for peer in group_info.peer_ids),
+            senders=len(runner.sender_peer_ids),
+            contributions_expected=reducer.num_parts * len(runner.sender_peer_ids),
+            contributions_received=reducer.contributions_accepted,
+            results_expected=container.total_size, results_received=container.total_size - container.failed_size,
+            rejected=tuple(runner.rejections), clipped=reducer.clipped, ok=ok, finished_at=time.time(),
+            # Each accepted sender's weight as the reduce rule capped it: what this round vouches for.
+            weights=tuple((str(runner.sender_peer_ids[index]), float(weight))
+                          for index, weight in getattr(reducer, "weights", {}).items())))
 
     # ------------------------------------------------------------------ state downloads (node process)
 
-    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None) -> Any:
-        """A validated ``(metadata, tensors)`` from the best donor that passes every check, or None.
+    @property
+    def state_validator(self) -> StateValidator | None:
+        return self._downloads.validator if self._downloads is not None else None
 
-        Blocks (``wait`` is accepted for hivemind's signature only) and never raises."""
+    @state_validator.setter
+    def state_validator(self, validator: StateValidator | None) -> None:
+        if self._downloads is not None:
+            self._downloads.validator = validator
+
+    @property
+    def last_download_rejections(self) -> list[tuple[str, str]]:
+        """What the last download attempt rejected: (peer ID, reason)."""
+        return self._downloads.rejections if self._downloads is not None else []
+
+    @property
+    def last_download_source(self) -> tuple[str, Any] | None:
+        """Where the state that passed the last download's checks came from: (donor peer ID, its metadata)."""
+        return self._downloads.source if self._downloads is not None else None
+
+    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None) -> Any:
+        """With the peer checks: a validated ``(metadata, tensors)`` from the best donor that passes every
+        check, or None; it blocks (``wait`` is accepted for hivemind's signature only) and never raises.
+        Without them, hivemind's download."""
+        if self._downloads is None:
+            return super().load_state_from_peers(wait=wait, timeout=timeout)  # type: ignore[misc]
         download = self.download_state(timeout)
         return None if download is None else (download.metadata, download.tensors)
 
     def download_state(self, timeout: float | None = None) -> StateDownload | None:
         """Try donors one at a time until one's state passes the validator; ban the ones that lie."""
-        self.last_download_rejections = []
-        self._lied = self._unconfirmed = 0
-        self.last_download_source = None
-        validator = self.state_validator
-        if validator is None:
-            logger.warning("%s has no state validator: not downloading state", type(self).__name__)
+        if self._downloads is None:
             return None
-        deadline = time.monotonic() + (timeout if timeout is not None else 300.0)
-        tried: set[str] = set()
-        for _ in range(self._max_donors):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            reply = self._ask_for_state(tried, validator, remaining)
-            if reply is None:
-                break
-            for peer, kind, reason in reply["failures"]:
-                tried.add(peer)
-                self._reject(peer, Verdict(False, reason, kind))
-            donor = reply.get("donor")
-            if donor is None:
-                break
-            tried.add(donor)
-            verdict = advertised_epoch(reply["metadata"], reply.get("priority"))
-            if verdict.ok:
-                verdict = validator(reply["metadata"], reply["tensors"], donor)
-            if verdict.ok:
-                logger.info("state from %s passed every check", donor)
-                self.last_download_source = (donor, reply["metadata"])
-                return StateDownload(donor, reply["metadata"], list(reply["tensors"]))
-            self._reject(donor, verdict)
-        if self.last_download_rejections:
-            lied, unconfirmed = self._lied, self._unconfirmed
-            unsure = f"; {unconfirmed} refused as worse than the reference, nobody blamed" if unconfirmed else ""
-            logger.log(logging.WARNING if lied else logging.INFO, "no usable state among %d donor(s)%s%s; keeping "
-                       "our own", len(self.last_download_rejections), f" ({lied} rejected as bad)" if lied else "",
-                       unsure)
-        return None
-
-    def _reject(self, peer: str, verdict: Verdict) -> None:
-        self.last_download_rejections.append((peer, verdict.reason))
-        if verdict.unconfirmed:  # refused on a view, not a fact: nobody blamed
-            self._unconfirmed += 1
-            logger.info("not adopting the state of %s: %s (not blamed: a view, not a fact)", peer, verdict.reason)
-            return
-        self._lied += bool(verdict.kind)
-        if verdict.kind and self._gate is not None:
-            judged = verdict.kind in _JUDGEMENTS
-            self._gate.offend(peer, verdict.kind, verdict.reason,
-                              ban_seconds=self._judgement_ban_seconds if judged else self._state_ban_seconds)
-        elif verdict.kind:
-            logger.warning("peer %s: %s (%s)", peer, verdict.kind, verdict.reason)
-        else:
-            logger.info("not adopting the state of %s: %s", peer, verdict.reason)
+        return self._downloads.download(self._ask_for_state, timeout, what=type(self).__name__)
 
     def _ask_for_state(self, tried: set[str], validator: StateValidator, timeout: float) -> dict[str, Any] | None:
         future: MPFuture = MPFuture()
@@ -236,132 +366,26 @@ class HardenedAveragerMixin(CountingAveragerMixin):
 
     # ------------------------------------------------------------------ state downloads (averager process)
 
-    async def _download_state_from_donor(self, future: MPFuture, timeout: float, exclude: Sequence[str],
-                                         max_priority: float | None, prefer: Sequence[str],
-                                         shapes: Sequence[Sequence[int]], max_bytes: int) -> None:
-        failures: list[tuple[str, str, str]] = []
-        try:
-            deadline = time.monotonic() + timeout
-            for peer, priority in await self._donor_candidates(set(exclude), max_priority, set(prefer)):
-                if time.monotonic() >= deadline:
-                    break
-                result = await self._read_state(peer, shapes, max_bytes, deadline)
-                if isinstance(result, tuple) and len(result) == 3:
-                    failures.append(result)
-                    continue
-                future.set_result(dict(donor=str(peer), metadata=result["metadata"], tensors=result["tensors"],
-                                       failures=failures, priority=priority))
-                return
-        except Exception as exc:
-            logger.debug("looking for a state donor failed: %r", exc, exc_info=True)
-        finally:
-            if not future.done():
-                future.set_result(dict(donor=None, failures=failures))
-
-    async def _donor_candidates(self, exclude: set[str], max_priority: float | None,
-                                prefer: set[str]) -> list[tuple[PeerID, float]]:
-        """Donors by priority (an unsigned number any peer can write: only plausible ones count)."""
-        key = all_averagers_key(self._matchmaking.group_key_manager.prefix)  # type: ignore[attr-defined]
-        found = await self.dht.get(key, latest=True, return_future=True)  # type: ignore[attr-defined]
-        entries = found.value if found is not None and isinstance(found.value, dict) else {}
-        ceiling = MAX_EPOCH if max_priority is None else min(MAX_EPOCH, max_priority)
-        ranked = []
-        for subkey, item in entries.items():
-            value = item.value if isinstance(item, ValueWithExpiration) else None
-            if not isinstance(subkey, bytes) or not isinstance(value, int | float) or isinstance(value, bool):
-                continue
-            if not (math.isfinite(value) and 0 <= value <= ceiling):
-                continue
-            peer = PeerID(subkey)
-            name = str(peer)
-            if peer == self.peer_id or name in exclude or self._is_gated(peer):  # type: ignore[attr-defined]
-                continue
-            ranked.append(((name in prefer, float(value), random.random()), peer))
-        return [(peer, rank[1]) for rank, peer in sorted(ranked, key=lambda item: item[0], reverse=True)]
-
-    async def _read_state(self, peer: PeerID, shapes: Sequence[Sequence[int]], max_bytes: int,
-                          deadline: float) -> dict[str, Any] | tuple[str, str, str]:
-        """One donor's stream, aborted at the first violation; a (peer, offence kind, reason) on failure."""
-        # A donor first gathers and serialises its state: give that more than a chunk's time (hivemind
-        # waits for it without a bound); each later chunk gets the averager's chunk timeout, at least 2 s.
-        chunk_timeout = max(2.0, self.next_chunk_timeout or self.request_timeout)  # type: ignore[attr-defined]
-        first_timeout = max(10.0, chunk_timeout)
-        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)  # type: ignore[attr-defined]
-        metadata, tensors, received = None, [], 0
-        parts: list[Any] = []  # the chunks of the tensor being received
-        stream = None
-        try:
-            stream = await asyncio.wait_for(stub.rpc_download_state(averaging_pb2.DownloadRequest()),
-                                            timeout=min(first_timeout, max(0.1, deadline - time.monotonic())))
-            async for message in _with_timeouts(stream, first_timeout, chunk_timeout):
-                received += len(message.tensor_part.buffer) + len(message.metadata)
-                if received > max_bytes:
-                    return str(peer), "bad_state", f"sent over {max_bytes} bytes"
-                if time.monotonic() > deadline:
-                    return str(peer), "", "too slow"
-                if message.metadata:
-                    if metadata is not None:
-                        return str(peer), "bad_state", "sent its metadata twice"
-                    metadata = self.serializer.loads(message.metadata)  # type: ignore[attr-defined]
-                if message.tensor_part.dtype:  # the first chunk of the next tensor
-                    if parts:
-                        tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-                        parts = []
-                    index = len(tensors)
-                    if index >= len(shapes):
-                        return str(peer), "bad_state", f"sent more than {len(shapes)} tensors"
-                    declared = list(message.tensor_part.size)
-                    if declared != list(shapes[index]):
-                        expected = list(shapes[index])
-                        return str(peer), "bad_state", f"tensor {index} has shape {declared}, expected {expected}"
-                elif not parts:
-                    if message.tensor_part.buffer:
-                        return str(peer), "bad_state", "sent tensor data without a header"
-                    continue
-                parts.append(message.tensor_part)
-            if parts:
-                tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-            if metadata is not None and len(tensors) < len(shapes):
-                return str(peer), "short_state", f"its stream ended after {len(tensors)} of {len(shapes)} tensors"
-        except (TimeoutError, ConnectionError, OSError) as exc:
-            return str(peer), "", f"{type(exc).__name__} while downloading"
-        except Exception as exc:
-            # p2p errors (peer gone, handler refused, a peer we will not dial) are weather; anything
-            # else broke in decoding.
-            weather = isinstance(exc, P2PDaemonError) or type(exc).__module__.startswith("hivemind.p2p")
-            return str(peer), "" if weather else "bad_state", f"{type(exc).__name__}: {str(exc)[:80]}"
-        finally:
-            if stream is not None:
-                with contextlib.suppress(Exception):  # closing a stream the peer already ended
-                    await stream.aclose()
-        if metadata is None:
-            return str(peer), "", "sent no state"
-        return dict(metadata=metadata, tensors=tensors)
+    async def _download_state_from_donor(self, future: MPFuture, **request: Any) -> None:
+        """The donors' streams, read in this averager's process
+        (:func:`~p2ptrain.averaging.donor_stream.read_best_donor`)."""
+        await read_best_donor(self, future, **request)
 
 
-async def _with_timeouts(stream: AsyncIterator[Any], first: float, each: float) -> AsyncIterator[Any]:
-    """The stream's messages, the first within ``first`` seconds, every later one within ``each``."""
-    iterator, timeout = stream.__aiter__(), first
-    while True:
-        try:
-            message = await asyncio.wait_for(iterator.__anext__(), timeout=timeout)
-        except StopAsyncIteration:
-            return
-        yield message
-        timeout = each
-
-
-class HardenedAverager(HardenedAveragerMixin, DecentralizedAverager):
-    """A plain hivemind averager, hardened (DiLoCo's pseudo-gradient averager builds on it)."""
+class HardenedAverager(AveragerLayer, DecentralizedAverager):
+    """hivemind's plain averager through the layer (DiLoCo's averager builds on the same bases)."""
 
     rpc_name = "DecentralizedAverager"
 
 
-class HardenedGradientAverager(HardenedAveragerMixin, GradientAverager):
-    """hivemind's gradient averager, hardened.  ``load_state_from_peers`` downloads nothing: hivemind's
-    optimizer throws this averager's downloaded state away (its gradients are reset right after)."""
+class HardenedGradientAverager(AveragerLayer, GradientAverager):
+    """hivemind's gradient averager through the layer.  With the peer checks ``load_state_from_peers``
+    downloads nothing: hivemind's optimizer throws this averager's downloaded state away (its
+    gradients are reset right after)."""
 
     rpc_name = "GradientAverager"
 
-    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None) -> None:
-        return None
+    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None) -> Any:
+        if self._peer_checks:
+            return None
+        return super().load_state_from_peers(wait=wait, timeout=timeout)

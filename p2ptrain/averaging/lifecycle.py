@@ -164,14 +164,21 @@ def _join_or_kill(self: Any) -> None:
 
 
 _HIVEMIND_STARTS = {DecentralizedAverager: DecentralizedAverager.run_in_background, DHT: DHT.run_in_background}
+_HIVEMIND_STOPS = {DecentralizedAverager: DecentralizedAverager.shutdown, DHT: DHT.shutdown}
+
+
+def _standing_in_for(replacement: Any, original: Callable[..., Any]) -> Any:
+    """``replacement``, marked as standing in for hivemind's ``original``: ``inspect.signature`` (and
+    the pin's signature check, tests/unit/test_hivemind_pin.py) then reads hivemind's own."""
+    replacement.__wrapped__ = original
+    return replacement
 
 
 def install() -> None:
     """Put the bounded starts and the safe stops on hivemind's ``DecentralizedAverager`` and ``DHT``
     (their subclasses inherit them).  Calling it again changes nothing."""
-    DecentralizedAverager.run_in_background = _bounded_start(
-        _HIVEMIND_STARTS[DecentralizedAverager], lambda: AVERAGER_START_TIMEOUT)
-    DecentralizedAverager.shutdown = _averager_shutdown
-    DHT.run_in_background = _bounded_start(
-        _HIVEMIND_STARTS[DHT], lambda: DHT_START_TIMEOUT)
-    DHT.shutdown = _dht_shutdown
+    for cls, start_timeout, stop in ((DecentralizedAverager, lambda: AVERAGER_START_TIMEOUT, _averager_shutdown),
+                                     (DHT, lambda: DHT_START_TIMEOUT, _dht_shutdown)):
+        start = _HIVEMIND_STARTS[cls]
+        cls.run_in_background = _standing_in_for(_bounded_start(start, start_timeout), start)
+        cls.shutdown = _standing_in_for(stop, _HIVEMIND_STOPS[cls])

@@ -20,8 +20,6 @@ import math
 import time
 from typing import Any
 
-from hivemind.averaging.control import AveragingStage
-
 #: The least time between two reads of the group key by one averager's matchmaking (seconds).
 POLL_INTERVAL = 0.1
 
@@ -45,8 +43,3 @@ def pace_group_polls(matchmaking: Any, interval: float = POLL_INTERVAL) -> None:
     keys.get_averagers = get_averagers
     keys._p2ptrain_paced = True
 
-
-def looking_for_group(control: Any) -> bool:
-    """A hivemind averaging step that has not found its group yet.  A second step started meanwhile
-    is queued behind it by the averager ("Another look_for_group is already in progress")."""
-    return not control.done() and control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from hivemind.optim.state_averager import TrainingStateAverager, dump_optimizer_state, load_optimizer_state
 
-from p2ptrain.averaging.hardened import HardenedAveragerMixin
+from p2ptrain.averaging.hardened import AveragerLayer
 from p2ptrain.averaging.pinned import require_hivemind
 from p2ptrain.averaging.state_check import StateValidator, TensorTemplate
 from p2ptrain.trust.verdicts import (
@@ -102,11 +102,11 @@ def diloco_state_validator(outer_params: Sequence[torch.Tensor], inner_steps: in
         own_epoch=own_epoch, peer_epochs=peer_epochs, epoch_slack=epoch_slack, model_check=model_check)
 
 
-class SafeTrainingStateAverager(HardenedAveragerMixin, TrainingStateAverager):
+class SafeTrainingStateAverager(AveragerLayer, TrainingStateAverager):
     """hivemind's ``TrainingStateAverager``, hardened: see the module docstring.
 
-    Takes the mixin's keyword arguments (``gate``, ``reduce_rule``, ``round_reports``, ...), plus
-    ``peer_epochs`` and ``model_check`` for the state validator it builds for itself.
+    Takes the layer's keyword arguments (``admission``, ``gate``, ``reduce_rule``, ``round_reports``, ...),
+    plus ``peer_epochs`` and ``model_check`` for the state validator it builds for itself.
     """
 
     rpc_name = "TrainingStateAverager"
@@ -121,8 +121,11 @@ class SafeTrainingStateAverager(HardenedAveragerMixin, TrainingStateAverager):
     def _update_scheduler(self) -> None:
         catch_up_scheduler(self.scheduler, self.local_epoch)
 
-    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None, **_: Any) -> bool:
-        """Download, validate and apply the best donor's state; True if one was adopted.  Never raises."""
+    def load_state_from_peers(self, wait: bool = True, timeout: float | None = None, **kwargs: Any) -> Any:
+        """Download, validate and apply the best donor's state; True if one was adopted.  Never raises.
+        Without the peer checks (an owned run's gate only), hivemind's download."""
+        if not self._peer_checks:
+            return TrainingStateAverager.load_state_from_peers(self, wait=wait, timeout=timeout, **kwargs)
         download = self.download_state(timeout)
         if download is None:  # the optimizer says once per download what that means (all rejected, none found)
             return False

@@ -8,6 +8,7 @@
 - ``inner``         the clipped AdamW and the LR schedule both modes use
 - ``outer_step``    DiLoCo's outer SGD step, free of networking
 - ``microbatches``  gradient accumulation over an inner step's micro-batches
+- ``round_clock``   what a peer does with DiLoCo's round clock: inner-step size, schedule position, group round
 - ``retune``        applying a new manifest version's learning settings to a running optimizer
 - ``rollback``      undoing an average that made the parameters non-finite
 - ``solo_round``    whether a round with nobody else failed, or the node trains alone

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import hivemind
 import torch
 
 from p2ptrain.averaging.compression import make_compression
+from p2ptrain.averaging.handles import DHT
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
 from p2ptrain.optim.protocol import SwarmOptimizer
@@ -33,7 +33,7 @@ def bandwidth_hint(upload_kbps: int, download_kbps: int) -> float | None:
 
 def build_optimizer(
     model: torch.nn.Module,
-    dht: hivemind.DHT,
+    dht: DHT,
     averaging_run_id: str,
     cfg: TrainingSection,
     *,
@@ -73,18 +73,14 @@ def build_optimizer(
     # Every round reports how much it really averaged, checks on or off (the queue is shared with the
     # averager's process: made before it forks).
     rounds = defences.rounds if defences is not None else RoundReports()
-    grad_averager: Any
+    from p2ptrain.averaging.hardened import HardenedGradientAverager
+
+    checks: dict[str, Any] = dict(peer_checks=False)
     if defences is not None:
-        from p2ptrain.averaging.hardened import HardenedGradientAverager
         from p2ptrain.averaging.robust_reduce import ReduceRule
 
-        grad_averager = functools.partial(HardenedGradientAverager, gate=defences.gate,
-                                          reduce_rule=ReduceRule.for_gradients(max_weight=cfg.target_batch_size),
-                                          round_reports=rounds)
-    else:
-        from p2ptrain.averaging.counting import CountingGradientAverager
-
-        grad_averager = functools.partial(CountingGradientAverager, round_reports=rounds)
+        checks = dict(gate=defences.gate, reduce_rule=ReduceRule.for_gradients(max_weight=cfg.target_batch_size))
+    grad_averager = functools.partial(HardenedGradientAverager, round_reports=rounds, **checks)
 
     return GradientOptimizer(
         dht=dht,
@@ -125,8 +121,7 @@ def build_optimizer(
 
 
 def _with_options(factory: Any, options: dict[str, Any]) -> functools.partial[Any]:
-    """``factory`` (a class, or a partial of one) with ``options`` added, still a partial of the class
-    (the admission gate wraps the class it finds there)."""
+    """``factory`` (a class, or a partial of one) with ``options`` added, still a partial of the class."""
     if isinstance(factory, functools.partial):
         return functools.partial(factory.func, *factory.args, **{**factory.keywords, **options})
     return functools.partial(factory, **options)

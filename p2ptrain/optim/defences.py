@@ -70,7 +70,7 @@ class Defences:
         return [*sorted(met), *sorted(set(self.evidence.peer_epochs()) - met)]
 
     def hardened_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments every hardened averager takes (see ``HardenedAveragerMixin``)."""
+        """Keyword arguments every hardened averager takes (see ``p2ptrain.averaging.hardened.AveragerLayer``)."""
         return dict(gate=self.gate, state_ban_seconds=self.state_ban_seconds,
                     judgement_ban_seconds=self.ban_seconds, max_donor_priority=self.max_donor_priority,
                     known_peers=self.known_peers)

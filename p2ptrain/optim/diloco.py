@@ -2,7 +2,7 @@
 
 Each outer round starts from the shared "outer" parameters.  A peer trains alone with inner AdamW
 steps of ``inner_batch_size`` sequences (accumulated over micro-batches) until the swarm's round
-clock (``p2ptrain.averaging.roundclock``) says the round is over: when the swarm has processed
+clock (:mod:`p2ptrain.optim.round_clock`) says the round is over: when the swarm has processed
 ``inner_steps`` inner batches for every peer of its fastest peer's speed, at the same moment for
 fast and slow peers.
 It then averages its parameters with whoever is in the round, weighted by samples, takes
@@ -40,25 +40,15 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any
 
-import hivemind
 import torch
-from hivemind.averaging.control import AveragingStage
-from hivemind.utils import get_dht_time
 
 from p2ptrain.averaging.admitting import Admission
 from p2ptrain.averaging.compression import make_compression, wire_bytes
-from p2ptrain.averaging.diloco import averager_class
-from p2ptrain.averaging.matchmaking import looking_for_group
-from p2ptrain.averaging.paced_progress import withdraw_progress
+from p2ptrain.averaging.diloco import DiLoCoAverager
+from p2ptrain.averaging.handles import DHT, awaiting_trigger, dht_time, looking_for_group
+from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.averaging.robust_reduce import AllReduceReport, ReduceRule, RoundReports
-from p2ptrain.averaging.roundclock import (
-    RobustRoundTracker,
-    SwarmRoundTracker,
-    met_the_next_round,
-    micro_batches_per_inner_step,
-    schedule_position,
-    set_schedule_position,
-)
+from p2ptrain.averaging.roundclock import RoundTarget
 from p2ptrain.averaging.state_download import diloco_state_validator
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_clock_prefix
@@ -69,6 +59,12 @@ from p2ptrain.optim.microbatches import MicroBatches
 from p2ptrain.optim.outer_step import OuterStep
 from p2ptrain.optim.protocol import GlobalProgress, GuardTargets
 from p2ptrain.optim.retune import retune
+from p2ptrain.optim.round_clock import (
+    met_the_next_round,
+    micro_batches_per_inner_step,
+    schedule_position,
+    set_schedule_position,
+)
 from p2ptrain.optim.round_stats import RoundSummary
 from p2ptrain.optim.solo_round import SoloRounds
 from p2ptrain.optim.swarm_stats import SwarmStats
@@ -95,7 +91,7 @@ class _RoundInFlight:
 class DiLoCoOptimizer(DiLoCoState):
     """The DiLoCo outer loop behind the node's optimizer protocol."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], dht: hivemind.DHT, run_id: str, cfg: TrainingSection,
+    def __init__(self, params: Iterable[torch.nn.Parameter], dht: DHT, run_id: str, cfg: TrainingSection,
                  *, client_mode: bool, stats: SwarmStats, bandwidth: float | None = None,
                  admission: Admission | None = None, defences: Defences | None = None,
                  evaluate: Callable[[], float] | None = None, wait: Callable[[float], object] = time.sleep) -> None:
@@ -135,20 +131,20 @@ class DiLoCoOptimizer(DiLoCoState):
                     "speed (%d inner steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
         #: Where the averager reports each round (how much it really averaged), checks on or off.
         self._rounds = defences.rounds if defences is not None else RoundReports()
-        checks: dict[str, Any] = dict(round_reports=self._rounds)
+        checks: dict[str, Any] = dict(round_reports=self._rounds, admission=admission, peer_checks=defences is not None)
         if defences is not None:
-            self._tracker: SwarmRoundTracker | RobustRoundTracker = RobustRoundTracker(
-                dht, diloco_clock_prefix(run_id), client_mode=client_mode, start=True, per_peer_samples=per_peer,
-                gate=defences.gate, bound=defences.evidence.bound_keys)
+            self._tracker: SwarmProgressTracker = SwarmProgressTracker(
+                dht, diloco_clock_prefix(run_id), client_mode=client_mode, start=True,
+                round_target=RoundTarget(per_peer), robust=True, gate=defences.gate, bound=defences.evidence.bound_keys)
             tracker = self._tracker
             defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
             # A round's weight is its samples: a fast peer does a few times the average, never 16x.
             checks.update(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer))
         else:
-            self._tracker = SwarmRoundTracker(dht, diloco_clock_prefix(run_id), client_mode=client_mode, start=True,
-                                              per_peer_samples=per_peer)
+            self._tracker = SwarmProgressTracker(dht, diloco_clock_prefix(run_id), client_mode=client_mode, start=True,
+                                                 round_target=RoundTarget(per_peer))
         # With an owned run's gate, only admitted peers are averaged with and served state.
-        self.averager = averager_class(defences is not None, admission)(
+        self.averager = DiLoCoAverager(
             self._buffers, dht, owner=self, start=True, prefix=diloco_averager_prefix(run_id), client_mode=client_mode,
             min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
             allreduce_timeout=cfg.averaging_timeout, next_chunk_timeout=cfg.averaging_timeout / 3,
@@ -186,8 +182,9 @@ class DiLoCoOptimizer(DiLoCoState):
                               round_in_flight=self._in_flight is not None and not self._in_flight.control.done())
 
     def step_aside(self) -> None:
-        """Stop being counted on while paused (see :func:`p2ptrain.averaging.paced_progress.withdraw_progress`)."""
-        withdraw_progress(self._tracker)
+        """Stop being counted on while paused (see
+        :meth:`p2ptrain.averaging.progress.SwarmProgressTracker.withdraw`)."""
+        self._tracker.withdraw()
 
     def rejoin(self) -> None:
         self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
@@ -246,11 +243,11 @@ class DiLoCoOptimizer(DiLoCoState):
         """
         scheduled = self._scheduled
         return self._tracker.ready_to_update_epoch or (
-            scheduled is not None and scheduled.stage == AveragingStage.AWAITING_TRIGGER)
+            scheduled is not None and awaiting_trigger(scheduled))
 
     def _size_inner_batch(self) -> None:
         """Scale the next inner batch to this peer's share of the swarm's pace, so that it too makes about
-        ``inner_steps`` inner steps a round (:func:`p2ptrain.averaging.roundclock.micro_batches_per_inner_step`)."""
+        ``inner_steps`` inner steps a round (:func:`p2ptrain.optim.round_clock.micro_batches_per_inner_step`)."""
         own_rate, pace = self._tracker.performance_ema.samples_per_second, self._tracker.pace
         per_step = micro_batches_per_inner_step(self._accumulate, own_rate, pace)
         if per_step != self._micro.per_step and self._micro.count == 0:
@@ -276,7 +273,7 @@ class DiLoCoOptimizer(DiLoCoState):
         looking = flight is not None and looking_for_group(flight.control)
         if self._scheduled is not None or looking or self._tracker.global_progress.num_peers < 2:
             return
-        now = get_dht_time()
+        now = dht_time()
         ends = self._tracker.estimated_next_update_time
         if ends - now > self.cfg.matchmaking_time:
             return

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from p2ptrain.averaging.model_check import make_loss_check
-from p2ptrain.averaging.roundclock import RobustRoundTracker, SwarmRoundTracker
+from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.averaging.state_check import StateValidator
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.optim.defences import Defences
@@ -42,7 +42,7 @@ class DiLoCoState:
     inner_step: int
     samples_this_round: int
     _micro: MicroBatches
-    _tracker: SwarmRoundTracker | RobustRoundTracker
+    _tracker: SwarmProgressTracker
     _validator: StateValidator
     _defences: Defences | None
     _evaluate: Callable[[], float] | None
@@ -99,7 +99,7 @@ class DiLoCoState:
                 break
         self.stats.download_finished(False, 0.0)
         self._last_failed_sync = time.monotonic()
-        if isinstance(self._tracker, RobustRoundTracker):
+        if getattr(self._tracker, "robust", False):
             self._tracker.distrust_unsupported(max(30.0, self.cfg.averaging_timeout))
         if rejected and self.local_epoch == 0:
             logger.warning("every donor's state was rejected: training from this node's own initialisation")

@@ -3,6 +3,7 @@
 - ``verdicts``      a peer's claims about its state (epoch, layout, round position, loss) judged
 - ``peergate``      bans with expiry, offence counters, fork-shared so every process sees them
 - ``admission``     an owned run's admitted peers, one answer for every process
+- ``pace``          a DiLoCo round's pace from the rates peers claim, bounded
 - ``evidence``      what we know of peers from sources one stranger cannot forge alone
 - ``swarm_view``    the swarm's totals from a set of checked records
 - ``credit``        the samples this node contributed, settled epoch by epoch

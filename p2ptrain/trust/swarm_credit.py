@@ -44,7 +44,7 @@ def epoch_samples_bound(training: Any) -> int:
     Gradient mode: an epoch ends when the swarm has ``target_batch_size`` samples, so one peer
     holds at most that, plus the steps its progress reports lag by (twice over, to be generous).
     DiLoCo: a round is ``inner_steps`` inner batches of the fastest peer (the pace is bounded by
-    ``p2ptrain.averaging.roundclock.SPREAD``); no peer does ``DILOCO_SPEED_RATIO`` times that.
+    ``p2ptrain.trust.pace.SPREAD``); no peer does ``DILOCO_SPEED_RATIO`` times that.
     """
     batch = int(training.batch_size)
     if getattr(training, "mode", "gradient") == "diloco":

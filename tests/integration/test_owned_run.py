@@ -25,7 +25,7 @@ import torch
 from hivemind.averaging.averager import DecentralizedAverager
 from hivemind.utils import get_dht_time
 
-from p2ptrain.averaging.admitting import admitting
+from p2ptrain.averaging.hardened import HardenedAverager
 from p2ptrain.cli.main import main
 from p2ptrain.config.schema import EX_CONFIG, TaskSection, TrainingSection
 from p2ptrain.dhtkeys import fingerprint_key, manifest_key
@@ -189,7 +189,8 @@ def test_invite_run_refuses_a_stranger_admits_the_invited_and_drops_the_revoked(
 
 
 def test_averagers_refuse_a_peer_the_gate_does_not_admit(tmp_path):
-    """Checked directly on hivemind's averagers: no state served, no group formed, until admitted."""
+    """Checked directly on the averagers (ours, without the peer checks, against hivemind's own): no
+    state served, no group formed, until admitted."""
     first = hivemind.DHT(start=True, **LOOPBACK_DHT)
     second = hivemind.DHT(start=True, initial_peers=[str(a) for a in first.get_visible_maddrs()], **LOOPBACK_DHT)
     gate = AdmissionGate("open")
@@ -197,7 +198,7 @@ def test_averagers_refuse_a_peer_the_gate_does_not_admit(tmp_path):
     options = dict(prefix="gated", start=True, target_group_size=2, min_matchmaking_time=2.0, request_timeout=1.0)
     averagers = []
     try:
-        guarded = admitting(DecentralizedAverager, gate)([torch.ones(4)], first, **options)
+        guarded = HardenedAverager([torch.ones(4)], first, admission=gate, peer_checks=False, **options)
         averagers.append(guarded)
         outsider = DecentralizedAverager([torch.zeros(4)], second, **options)
         averagers.append(outsider)

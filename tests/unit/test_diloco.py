@@ -123,8 +123,8 @@ def test_a_nonfinite_micro_batch_anywhere_in_an_inner_batch_is_dropped_alone(mon
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.swarm_stats import SwarmStats
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", _NoSwarm)
-    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: _NoSwarm)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", _NoSwarm)
+    monkeypatch.setattr(diloco, "DiLoCoAverager", _NoSwarm)
     param = torch.nn.Parameter(torch.zeros(3))
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=16, inner_steps=10, lr=0.1, warmup_epochs=0)
     optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
@@ -202,14 +202,14 @@ def _two_peer_optimizer(monkeypatch, inner_batch_size: int = 8) -> tuple[Any, li
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.swarm_stats import SwarmStats
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", _TwoPeerClock)
     averagers: list[_Averager] = []
 
     def make_averager(*args: object, **kwargs: object) -> _Averager:
         averagers.append(_Averager(*args, **kwargs))
         return averagers[-1]
 
-    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
+    monkeypatch.setattr(diloco, "DiLoCoAverager", make_averager)
     param = torch.nn.Parameter(torch.zeros(3))
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=inner_batch_size, inner_steps=10, lr=0.1,
                           warmup_epochs=0, matchmaking_time=5.0)
@@ -383,8 +383,8 @@ def _behind_optimizer(monkeypatch) -> tuple[object, _Behind, _Behind, list[int],
         made.append(_Behind(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
-    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", make)
+    monkeypatch.setattr(diloco, "DiLoCoAverager", make)
     param = torch.nn.Parameter(torch.zeros(3))
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
     optimizer = diloco.DiLoCoOptimizer([param], None, "run", cfg, client_mode=False, stats=SwarmStats())
@@ -442,7 +442,7 @@ def test_a_fast_peer_past_inner_steps_serves_a_state_newcomers_accept() -> None:
     the round position it serves must still pass the newcomers' check, or they reject an honest donor."""
     import threading
 
-    from p2ptrain.averaging.diloco import averager_class
+    from p2ptrain.averaging.diloco import DiLoCoAverager
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.diloco_state import DiLoCoState
     from p2ptrain.trust.verdicts import check_diloco_metadata
@@ -454,7 +454,7 @@ def test_a_fast_peer_past_inner_steps_serves_a_state_newcomers_accept() -> None:
     owner = SimpleNamespace(cfg=cfg, local_epoch=7, inner_step=250, round_settled=settled, outer=outer,
                             served_state=lambda: DiLoCoState.served_state(owner))  # type: ignore[arg-type]
     # The methods only read their owner: called on stand-ins, no averager process is started.
-    metadata, tensors, _ = averager_class(False, None).get_current_state(SimpleNamespace(_owner=owner))
+    metadata, tensors, _ = DiLoCoAverager.get_current_state(SimpleNamespace(_owner=owner))
     assert metadata == {"epoch": 7, "inner_step": 99} and len(tensors) == 2
     assert check_diloco_metadata(metadata, cfg.inner_steps).ok
 
@@ -485,8 +485,8 @@ def test_rounds_ended_alone_are_failed_when_a_peer_was_there_and_said_once_when_
         made.append(_Flickering(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", make)
-    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", make)
+    monkeypatch.setattr(diloco, "DiLoCoAverager", make)
     param = torch.nn.Parameter(torch.zeros(3))
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
     stats = SwarmStats()
@@ -546,10 +546,9 @@ def _no_donor_optimizer(monkeypatch, wait):
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.swarm_stats import SwarmStats
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", _NoSwarm)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", _NoSwarm)
     averagers: list[_NoDonor] = []
-    monkeypatch.setattr(diloco, "averager_class",
-                        lambda hardened, admission: lambda *a, **k: averagers.append(_NoDonor()) or averagers[-1])
+    monkeypatch.setattr(diloco, "DiLoCoAverager", lambda *a, **k: averagers.append(_NoDonor()) or averagers[-1])
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, load_state_attempts=3, warmup_epochs=0)
     optimizer = diloco.DiLoCoOptimizer([torch.nn.Parameter(torch.zeros(3))], None, "run", cfg, client_mode=False,
                                        stats=SwarmStats(), wait=wait)
@@ -587,14 +586,14 @@ def test_without_peer_checks_a_round_s_received_share_is_still_measured(monkeypa
     from p2ptrain.config.schema import TrainingSection
     from p2ptrain.optim.swarm_stats import SwarmStats
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", _TwoPeerClock)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", _TwoPeerClock)
     made: list[dict[str, object]] = []
 
     def make_averager(*args: object, **kwargs: object) -> _Averager:
         made.append(kwargs)
         return _Averager(*args, **kwargs)
 
-    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: make_averager)
+    monkeypatch.setattr(diloco, "DiLoCoAverager", make_averager)
     param = torch.nn.Parameter(torch.zeros(3))
     cfg = TrainingSection(mode="diloco", batch_size=8, inner_steps=10, lr=0.1, warmup_epochs=0)
     stats = SwarmStats()

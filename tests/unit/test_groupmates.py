@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from p2ptrain.averaging.groupmates import DEFAULT_SERVE_GRACE, MAX_SERVE_GRACE, ServeGroupmatesMixin
+from p2ptrain.averaging.groupmates import DEFAULT_SERVE_GRACE, MAX_SERVE_GRACE
 from p2ptrain.averaging.groupmates import POLL_SECONDS as POLL
+from p2ptrain.averaging.hardened import AveragerLayer
 from tests.support.clock import ManualClock
 
 BAD_GROUP_ID = "BAD_GROUP_ID"
@@ -24,6 +25,10 @@ class _Matchmaking:
     def __init__(self, group_id: bytes) -> None:
         self.group_id = group_id
         self.found: asyncio.Event | None = None
+        self.group_key_manager = SimpleNamespace(get_averagers=None)  # paced by the layer, never read here
+
+    async def _request_join_group(self, leader):
+        return None
 
     async def look_for_group(self, step):
         if self.found is not None:
@@ -72,8 +77,11 @@ class _Averager:
         self.shut_down = True
 
 
-class _Node(ServeGroupmatesMixin, _Averager):
-    pass
+class _Node(AveragerLayer, _Averager):
+    """The adapter's layer over the stand-in, without the peer checks (nothing gated here)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(peer_checks=False, **kwargs)
 
 
 def _step():
@@ -92,7 +100,8 @@ async def _parts(group_id: bytes, *values):
 
 
 async def _serve(node, group_id: bytes, *values):
-    return [m async for m in node.rpc_aggregate_part(_parts(group_id, *values), None)]
+    context = SimpleNamespace(remote_id="QmPeer")
+    return [m async for m in node.rpc_aggregate_part(_parts(group_id, *values), context)]
 
 
 def test_a_stream_counts_while_it_is_served_and_not_after():
@@ -119,7 +128,7 @@ def test_parts_that_arrive_before_our_trigger_wait_for_it_and_are_served():
 
     served, node = asyncio.run(scenario())
     assert served == [10]
-    assert node._assembled == {} and node._matching == 0
+    assert node._groupmates._assembled == {} and node._groupmates._matching == 0
 
 
 def test_parts_that_arrive_before_a_follower_learns_its_group_wait_for_the_search():
@@ -168,7 +177,7 @@ def test_a_step_that_ends_before_its_trigger_releases_the_streams_waiting_for_it
     served, took, node = asyncio.run(scenario())
     assert served == [BAD_GROUP_ID]
     assert took < 0.5
-    assert node._assembled == {}
+    assert node._groupmates._assembled == {}
 
 
 def test_parts_wait_for_our_trigger_no_longer_than_the_grace():
@@ -195,7 +204,7 @@ def test_a_stream_that_fails_is_not_counted_forever():
             yield 1
             raise ConnectionError("groupmate gone")
 
-    class _FailingNode(ServeGroupmatesMixin, _Failing):
+    class _FailingNode(AveragerLayer, _Failing):
         pass
 
     node = _FailingNode()
@@ -206,12 +215,12 @@ def test_a_stream_that_fails_is_not_counted_forever():
 
 def test_shutdown_waits_until_the_last_stream_is_read():
     node, clock = _Node(next_chunk_timeout=3.0), ManualClock()
-    node._count_serving(+1)
+    node._groupmates._count(+1)
 
     def sleep(seconds):
         clock.now += seconds
         if clock.now >= 1000.5:
-            node._count_serving(-1)  # the groupmate has read the last average
+            node._groupmates._count(-1)  # the groupmate has read the last average
 
     waited = node.finish_serving(sleep=sleep, clock=clock)
     assert waited == pytest.approx(0.5, abs=POLL)
@@ -220,7 +229,7 @@ def test_shutdown_waits_until_the_last_stream_is_read():
 
 def test_shutdown_does_not_wait_for_a_groupmate_that_never_reads(caplog):
     node, clock = _Node(next_chunk_timeout=3.0), ManualClock()
-    node._count_serving(+1)
+    node._groupmates._count(+1)
 
     def sleep(seconds):
         clock.now += seconds
@@ -249,4 +258,4 @@ def test_shutdown_with_nothing_in_flight_returns_at_once_quietly_and_shuts_down(
     (2.5, 1e9, MAX_SERVE_GRACE),
 ])
 def test_the_wait_is_the_chunk_timeout_bounded(chunk_timeout, grace, expected):
-    assert _Node(chunk_timeout, serve_grace=grace).serve_grace() == expected
+    assert _Node(next_chunk_timeout=chunk_timeout, serve_grace=grace).serve_grace() == expected

@@ -12,9 +12,9 @@ from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
 
-from p2ptrain.averaging.counting import CountingGradientAverager
+from p2ptrain.averaging.diloco import DiLoCoAverager
 from p2ptrain.averaging.hardened import HardenedAverager, HardenedGradientAverager
-from p2ptrain.averaging.robust_progress import RobustProgressTracker
+from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.averaging.state_download import SafeTrainingStateAverager
 from p2ptrain.trust.peergate import PeerGate
 
@@ -23,7 +23,6 @@ from p2ptrain.trust.peergate import PeerGate
     (HardenedAverager, hivemind.DecentralizedAverager),
     (HardenedGradientAverager, GradientAverager),
     (SafeTrainingStateAverager, TrainingStateAverager),
-    (CountingGradientAverager, GradientAverager),
 ])
 def test_hardened_averagers_speak_hivemind_wire_names_and_stream_kinds(ours, theirs):
     """hivemind names RPCs after the class and reads streaming from typing annotations: a subclass must
@@ -40,6 +39,12 @@ def test_hardened_averagers_speak_hivemind_wire_names_and_stream_kinds(ours, the
         name = handler.method_name
         assert ours._get_handle_name("run", name) == theirs._get_handle_name("run", name)
     assert ours._stub_type.__name__ == f"{ours.__name__}Stub"  # made for our class, not inherited
+
+
+def test_diloco_averagers_speak_one_wire_name_whatever_checks_a_node_runs():
+    DiLoCoAverager._collect_rpc_handlers()
+    assert DiLoCoAverager._get_handle_name("run", "rpc_join_group") == "run::_DiLoCoAverager.rpc_join_group"
+    assert len(DiLoCoAverager._rpc_handlers) == 3 and "_rpc_handlers" in DiLoCoAverager.__dict__
 
 
 def _peer(n: int) -> bytes:
@@ -64,8 +69,8 @@ def _entry(peer: int, epoch: int, samples: int = 10, rate: float = 5.0, client: 
                                   "samples_per_second": rate, "time": 1.0e12, "client_mode": client})
 
 
-def _tracker(gate: PeerGate | None = None) -> RobustProgressTracker:
-    return RobustProgressTracker(_FakeDht(), "run", 100, start=False, gate=gate)
+def _tracker(gate: PeerGate | None = None) -> SwarmProgressTracker:
+    return SwarmProgressTracker(_FakeDht(), "run", 100, start=False, robust=True, gate=gate)
 
 
 def test_one_peer_claiming_a_huge_epoch_moves_nothing_and_claims_are_bounded():
@@ -113,7 +118,7 @@ def test_with_bound_keys_only_entries_written_with_a_peers_record_key_count():
     """One process with many RSA keys can write entries in any name; only the key a peer's identity-bound
     record names speaks for that peer."""
     honest = {b"k1": str(PeerID(_peer(1))), b"k2": str(PeerID(_peer(2)))}
-    tracker = RobustProgressTracker(_FakeDht(), "run", 100, start=False, bound=lambda: honest)
+    tracker = SwarmProgressTracker(_FakeDht(), "run", 100, start=False, robust=True, bound=lambda: honest)
     tracker.local_progress = tracker._get_local_progress(10, 0)
     forged_victim = _entry(1, 5000)
     forged_victim.value["time"] = 2.0e12
@@ -135,7 +140,7 @@ def test_a_bound_peer_claiming_an_impossible_epoch_is_named_and_excluded_an_unbo
 
     liar, framed = str(PeerID(_peer(3))), str(PeerID(_peer(4)))
     gate = PeerGate()
-    tracker = RobustProgressTracker(_FakeDht(), "run", 100, start=False, gate=gate,
+    tracker = SwarmProgressTracker(_FakeDht(), "run", 100, start=False, robust=True, gate=gate,
                                     bound=lambda: {b"k1": str(PeerID(_peer(1))), b"k3": liar})
     tracker.local_progress = tracker._get_local_progress(10, 0)
     metadata = {b"k1": _entry(1, 10), b"k3": _entry(3, 2**40), b"x4": _entry(4, MAX_EPOCH + 1)}
@@ -161,7 +166,7 @@ def test_a_flood_of_entries_is_filtered_and_merged_before_it_is_capped():
 
 def _refusing_state_averager() -> SimpleNamespace:
     """A hardened state averager (its real load_state_from_peers) whose every download rejects a donor."""
-    averager = SimpleNamespace(last_download_rejections=[], local_epoch=0)
+    averager = SimpleNamespace(last_download_rejections=[], local_epoch=0, _peer_checks=True)
 
     def download_state(timeout: float | None = None) -> None:
         averager.last_download_rejections = [("QmLiar", "tensor 0 has NaN")]
@@ -175,14 +180,16 @@ def _refusing_state_averager() -> SimpleNamespace:
 def test_a_gradient_mode_download_says_once_that_every_donor_was_rejected(caplog):
     """Normal weather is one line: a fresh node that finds only bad donors says it trains from its own
     initialisation once per download, not once per attempt."""
-    from p2ptrain.optim.gradient import GradientOptimizer
+    from p2ptrain.averaging.optimizer import HardenedOptimizer
     from p2ptrain.optim.swarm_stats import SwarmStats
 
+    stats = SwarmStats()
     optimizer = SimpleNamespace(state_averager=_refusing_state_averager(), _retry_sync_after=30.0,
-                                _last_failed_sync=-math.inf, stats=SwarmStats(), _load_state_attempts=3,
+                                _last_failed_sync=-math.inf, _load_state_attempts=3,
                                 _wait=lambda seconds: False, tracker=None, local_epoch=0, _adopted=False,
-                                _state_marker=lambda: (0, 0.0))
-    GradientOptimizer._bound_state_download(optimizer)
+                                _state_marker=lambda: (0, 0.0), on_download_started=stats.download_started,
+                                on_download_finished=stats.download_finished)
+    HardenedOptimizer._bound_state_download(optimizer)
     with caplog.at_level(logging.INFO, logger="p2ptrain"):
         optimizer.state_averager.load_state_from_peers()
     said = [r for r in caplog.records if "every donor's state was rejected" in r.getMessage()]
@@ -196,7 +203,8 @@ def test_a_state_that_cannot_be_applied_is_a_warning_not_an_error(caplog):
     def broken(metadata, tensors):
         raise RuntimeError("size mismatch")
 
-    averager = SimpleNamespace(download_state=lambda timeout: StateDownload("QmDonor", {}, []), _apply=broken)
+    averager = SimpleNamespace(download_state=lambda timeout: StateDownload("QmDonor", {}, []), _apply=broken,
+                               _peer_checks=True)
     with caplog.at_level(logging.INFO, logger="p2ptrain"):
         assert SafeTrainingStateAverager.load_state_from_peers(averager) is False
     assert [r.levelno for r in caplog.records] == [logging.WARNING] and "QmDonor" in caplog.text

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from p2ptrain.averaging.paced_progress import HeldWakeups, PacedProgressTracker
-from p2ptrain.averaging.robust_progress import RobustProgressTracker
-from p2ptrain.averaging.roundclock import SwarmRoundTracker
+from p2ptrain.averaging.paced_progress import HeldWakeups
+from p2ptrain.averaging.progress import SwarmProgressTracker
+from p2ptrain.averaging.roundclock import RoundTarget
 from tests.support.clock import ManualClock
 from tests.support.trackerdht import TrackerDht
 
@@ -17,25 +17,25 @@ from tests.support.trackerdht import TrackerDht
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
     fake = ManualClock()
-    monkeypatch.setattr("p2ptrain.averaging.paced_progress.time.monotonic", fake)
+    monkeypatch.setattr("p2ptrain.averaging.progress.time.monotonic", fake)
     return fake
 
 
-def _woken(tracker: PacedProgressTracker) -> bool:
+def _woken(tracker: SwarmProgressTracker) -> bool:
     """Whether the reporter was woken since the last look (and reset it, as the reporter does)."""
     woken = tracker.should_report_progress.is_set()
     tracker.should_report_progress.clear()
     return woken
 
 
-def _tracker(target: int = 100_000) -> PacedProgressTracker:
-    return PacedProgressTracker(TrackerDht(), "run_x", target, start=False)  # type: ignore[arg-type]
+def _tracker(target: int = 100_000) -> SwarmProgressTracker:
+    return SwarmProgressTracker(TrackerDht(), "run_x", target, start=False)  # type: ignore[arg-type]
 
 
 def test_hivemind_constructor_keeps_the_paced_event() -> None:
     for tracker in (_tracker(),
-                    SwarmRoundTracker(TrackerDht(), "run_x", per_peer_samples=800, start=False),  # type: ignore[arg-type]
-                    RobustProgressTracker(TrackerDht(), "run_x", 1000, start=False)):  # type: ignore[arg-type]
+                    SwarmProgressTracker(TrackerDht(), "run_x", round_target=RoundTarget(800), start=False),  # type: ignore[arg-type]
+                    SwarmProgressTracker(TrackerDht(), "run_x", 1000, start=False, robust=True)):  # type: ignore[arg-type]
         assert isinstance(tracker.should_report_progress, HeldWakeups)
 
 

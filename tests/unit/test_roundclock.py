@@ -7,25 +7,24 @@ import pytest
 import torch
 from hivemind.utils import ValueWithExpiration, get_dht_time
 
-from p2ptrain.averaging.roundclock import (
-    SPREAD,
-    SwarmRoundTracker,
-    effective_peers,
+from p2ptrain.averaging.progress import SwarmProgressTracker
+from p2ptrain.averaging.roundclock import RoundTarget
+from p2ptrain.config.schema import ConfigError, parse_config
+from p2ptrain.optim.inner import warmup_cosine
+from p2ptrain.optim.round_clock import (
     group_round,
     micro_batches_per_inner_step,
     schedule_position,
     set_schedule_position,
-    swarm_pace,
 )
-from p2ptrain.config.schema import ConfigError, parse_config
-from p2ptrain.optim.inner import warmup_cosine
+from p2ptrain.trust.pace import SPREAD, effective_peers, swarm_pace
 from tests.support.trackerdht import TrackerDht
 
 PER_PEER = 800  # inner_steps x inner_batch_size
 
 
-def _tracker() -> SwarmRoundTracker:
-    return SwarmRoundTracker(TrackerDht(), "run_x", per_peer_samples=PER_PEER, start=False)  # type: ignore[arg-type]
+def _tracker() -> SwarmProgressTracker:
+    return SwarmProgressTracker(TrackerDht(), "run_x", round_target=RoundTarget(PER_PEER), start=False)  # type: ignore[arg-type]
 
 
 def _entries(*peers: tuple[float, bool] | None) -> dict[bytes, ValueWithExpiration]:
@@ -167,15 +166,15 @@ def test_the_optimizer_accumulates_the_automatic_inner_batch(monkeypatch) -> Non
     seen: dict[str, int] = {}
 
     class Tracker:
-        def __init__(self, *args: object, per_peer_samples: int, **kwargs: object) -> None:
-            seen["per_peer"] = per_peer_samples
+        def __init__(self, *args: object, round_target: RoundTarget, **kwargs: object) -> None:
+            seen["per_peer"] = round_target.per_peer_samples
 
     class Averager:
         def __init__(self, *args: object, **kwargs: object) -> None:
             pass
 
-    monkeypatch.setattr(diloco, "SwarmRoundTracker", Tracker)
-    monkeypatch.setattr(diloco, "averager_class", lambda hardened, admission: Averager)
+    monkeypatch.setattr(diloco, "SwarmProgressTracker", Tracker)
+    monkeypatch.setattr(diloco, "DiLoCoAverager", Averager)
     training = parse_config({"training": {"mode": "diloco"}}, "x").training
     optimizer = diloco.DiLoCoOptimizer([torch.nn.Parameter(torch.zeros(2))], None, "run", training,
                                        client_mode=False, stats=SwarmStats())

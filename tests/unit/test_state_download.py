@@ -9,14 +9,24 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.averaging.hardened import HardenedAveragerMixin
+from p2ptrain.averaging.donors import StateDownloads
 from p2ptrain.trust.verdicts import Verdict, check_candidate_loss
 
 OUR_LOSS = 3.39
 
 
-class Downloader(HardenedAveragerMixin):
-    """The mixin's download loop alone: no hivemind averager (nor its process) behind it."""
+class Downloader:
+    """The download policy with a stand-in for the averager's process that answers ``ask``."""
+
+    def __init__(self, policy: StateDownloads, ask: Any) -> None:
+        self.policy, self.ask = policy, ask
+
+    def download_state(self, timeout: float) -> Any:
+        return self.policy.download(self.ask, timeout)
+
+    @property
+    def last_download_rejections(self) -> list[tuple[str, str]]:
+        return self.policy.rejections
 
 
 class RecordingGate:
@@ -30,10 +40,7 @@ class RecordingGate:
 def downloader(losses: dict[str, float], reports: tuple[float, ...] = ()) -> tuple[Downloader, RecordingGate]:
     """Donors answer in the given order, and each one's model scores its loss here against the run's
     ``reports`` or, with none, our own model's."""
-    averager = object.__new__(Downloader)
     gate = RecordingGate()
-    averager._gate, averager._max_donors = gate, len(losses) + 1
-    averager._state_ban_seconds, averager._judgement_ban_seconds = float("inf"), 600.0
     queue = list(losses)
 
     def ask(tried: set[str], validator: Any, timeout: float) -> dict[str, Any] | None:
@@ -42,14 +49,14 @@ def downloader(losses: dict[str, float], reports: tuple[float, ...] = ()) -> tup
     def validate(metadata: Any, tensors: Any, donor: str) -> Verdict:
         return check_candidate_loss(losses[donor], own=OUR_LOSS, honest=reports)
 
-    averager._ask_for_state = ask
-    averager.state_validator = validate
-    return averager, gate
+    policy = StateDownloads(gate, validator=validate, max_donors=len(losses) + 1,  # type: ignore[arg-type]
+                            state_ban_seconds=float("inf"), judgement_ban_seconds=600.0)
+    return Downloader(policy, ask), gate
 
 
 def test_donors_that_all_score_worse_than_our_model_are_not_adopted_and_not_blamed(caplog):
     averager, gate = downloader({"QmHonestA": 4.24, "QmHonestB": 4.57})
-    with caplog.at_level(logging.INFO, logger="p2ptrain.averaging.hardened"):
+    with caplog.at_level(logging.INFO, logger="p2ptrain.averaging.donors"):
         assert averager.download_state(timeout=10) is None
     assert gate.offences == [] and [peer for peer, _ in averager.last_download_rejections] == ["QmHonestA",
                                                                                                 "QmHonestB"]
