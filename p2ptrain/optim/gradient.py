@@ -44,7 +44,8 @@ class GradientOptimizer(HardenedOptimizer):
 
     def __init__(self, *args: Any, stats: SwarmStats, wire_format: CompressionChoice = "none",
                  admission: Admission | None = None, defences: Defences | None = None,
-                 evaluate: Callable[[], float] | None = None, round_reports: RoundReports | None = None, **kwargs: Any) -> None:
+                 evaluate: Callable[[], float] | None = None, round_reports: RoundReports | None = None,
+                 **kwargs: Any) -> None:
         self._defences, self._evaluate = defences, evaluate
         #: Where the gradient averager reports each round without the peer checks (with them: the defences').
         self._rounds = round_reports
