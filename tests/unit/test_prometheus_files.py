@@ -38,18 +38,31 @@ def test_promtool_check_config(promtool, tmp_path):
 
 def test_promtool_check_and_test_rules(promtool):
     out = run(promtool, "check", "rules", "rules.yml", cwd=PROM_DIR)
-    assert "SUCCESS: 10 rules found" in out
+    assert "SUCCESS: 13 rules found" in out
     assert "SUCCESS" in run(promtool, "test", "rules", "rules_test.yml", cwd=PROM_DIR)
 
 
 def test_every_alert_named_in_the_issue_is_tested():
     rules = yaml.safe_load((PROM_DIR / "rules.yml").read_text())
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
-    assert {"P2PTrainNoProgress", "P2PTrainNodeAlone", "P2PTrainAveragingFailing",
-            "P2PTrainCheckpointTooOld"} <= alerts
+    assert {"P2PTrainNoProgress", "P2PTrainNodeAlone", "P2PTrainAveragingFailing", "P2PTrainCheckpointTooOld",
+            "P2PTrainPeerOffences", "P2PTrainParameterRollback", "P2PTrainManifestVersionSkew"} <= alerts
     tests = yaml.safe_load((PROM_DIR / "rules_test.yml").read_text())
     firing = {t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"] if t["exp_alerts"]}
     assert firing == alerts
+
+
+def test_every_alert_has_a_runbook_section_in_the_monitoring_doc():
+    rules = yaml.safe_load((PROM_DIR / "rules.yml").read_text())
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    doc = (ROOT / "docs" / "monitoring.md").read_text()
+    # GitHub's anchor of a heading: lower case, spaces to dashes, punctuation dropped.
+    anchors = {re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+               for line in doc.splitlines() if line.startswith("#")}
+    for alert in alerts:
+        url = alert["annotations"].get("runbook_url", "")
+        page, _, anchor = url.partition("#")
+        assert page == "docs/monitoring.md" and anchor in anchors, (alert["alert"], url)
 
 
 def emitted_series_names(latest) -> set[str]:
@@ -110,6 +123,12 @@ def test_dashboard_uses_datasource_variable_and_rate_interval():
         assert variables[name]["type"] == "query"
         assert variables[name]["datasource"]["uid"] == "${datasource}"
     assert "$job" in variables["instance"]["query"]["query"]
+    # One run at a time: the nodes offered are those of the chosen run, and every panel filters by node.
+    assert variables["run"]["type"] == "query" and not variables["run"]["multi"]
+    assert "run_id" in variables["run"]["query"]["query"] and "$run" in variables["instance"]["query"]["query"]
+    names = [v["name"] for v in dashboard["templating"]["list"]]
+    assert names.index("run") < names.index("instance")  # Grafana resolves variables in order
+    assert "allValue" not in variables["instance"]  # "All" nodes = all of the run's, not ".+"
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dashboard_panels():
@@ -117,6 +136,8 @@ def test_dashboard_uses_datasource_variable_and_rate_interval():
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
             expr = target["expr"]
+            # Every query is held to the chosen run's nodes: totals of two runs mean nothing.
+            assert 'instance=~"$instance"' in expr, (panel["title"], expr)
             for window in re.findall(r"\brate\([^\[]*\[([^\]]+)\]", expr):
                 assert window == "$__rate_interval", (panel["title"], expr)
 
@@ -125,4 +146,6 @@ def test_dashboard_uses_datasource_variable_and_rate_interval():
 def test_grafana_provisioning_files_parse(path):
     data = yaml.safe_load(path.read_text())
     assert data["apiVersion"] == 1
+    # A Grafana that already has a default data source refuses a second one at start-up.
+    assert all("isDefault" not in source for source in data.get("datasources", []))
     assert data.get("datasources") or data.get("providers")
