@@ -48,8 +48,10 @@ MAX_LOG_LINES = 2000
 MAX_PAUSE_SECONDS = 30 * 24 * 3600.0
 CONTROL_PREFIX = "/api/v1/control/"
 CONTROL_COMMANDS = {c.value: c for c in (Command.PAUSE, Command.RESUME, Command.CHECKPOINT, Command.LEAVE)}
-GET_PATHS = frozenset({"/metrics", "/healthz", "/api/v1/status", "/api/v1/peers", "/api/v1/logs"})
-OPEN_PATHS = frozenset({"/metrics", "/healthz"})  # never need the token, even off loopback
+GET_PATHS = frozenset({"/metrics", "/healthz", "/livez", "/readyz", "/api/v1/status", "/api/v1/peers", "/api/v1/logs"})
+#: Probes: never need the token (even off loopback) and have their own request budget.
+PROBE_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
+OPEN_PATHS = frozenset({"/metrics"}) | PROBE_PATHS  # never need the token, even off loopback
 #: What generate_latest() writes: the classic text format, which every Prometheus version parses.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -241,7 +243,7 @@ class ApiServer:
     async def _answer(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
         self._check_host(request)
-        is_health = path == "/healthz"
+        is_health = path in PROBE_PATHS
         if request.over_cap and not is_health:
             raise ApiError(503, f"too many open connections from {request.client}", {"Retry-After": "1"})
         limiter = self.health_limit if is_health else self.read_limit
@@ -293,11 +295,8 @@ class ApiServer:
     # -- endpoint logic (no HTTP details below this line) -------------------------------------------
 
     def get(self, path: str, query: str) -> Response:
-        if path == "/healthz":
-            status = self.latest.status()
-            verdict = health.evaluate(status, self.clock(), max_snapshot_age=self.max_snapshot_age,
-                                      max_progress_age=self.max_progress_age)
-            return json_response(200 if verdict.healthy else 503, {**verdict.to_dict(), "state": status.state})
+        if path in PROBE_PATHS:
+            return self._probe(path)
         if path == "/metrics":
             # Keyed by the status snapshot: the node publishes its swarm view together with it.
             return self.cache.get("metrics", self.latest.status(), lambda: Response(
@@ -309,6 +308,17 @@ class ApiServer:
             view = self.latest.swarm()
             return self.cache.get("peers", view, lambda: json_response(200, _json_safe(view.to_dict())))
         return json_response(*self._logs(query))
+
+    def _probe(self, path: str) -> Response:
+        status = self.latest.status()
+        limits = {"max_snapshot_age": self.max_snapshot_age}
+        if path == "/livez":
+            verdict = health.liveness(status, self.clock(), **limits)
+        elif path == "/readyz":
+            verdict = health.readiness(status, self.clock(), max_progress_age=self.max_progress_age, **limits)
+        else:
+            verdict = health.evaluate(status, self.clock(), max_progress_age=self.max_progress_age, **limits)
+        return json_response(200 if verdict.healthy else 503, {**verdict.to_dict(), "state": status.state})
 
     def _logs(self, query: str) -> tuple[int, Any]:
         try:

@@ -1,13 +1,17 @@
-"""Whether a node counts as healthy, decided from its latest snapshot and the current time.
+"""Whether a node is alive, ready, healthy: decided from its latest snapshot and the current time.
 
-Pure logic (no I/O, the clock is an argument) so ``/healthz``, the TUI and tests agree.
+Three questions for three kinds of probe. ``liveness``: is the process's loop still turning (a
+supervisor restarts it when not). ``readiness``: is it doing what it should, which includes being
+paused on purpose by its owner's schedule or the machine's load (nothing to restart, nothing to
+alarm). ``evaluate``: the older combined ``/healthz`` (training and progressing), kept for probes
+that use it. Pure logic (no I/O, the clock is an argument) so the API, the TUI and tests agree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from p2ptrain.status import LIVE_STATES, NodeState, StatusSnapshot
+from p2ptrain.status import LIVE_STATES, NodeState, PauseReason, StatusSnapshot
 
 #: A snapshot older than this means the node loop itself is stuck (it publishes every ~0.5 s).
 DEFAULT_MAX_SNAPSHOT_AGE = 30.0
@@ -69,3 +73,28 @@ def evaluate(
     if age > max_progress_age:
         return Health(False, f"no training progress for {age:.0f} s")
     return Health(True, f"training, last step {age:.1f} s ago")
+
+
+def liveness(status: StatusSnapshot, now: float, *, max_snapshot_age: float = DEFAULT_MAX_SNAPSHOT_AGE) -> Health:
+    """Alive iff the node loop published a status recently, whatever its state: paused, syncing and
+    even failed-but-reporting nodes are alive (restarting them helps nothing); a loop that stopped
+    publishing is stuck.  Before the first status the process is starting, and alive."""
+    if status.taken_at <= 0:
+        return Health(True, "starting: no status published yet")
+    snapshot_age = now - status.taken_at
+    if snapshot_age > max_snapshot_age:
+        return Health(False, f"status not refreshed for {snapshot_age:.0f} s (node loop stuck?)")
+    return Health(True, f"state is {status.state}")
+
+
+def readiness(status: StatusSnapshot, now: float, *, max_snapshot_age: float = DEFAULT_MAX_SNAPSHOT_AGE,
+              max_progress_age: float = DEFAULT_MAX_PROGRESS_AGE) -> Health:
+    """Ready iff training and progressing, or paused on purpose (the reason says which); joining,
+    syncing, stopping or stuck nodes are not ready."""
+    if status.state == NodeState.PAUSED and status.pause_reason != PauseReason.NONE:
+        alive = liveness(status, now, max_snapshot_age=max_snapshot_age)
+        return alive if not alive.healthy else Health(True, f"paused on purpose ({status.pause_reason})")
+    if status.state != NodeState.TRAINING:
+        alive = liveness(status, now, max_snapshot_age=max_snapshot_age)
+        return alive if not alive.healthy else Health(False, f"state is {status.state}")
+    return evaluate(status, now, max_snapshot_age=max_snapshot_age, max_progress_age=max_progress_age)

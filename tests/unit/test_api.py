@@ -100,6 +100,24 @@ def test_healthz_follows_snapshot_and_clock(node):
                                                    "state": "paused"})
 
 
+def test_livez_and_readyz_tell_a_stuck_loop_from_an_owner_s_pause(node):
+    """A liveness probe restarts what is stuck, never a node paused by its schedule; readiness says why."""
+    assert node.json("GET", "/livez")[0] == 200 and node.json("GET", "/readyz")[0] == 200
+    for reason in ("schedule", "busy", "manual"):
+        node.latest.publish(dataclasses.replace(populated_status(node.now), state="paused", pause_reason=reason))
+        assert node.json("GET", "/livez")[0] == 200
+        assert node.json("GET", "/readyz") == (200, {"healthy": True, "reason": f"paused on purpose ({reason})",
+                                                      "state": "paused"})
+        assert node.json("GET", "/healthz")[0] == 503  # the older combined check: not training
+    node.latest.publish(dataclasses.replace(populated_status(node.now), state="syncing"))
+    assert node.json("GET", "/livez")[0] == 200
+    assert node.json("GET", "/readyz") == (503, {"healthy": False, "reason": "state is syncing", "state": "syncing"})
+    node.now += 1000  # the node loop stopped publishing: not alive, so not ready either
+    for path in ("/livez", "/readyz"):
+        status, body = node.json("GET", path)
+        assert status == 503 and "not refreshed" in body["reason"], path
+
+
 def test_logs_paging_and_bad_queries(node):
     log = logging.getLogger("p2ptrain.test_api_logs")
     log.addHandler(node.logs)
@@ -230,7 +248,7 @@ def test_off_loopback_reads_from_elsewhere_need_token_but_metrics_and_healthz_do
         assert node.request("GET", path)[0] == 200
         # Addressed to another name (a proxy on this machine, a web page rebinding a name): the token.
         assert node.request("GET", path, headers={"Host": "node.example"})[0] == 401
-    for path in ("/metrics", "/healthz"):
+    for path in ("/metrics", "/healthz", "/livez", "/readyz"):
         assert node.from_elsewhere(path) == 200
     assert node.request("POST", "/api/v1/control/pause")[0] == 401  # control: always the token
     assert node.control.drain() == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2ptrain.health import evaluate, progress_age
+from p2ptrain.health import evaluate, liveness, progress_age, readiness
 from p2ptrain.status import NodeState, StatusSnapshot
 
 NOW = 1_000_000.0
@@ -53,3 +53,21 @@ def test_no_snapshot_yet_is_unhealthy():
     verdict = evaluate(StatusSnapshot(), NOW)
     assert not verdict.healthy and "not published" in verdict.reason
     assert verdict.to_dict() == {"healthy": False, "reason": verdict.reason}
+
+
+def test_liveness_is_a_turning_loop_whatever_the_state():
+    assert liveness(StatusSnapshot(), NOW).healthy  # starting: nothing published yet
+    for state in NodeState:
+        assert liveness(snap(state), NOW).healthy, state
+        assert not liveness(snap(state, taken_ago=31), NOW).healthy, state
+
+
+def test_readiness_counts_a_purposeful_pause_and_nothing_before_training():
+    assert readiness(snap(NodeState.TRAINING), NOW).healthy
+    assert not readiness(snap(NodeState.TRAINING, progress=400.0), NOW).healthy
+    paused = readiness(snap(NodeState.PAUSED, pause_reason="schedule"), NOW)
+    assert paused.healthy and paused.reason == "paused on purpose (schedule)"
+    assert not readiness(snap(NodeState.PAUSED, pause_reason="schedule", taken_ago=31), NOW).healthy
+    for state in (NodeState.STARTING, NodeState.JOINING, NodeState.SYNCING, NodeState.STOPPING):
+        verdict = readiness(snap(state), NOW)
+        assert not verdict.healthy and verdict.reason == f"state is {state}"
