@@ -17,29 +17,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from p2ptrain.daemon.api import ApiServer
-from p2ptrain.daemon.control import ControlQueue
-from p2ptrain.daemon.logbuffer import LogRing
-from p2ptrain.metrics import build_registry
-from p2ptrain.status import LatestSnapshot
 from p2ptrain.waiting import wait_until
+from tests.support.apiserver import make_server
 from tests.support.rawhttp import STATUS, exchange, flood, status_of, timed_healthz
-from tests.unit.monitoring_fixtures import populated_status, populated_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-TOKEN = "t" * 43
-
-
-def make_server(registry: CollectorRegistry | None = None, **kwargs) -> ApiServer:
-    latest = LatestSnapshot()
-    latest.publish(populated_status(time.time()), populated_swarm())
-    server = ApiServer(host="127.0.0.1", port=0, latest=latest, logs=LogRing(capacity=10), control=ControlQueue(),
-                       registry=registry or build_registry(latest), token=TOKEN, **kwargs)
-    server.start()
-    return server
 
 
 @pytest.fixture

@@ -16,27 +16,13 @@ from monitoring_fixtures import populated_status, populated_swarm
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from p2ptrain.daemon.api import ApiServer
-from p2ptrain.daemon.control import ControlQueue
-from p2ptrain.daemon.logbuffer import LogRing
-from p2ptrain.metrics import build_registry
-from p2ptrain.status import LatestSnapshot
 from p2ptrain.waiting import wait_until
+from tests.support.apiserver import make_server
 from tests.support.clock import ManualClock
 from tests.support.rawhttp import HEALTHZ, STATUS, exchange, flood, status_of, timed_healthz
 
 pytestmark = [pytest.mark.timeout(120)]
 
-TOKEN = "t" * 43
-
-
-def make_server(registry: CollectorRegistry | None = None, **kwargs) -> ApiServer:
-    latest = LatestSnapshot()
-    latest.publish(populated_status(time.time()), populated_swarm())
-    server = ApiServer(host="127.0.0.1", port=0, latest=latest, logs=LogRing(capacity=10), control=ControlQueue(),
-                       registry=registry or build_registry(latest), token=TOKEN, **kwargs)
-    server.start()
-    return server
 
 
 def test_a_burst_of_connections_waits_in_the_backlog_not_dropped() -> None:
