@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Sequence
 
 EX_OK = os.EX_OK
 #: A failure sysexits.h has no code for: the command ran and did not get what it was asked for.
@@ -69,7 +70,14 @@ def printable(value: object) -> str:
 
 
 class ConfigError(Exception):
-    """A configuration problem, already phrased as the one line the user should see."""
+    """A configuration problem, already phrased as the one line the user should see.
+
+    ``problems`` holds every problem found, one line each (``config check`` lists them all); the
+    message itself stays one line: the first problem and how many more."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems: tuple[str, ...] = tuple(problems) or (message,)
 
 
 def error_line(error: BaseException) -> str:

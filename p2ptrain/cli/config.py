@@ -1,19 +1,26 @@
 """``p2ptrain config init`` and ``config check``: the commented template and the validator.
 
 The template is generated from the config models themselves (defaults and field docstrings),
-so it can never drift from what the node actually accepts.
+so it can never drift from what the node actually accepts.  ``config check`` gathers every problem
+it finds into one list (each source of problems adds to it) and prints them all, one line each.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from p2ptrain.atomicfile import write_atomic
-from p2ptrain.config.schema import ConfigError, load_config
+from p2ptrain.config.schema import ConfigError, NodeConfig, load_config
 from p2ptrain.config.template import render_template
-from p2ptrain.errors import EX_FAILURE, EX_OK, printable
+from p2ptrain.errors import EX_CONFIG, EX_FAILURE, EX_OK, error_line, printable
+
+#: ``config check --json``: bump when a field's meaning changes (fields are only added).
+JSON_SCHEMA_VERSION = 1
 
 
 def init_command(args: argparse.Namespace) -> int:
@@ -31,26 +38,85 @@ def init_command(args: argparse.Namespace) -> int:
     return EX_OK
 
 
-def check_command(args: argparse.Namespace) -> int:
-    config = load_config(args.path)  # ConfigError -> one line + exit 78 in the CLI
+@dataclass
+class ConfigCheck:
+    """What ``config check`` found: every problem (one line each), and what the node would use."""
+
+    path: Path
+    problems: list[str] = field(default_factory=list)
+    config: NodeConfig | None = None
+    run: str | None = None
+    run_id: str | None = None
+    notes: list[str] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        state_dir = str(self.config.state_dir()) if self.config is not None else None
+        return {"schema_version": JSON_SCHEMA_VERSION, "path": str(self.path), "ok": not self.problems,
+                "problems": self.problems, "run_id": self.run_id, "run": self.run, "state_dir": state_dir,
+                "manifest": self.manifest}
+
+
+def check_config(path: Path) -> ConfigCheck:
+    """Check ``path`` as the node would read it; problems are collected, not raised."""
+    check = ConfigCheck(path)
+    try:
+        check.config = load_config(path)
+    except ConfigError as error:
+        check.problems.extend(error.problems)
+        return check
+    check.run_id = check.config.swarm.run_id
+    for source in (_owned_run_problems,):  # each returns the problems it finds
+        check.problems.extend(source(check))
+    return check
+
+
+def _owned_run_problems(check: ConfigCheck) -> list[str]:
+    """An owned run: the manifest and invite as the node would check them, and what it would use."""
+    config = check.config
+    assert config is not None
     if config.swarm.run is None and config.swarm.manifest is None and config.swarm.invite is None:
-        print(f"{printable(args.path)}: ok (run_id={config.swarm.run_id}, state_dir={printable(config.state_dir())})")
-        return EX_OK
-    # An owned run: check the manifest and invite as the node would, and show what it would use.
-    from p2ptrain.cli.run import show_lines
+        return []
+    from p2ptrain.cli.run import manifest_json, show_lines
     from p2ptrain.swarm.identity import identity_path
     from p2ptrain.swarm.ownedrun import prepare_run  # hivemind: only for owned runs
 
-    plan = prepare_run(config, identity_path(config.state_dir()))
+    try:
+        plan = prepare_run(config, identity_path(config.state_dir()))
+    except ConfigError as error:
+        return list(error.problems)
     assert plan is not None
+    check.run, check.run_id = str(plan.ref), plan.config.swarm.run_id
     if plan.excluded_by is not None:
-        raise ConfigError(f"{plan.excluded_by}; the node asks the swarm for a newer version that readmits it "
-                          "(p2ptrain run update --unrevoke/--unban) before it gives up")
-    print(f"{printable(args.path)}: ok (run {plan.ref}, run_id={plan.config.swarm.run_id}, "
-          f"state_dir={printable(config.state_dir())})")
+        return [f"{plan.excluded_by}; the node asks the swarm for a newer version that readmits it "
+                "(p2ptrain run update --unrevoke/--unban) before it gives up"]
     if plan.manifest is None:
-        print(f"the manifest of run {plan.ref} is fetched from the swarm when the node joins; to see it now: "
-              f"p2ptrain run show {plan.ref} --join ADDR")
+        check.notes.append(f"the manifest of run {plan.ref} is fetched from the swarm when the node joins; to see "
+                           f"it now: p2ptrain run show {plan.ref} --join ADDR")
     else:
-        print("\n".join(show_lines(plan.manifest, plan.source)))
+        check.notes.extend(show_lines(plan.manifest, plan.source))
+        check.manifest = manifest_json(plan.manifest, plan.source)
+    return []
+
+
+def check_command(args: argparse.Namespace) -> int:
+    check = check_config(args.path)
+    where = printable(args.path)
+    if getattr(args, "json", False):
+        print(json.dumps(check.to_json(), sort_keys=True, default=str))
+        if check.problems:
+            count = len(check.problems)
+            print(error_line(ConfigError(f"{where}: {count} problem{'s' if count > 1 else ''}")), file=sys.stderr)
+            return EX_CONFIG
+        return EX_OK
+    if check.problems:
+        for problem in check.problems:
+            print(error_line(ConfigError(problem)), file=sys.stderr)
+        return EX_CONFIG
+    config = check.config
+    assert config is not None
+    run = f"run {check.run}, " if check.run else ""
+    print(f"{where}: ok ({run}run_id={check.run_id}, state_dir={printable(config.state_dir())})")
+    if check.notes:
+        print("\n".join(check.notes))
     return EX_OK

@@ -7,7 +7,7 @@ control character (:func:`p2ptrain.errors.printable`), so the line stays one lin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,21 +26,30 @@ def source_of(loc: tuple[int | str, ...], origin: str, data: Mapping[str, Any],
     return f"environment variable {printable(name)}" if name is not None else printable(origin)
 
 
+def describe_problem(problem: Mapping[str, Any]) -> str:
+    """``section.key: what is wrong``, for one of a ValidationError's problems."""
+    # A TOML key may hold newlines or control characters: quoted, so the error stays one line.
+    field = ".".join(printable(part) for part in problem["loc"]) or "(top level)"
+    kind = problem["type"]
+    if kind == "extra_forbidden":
+        text = "unknown key"
+    elif kind == "missing":
+        text = "required"
+    else:
+        text = problem["msg"].removeprefix("Value error, ")
+        if "input" in problem and not isinstance(problem["input"], dict | list):
+            text += f" (got {problem['input']!r})"
+    return f"{field}: {' '.join(text.split())}"
+
+
+def describe_all(error: ValidationError, source: Callable[[tuple[int | str, ...]], str]) -> list[str]:
+    """Every one of ``error``'s problems as ``source: section.key: problem`` (``source``: where the
+    setting at a location came from)."""
+    return [f"{source(tuple(problem['loc']))}: {describe_problem(problem)}" for problem in error.errors()]
+
+
 def describe_invalid(error: ValidationError, source: str) -> str:
     """``source: section.key: problem``, for the first of ``error``'s problems (and how many more)."""
-    first = error.errors()[0]
-    # A TOML key may hold newlines or control characters: quoted, so the error stays one line.
-    field = ".".join(printable(part) for part in first["loc"]) or "(top level)"
-    kind = first["type"]
-    if kind == "extra_forbidden":
-        problem = "unknown key"
-    elif kind == "missing":
-        problem = "required"
-    else:
-        problem = first["msg"].removeprefix("Value error, ")
-        if "input" in first and not isinstance(first["input"], dict | list):
-            problem += f" (got {first['input']!r})"
     more = len(error.errors()) - 1
     suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
-    problem = " ".join(problem.split())
-    return f"{source}: {field}: {problem}{suffix}"
+    return f"{source}: {describe_problem(error.errors()[0])}{suffix}"

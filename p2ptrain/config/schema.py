@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from p2ptrain.config import checks
 from p2ptrain.config.checks import DirectoryPath, filesystem_problem
 from p2ptrain.config.checks import parse_multiaddr as parse_multiaddr
-from p2ptrain.config.errors import describe_invalid, source_of
+from p2ptrain.config.errors import describe_all, describe_invalid, source_of
 from p2ptrain.config.tomlfile import ENV_PREFIX as ENV_PREFIX
 from p2ptrain.config.tomlfile import env_overrides as _env_overrides
 from p2ptrain.config.tomlfile import env_variables, read_toml, with_overrides
@@ -479,7 +479,8 @@ def parse_config(data: Mapping[str, Any], origin: str, environ: Mapping[str, str
     try:
         config = NodeConfig.model_validate(merged)
     except ValidationError as error:
-        raise ConfigError(describe_invalid(error, source_of(error.errors()[0]["loc"], origin, data, set_by))) from None
+        raise ConfigError(describe_invalid(error, source_of(error.errors()[0]["loc"], origin, data, set_by)),
+                          describe_all(error, lambda loc: source_of(loc, origin, data, set_by))) from None
     problem = filesystem_problem(config)
     if problem:
         (section, key), text = problem

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -157,6 +158,39 @@ def test_several_problems_are_counted_in_one_line(tmp_path: Path) -> None:
     path = _write(tmp_path, "[training]\nbatch_size = -1\nlr = -2\n")
     with pytest.raises(ConfigError, match=r"\(\+1 more problem\)$"):
         load_config(path, environ={})
+
+
+def test_every_problem_is_kept_one_line_each(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[training]\nbatch_size = -1\nlr = -2\n[nope]\nx = 1\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, environ={"P2PTRAIN_NODE__LOG_LEVEL": "LOUD"})
+    problems = raised.value.problems
+    assert len(problems) == 4 and all("\n" not in line for line in problems)
+    assert any(line.startswith(f"{path}: training.batch_size: ") for line in problems)
+    assert any(line.startswith(f"{path}: training.lr: ") for line in problems)
+    assert f"{path}: nope: unknown key" in problems
+    assert any(line.startswith("environment variable P2PTRAIN_NODE__LOG_LEVEL: node.log_level: ") for line in problems)
+
+
+def test_config_check_lists_every_problem_and_exits_78(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from p2ptrain.cli.main import main
+
+    path = _write(tmp_path, "[training]\nbatch_size = -1\nlr = -2\n[nope]\nx = 1\n")
+    assert main(["config", "check", str(path)]) == 78
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 3 and all(line.startswith("p2ptrain: config error: ") for line in lines)
+    assert "more problem" not in captured.err
+    assert main(["config", "check", "--json", str(path)]) == 78
+    captured = capsys.readouterr()
+    checked = json.loads(captured.out)
+    assert checked["ok"] is False and len(checked["problems"]) == 3 and checked["schema_version"] == 1
+    assert captured.err == f"p2ptrain: config error: {path}: 3 problems\n"
+    good = _write(tmp_path, "[training]\nlr = 0.001\n")
+    assert main(["config", "check", "--json", "-c", str(good)]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["ok"] is True and checked["problems"] == [] and checked["run"] is None
+    assert checked["run_id"] and checked["state_dir"]
 
 
 def test_defaults_work_everywhere() -> None:
