@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(sets swarm.run)")
     run.add_argument("--manifest", type=Path, metavar="FILE",
                      help="the run's manifest file, instead of fetching it from the swarm (sets swarm.manifest)")
+    run.add_argument("--trust-task-code", action="store_true",
+                     help="run the user task code (task.entrypoint) the run's manifest names; without it only "
+                     "built-in tasks run, unless it is the entrypoint of this node's own config (exit 65)")
     run.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL",
                      help="override node.log_level: debug, info, warning or error (debug also shows "
                      "hivemind's and asyncio's internals, tracebacks included)")
@@ -231,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_sub.add_parser("check", help="validate a config file (exit 78 if it is bad)")
     check.add_argument("path", nargs="?", type=Path, metavar="PATH", help="the config file")
     check.add_argument("-c", "--config", type=Path, metavar="PATH", help="the same, as run and the others take it")
+    check.add_argument("--json", action="store_true", help="print the result as one JSON object (problems included)")
     check.set_defaults(handler=_one_config_file(check, _lazy("p2ptrain.cli.config:check_command")))
 
     top = sub.add_parser("top", help="watch a running node and its swarm in a terminal UI")
@@ -296,7 +300,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     show.add_argument("--join", action="append", default=[], metavar="MADDR",
                       help="fetch the manifest of REF from the swarm through this node (open runs)")
     show.add_argument("--timeout", type=_duration, default=15.0, help="swarm lookup timeout (default 15s)")
-    show.add_argument("--toml", action="store_true", help="print the manifest file itself")
+    shown = show.add_mutually_exclusive_group()
+    shown.add_argument("--toml", action="store_true", help="print the manifest file itself")
+    shown.add_argument("--json", action="store_true", help="print the manifest as one JSON object")
     show.set_defaults(handler=_lazy("p2ptrain.cli.run:show_command"))
 
     invite = sub.add_parser("invite", help="print an invite token admitting one peer to a private run")

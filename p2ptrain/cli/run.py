@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -193,6 +194,23 @@ def show_lines(manifest: Manifest, origin: str) -> list[str]:
     return lines
 
 
+#: ``run show --json`` and ``config check --json``: bump when a field's meaning changes (fields are only added).
+JSON_SCHEMA_VERSION = 1
+
+
+def manifest_json(manifest: Manifest, origin: str) -> dict[str, Any]:
+    """The manifest as ``run show --json`` prints it (docs/operations.md, "CLI reference")."""
+    ref = manifest.ref
+    return {
+        "run": str(ref), "name": manifest.name, "origin": origin, "version": manifest.version,
+        "created_at": manifest.created_at, "updated_at": manifest.updated_at,
+        "policy": manifest.policy, "banned": list(manifest.banned), "revoked": list(manifest.revoked),
+        "fingerprint": manifest.fingerprint, "run_id": ref.run_id,
+        "owner_key": encode_public_key(manifest.owner_key), "local_data": manifest.local_data,
+        "data": describe_data(manifest), "task": dict(manifest.task), "training": dict(manifest.training),
+    }
+
+
 def describe_data(manifest: Manifest) -> str:
     """Where a node of the run reads its training data, in words."""
     if manifest.task.get("data_path") is not None:
@@ -211,6 +229,9 @@ def show_command(args: argparse.Namespace) -> int:
         return EX_FAILURE
     if args.toml:
         sys.stdout.write(manifest.to_toml())
+    elif args.json:
+        print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **manifest_json(manifest, source.describe())},
+                         sort_keys=True, default=str))
     else:
         print("\n".join(show_lines(manifest, source.describe())))
     return EX_OK

@@ -4,6 +4,7 @@ exit 78, and leaves every file as it was."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 import tomllib
@@ -191,6 +192,24 @@ def test_show_a_file_a_directory_and_its_toml(run_dir: Path, capsys):
     assert f"run          {_ref(run_dir)}" in out and "version      1" in out and "admission    open" in out
     assert main(["run", "show", "demo", "--toml"]) == 0
     assert capsys.readouterr().out == (run_dir / "manifest.toml").read_text()
+
+
+def test_show_json_is_one_object_with_the_manifest_s_fields(run_dir: Path, capsys):
+    assert main(["run", "show", "demo", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["schema_version"] == 1 and shown["run"] == str(_ref(run_dir)) and shown["version"] == 1
+    assert shown["policy"] == "open" and shown["banned"] == [] and shown["run_id"] == _ref(run_dir).run_id
+    assert isinstance(shown["task"], dict) and isinstance(shown["training"], dict)
+    # a failure stays one line on stderr, with the same exit code, and nothing on stdout
+    _fails(["run", "show", "demo@xyz", "--json"], capsys, r"not a run reference: 'demo@xyz'")
+    assert capsys.readouterr().out == ""
+
+
+def test_config_check_json_of_an_owned_run_s_node(run_dir: Path, capsys):
+    assert main(["config", "check", "--json", str(run_dir / "node.toml")]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["ok"] is True and checked["problems"] == [] and checked["run"] == str(_ref(run_dir))
+    assert checked["manifest"]["version"] == 1
 
 
 def test_show_bad_input(run_dir: Path, capsys):
