@@ -78,6 +78,7 @@ def run_node(args: argparse.Namespace) -> NoReturn:
         logger.debug("open files limit raised from %d to %d", before, after)
     tie_children_to_this_process()
     hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ(os.environ), run_flags=run_flags)
-    node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks)
+    node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks,
+                trust_task_code=bool(getattr(args, "trust_task_code", False)))
     _install_signal_handlers(node)
     end_process(node.run())

@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from p2ptrain.config.schema import ConfigError, NodeConfig
 from p2ptrain.daemon.builder import JoinedSwarm, NodeBuilder, TrainingParts
@@ -37,7 +38,8 @@ from p2ptrain.daemon.shutdown import land_round_in_flight
 from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures, data_figures
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.daemon.sync import sync_with_swarm
-from p2ptrain.errors import EX_CONFIG, EX_FAILURE, EX_OK, EX_TEMPFAIL, error_line
+from p2ptrain.errors import EX_CONFIG, EX_DATAERR, EX_FAILURE, EX_OK, EX_TEMPFAIL, error_line
+from p2ptrain.model.limits import ModelRefused, check_task_code
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
@@ -65,8 +67,13 @@ class Node:
         set_threads: Callable[[int], None] | None = None,
         paused_wait: float = PAUSED_WAIT,
         cpu_share: CpuShare | None = None,
+        trust_task_code: bool = False,
     ) -> None:
         self.config = config
+        #: An owned run's manifest is someone else's: its task code runs only when it is this node's own
+        #: config's entrypoint, or with ``--trust-task-code``.
+        self._own_entrypoint = config.task.entrypoint
+        self.trust_task_code = trust_task_code
         self.extra_peers = list(extra_peers)
         self.logs = log_ring or LogRing()
         self.hooks = hooks or NodeHooks()
@@ -165,6 +172,7 @@ class Node:
             # An owned run's manifest and invite are checked before anything is written: the file
             # (or the version kept from an earlier start), else the swarm's, fetched for it.
             self._use_config(self.session.prepare(fetch_manifest=True))
+            self._admit_task_code(self.config)  # before anything is written, joined or imported
             self.session.open()
             try:
                 code = self._run(self.session.state_dir)
@@ -175,6 +183,8 @@ class Node:
             return code
         except (FingerprintMismatch, ConfigError) as error:
             return _fail(error, EX_CONFIG)
+        except ModelRefused as error:
+            return _fail(error, EX_DATAERR)
         except IdentityInUse as error:
             return _fail(error, EX_TEMPFAIL)
         except (SwarmError, SourceUnavailable) as error:
@@ -211,10 +221,13 @@ class Node:
         assert presence is not None
         evidence = presence.evidence
 
-        self.parts = parts = self.session.build(
-            lambda config, joined, **run: self.builder.build_training(
+        def build(config: NodeConfig, joined: JoinedSwarm, **run: Any) -> TrainingParts:
+            self._admit_task_code(config)  # the manifest in force may be newer than the one read at start
+            return self.builder.build_training(
                 config, joined, self.swarm_stats, live_peers=self.training_peers, wall_clock=self.wall_clock,
-                long_operation=self.hooks.long_operation, wait=self.stopper.wait, **run))
+                long_operation=self.hooks.long_operation, wait=self.stopper.wait, **run)
+
+        self.parts = parts = self.session.build(build)
         self._watch(parts)
         follower = RunFollower(self.keeper, parts.optimizer, parts.trainer, peer_id=swarm.peer_id,
                                fingerprint=parts.fingerprint, request_exit=self.request_exit, clock=self.clock,
@@ -253,6 +266,12 @@ class Node:
         if self.loop.checkpoint():
             self._forced_exit_code = self.exit_code
         return self.exit_code
+
+    def _admit_task_code(self, config: NodeConfig) -> None:
+        """:class:`ModelRefused` (exit 65) when an owned run's manifest names task code the user did not trust."""
+        if self.plan is not None:
+            check_task_code(config.task, f"the manifest of run {self.plan.ref}", trust_task_code=self.trust_task_code,
+                            own_entrypoint=self._own_entrypoint)
 
     def _use_config(self, config: NodeConfig) -> None:
         self.config = config

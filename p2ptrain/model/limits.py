@@ -39,9 +39,7 @@ def check_model_config(task: TaskSection, where: str, *, trust_task_code: bool =
     user task's size is its code's business: it is only known once that code has run.
     """
     if task.entrypoint is not None:
-        if not trust_task_code and task.entrypoint != own_entrypoint:
-            raise ModelRefused(f"{where} names task code {task.entrypoint!r} (task.entrypoint); a model file is "
-                               "data, so its code is not run: pass --trust-task-code if you trust it")
+        check_task_code(task, where, trust_task_code=trust_task_code, own_entrypoint=own_entrypoint)
         return
     from p2ptrain.tasks.bytelm import parameter_count  # torch: only once a model is to be checked
 
@@ -49,6 +47,15 @@ def check_model_config(task: TaskSection, where: str, *, trust_task_code: bool =
     if count > max_params:
         raise ModelRefused(f"{where} asks for a model of {count:,} parameters ({_size(count * 4)} of float32), "
                            f"over --max-params {max_params:,}; nothing was built")
+
+
+def check_task_code(task: TaskSection, where: str, *, trust_task_code: bool = False,
+                    own_entrypoint: str | None = None) -> None:
+    """Raise :class:`ModelRefused` when ``task`` (read from ``where``) names task code the user did not
+    trust: not ``own_entrypoint`` (the node's own config's) and no ``--trust-task-code``."""
+    if task.entrypoint is not None and not trust_task_code and task.entrypoint != own_entrypoint:
+        raise ModelRefused(f"{where} names task code {task.entrypoint!r} (task.entrypoint); a model file is "
+                           "data, so its code is not run: pass --trust-task-code if you trust it")
 
 
 def _size(nbytes: int) -> str:

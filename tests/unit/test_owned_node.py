@@ -365,3 +365,41 @@ def test_a_node_whose_invite_expires_is_warned_once_ahead_and_stops_at_expiry(tm
                         f"{manifest.ref} {SELF}), put it in swarm.invite and start the node again"], warnings
     assert builder.parts.checkpoints == 1  # stopped cleanly
     assert node.latest.status().invite_expires_at == expires
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_manifest_naming_task_code_is_refused_with_exit_65_unless_trusted(tmp_path, owner, capsys, trusted):
+    key, manifest = owner
+    with_code = _next(manifest, key, task={**manifest.task, "entrypoint": "not_installed_task:build"})
+    path = tmp_path / "manifest.toml"
+    path.write_text(with_code.to_toml())
+    config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "api": {"enabled": False},
+                           "swarm": {"manifest": str(path)}, "training": {"max_epochs": 1}}, "test")
+    clock = ManualClock()
+    builder = OwnedBuilder(clock, MemoryDHT())
+    node = Node(config, hooks=RecordingHooks(clock), builder=builder, clock=clock,  # type: ignore[arg-type]
+                set_threads=lambda n: None, paused_wait=0.0, trust_task_code=trusted)
+    if trusted:  # past the check: the fake builder never imports it, and the fake run ends as usual
+        assert node.run() == 0
+        assert builder.built_with["config"].task.entrypoint == "not_installed_task:build"
+        return
+    assert node.run() == 65
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'not_installed_task:build'" in err and "--trust-task-code" in err, err
+    assert not (tmp_path / "state").exists()  # refused before anything is written
+
+
+def test_the_node_s_own_entrypoint_in_the_manifest_needs_no_trust_flag(tmp_path, owner):
+    key, manifest = owner
+    with_code = _next(manifest, key, task={**manifest.task, "entrypoint": "own_task:build"})
+    path = tmp_path / "manifest.toml"
+    path.write_text(with_code.to_toml())
+    config = parse_config({"node": {"state_dir": str(tmp_path / "state")}, "api": {"enabled": False},
+                           "swarm": {"manifest": str(path)}, "task": {"entrypoint": "own_task:build"},
+                           "training": {"max_epochs": 1}}, "test")
+    clock = ManualClock()
+    builder = OwnedBuilder(clock, MemoryDHT())
+    node = Node(config, hooks=RecordingHooks(clock), builder=builder, clock=clock,  # type: ignore[arg-type]
+                set_threads=lambda n: None, paused_wait=0.0)
+    assert node.run() == 0
+    assert builder.built_with["config"].task.entrypoint == "own_task:build"
