@@ -55,9 +55,11 @@ class Checkpointer:
         try:
             path = self.store.save(state)
         except CheckpointError as exc:
-            self.figures = CheckpointFigures(old.ok, old.failed + 1, old.last_time, str(exc))
+            self.figures = CheckpointFigures(old.ok, old.failed + 1, old.last_time, str(exc), old.last_path,
+                                             old.last_epoch)
             logger.error("checkpoint failed (training goes on; previous checkpoint kept): %s", exc)
             return False
-        self.figures = CheckpointFigures(old.ok + 1, old.failed, self._wall_clock(), "")
+        self.figures = CheckpointFigures(old.ok + 1, old.failed, self._wall_clock(), "", str(path),
+                                         int(state.get("epoch", 0)))
         logger.info("checkpoint written: %s (epoch %d)", path.name, int(state.get("epoch", 0)))
         return True

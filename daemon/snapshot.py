@@ -55,6 +55,9 @@ class CheckpointFigures:
     failed: int = 0
     last_time: float | None = None
     last_error: str = ""
+    #: The newest checkpoint file written by this process, and the epoch it holds (``p2ptrain checkpoint``).
+    last_path: str = ""
+    last_epoch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
         state_download_progress=stats.state_download_progress,
         checkpoint_writes_ok_total=checkpoints.ok, checkpoint_writes_failed_total=checkpoints.failed,
         last_checkpoint_time=checkpoints.last_time, last_checkpoint_error=checkpoints.last_error,
+        last_checkpoint_path=checkpoints.last_path, last_checkpoint_epoch=checkpoints.last_epoch,
         nonfinite_skips_total=training.nonfinite_skips, rollbacks_total=training.rollbacks,
         rejected_records_total=view.rejected_records_total,
         peer_checks=offences.checks_on, peer_offenses_by_kind=dict(offences.by_kind),

@@ -268,6 +268,9 @@ class StatusSnapshot:
     checkpoint_writes_failed_total: int = 0
     last_checkpoint_time: float | None = None
     last_checkpoint_error: str = ""
+    #: The newest checkpoint this node wrote since it started ("" before the first) and its epoch.
+    last_checkpoint_path: str = ""
+    last_checkpoint_epoch: int | None = None
     nonfinite_skips_total: int = 0
     #: Times the parameters turned non-finite after averaging and were restored to the last good state.
     rollbacks_total: int = 0

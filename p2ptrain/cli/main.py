@@ -261,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text, handler in (
         ("pause", "pause training (the node stays in the swarm and serves state)", "pause"),
         ("resume", "resume training after a manual pause", "resume"),
+        ("checkpoint", "write a checkpoint now; say where and at which epoch", "checkpoint"),
         ("leave", "leave the swarm gracefully and stop the node", "leave"),
     ):
         control = sub.add_parser(name, help=help_text)
@@ -268,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
             control.add_argument("--for", dest="duration", type=_duration, metavar="DURATION",
                                  help="resume automatically after this long (90s, 15m, 2h); "
                                  "default: until resumed")
+        if name == "checkpoint":
+            control.add_argument("--timeout", type=_duration, default=120.0, metavar="DURATION",
+                                 help="give up (exit 1) when no checkpoint is written after this long (default 120s)")
         _add_node_flags(control, "control token file")
         control.set_defaults(handler=_lazy(f"p2ptrain.daemon.nodectl:{handler}"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -125,3 +126,74 @@ def test_unreadable_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 @pytest.mark.parametrize(("seconds", "text"), [(7200, "2h"), (5400, "1h30m"), (90, "1m30s"), (86400, "1d")])
 def test_format_duration(seconds: float, text: str) -> None:
     assert nodectl.format_duration(seconds) == text
+
+
+class CheckpointingNode(FakeNode):
+    """Answers status reads too; the checkpoint request makes the next status count a write (or a failure)."""
+
+    def __init__(self, fails: bool = False, writes: bool = True) -> None:
+        super().__init__()
+        from p2ptrain.status import StatusSnapshot
+
+        self.status = StatusSnapshot(local_epoch=7, checkpoint_writes_ok_total=2, checkpoint_writes_failed_total=0)
+        node = self
+        handler = self.server.RequestHandlerClass
+        post = handler.do_POST  # type: ignore[attr-defined]
+
+        def do_get(request: BaseHTTPRequestHandler) -> None:
+            payload = json.dumps(node.status.to_dict()).encode()
+            request.send_response(200)
+            request.send_header("Content-Type", "application/json")
+            request.send_header("Content-Length", str(len(payload)))
+            request.end_headers()
+            request.wfile.write(payload)
+
+        def do_post(request: BaseHTTPRequestHandler) -> None:
+            post(request)
+            if request.path.endswith("/checkpoint") and writes:
+                if fails:
+                    node.status = dataclasses.replace(node.status, checkpoint_writes_failed_total=1,
+                                                      last_checkpoint_error="disk full")
+                else:
+                    node.status = dataclasses.replace(node.status, checkpoint_writes_ok_total=3, local_epoch=8,
+                                                      last_checkpoint_path="/var/lib/p2ptrain/ckpt/ckpt-8.pt",
+                                                      last_checkpoint_epoch=8)
+
+        handler.do_GET = do_get  # type: ignore[attr-defined]
+        handler.do_POST = do_post  # type: ignore[attr-defined]
+
+
+def _serve(fake: FakeNode) -> threading.Thread:
+    thread = threading.Thread(target=fake.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(("fails", "writes", "code", "out", "err"), [
+    (False, True, 0, "checkpoint written: /var/lib/p2ptrain/ckpt/ckpt-8.pt (epoch 8)\n", ""),
+    (True, True, EX_FAILURE, "", "p2ptrain: the node could not write the checkpoint: disk full"),
+    (False, False, EX_FAILURE, "", "wrote no checkpoint within 1s"),
+])
+def test_checkpoint_says_where_and_which_epoch(token_file: Path, capsys: pytest.CaptureFixture[str], fails: bool,
+                                               writes: bool, code: int, out: str, err: str) -> None:
+    from p2ptrain.cli.main import build_parser
+
+    fake = CheckpointingNode(fails=fails, writes=writes)
+    thread = _serve(fake)
+    now = [0.0]
+    try:
+        args = build_parser().parse_args(["checkpoint", "--url", fake.url, "--token-file", str(token_file),
+                                          "--timeout", "1s"])
+        assert nodectl.checkpoint(args, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)) == code
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+        thread.join(timeout=5)
+    captured = capsys.readouterr()
+    assert captured.out == out and err in captured.err and captured.err.count("\n") == (1 if err else 0)
+    assert [path for path, _, _ in fake.requests] == ["/api/v1/control/checkpoint"]
+
+
+def test_checkpoint_without_a_node_is_exit_69(token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoint", "--url", "http://127.0.0.1:9", "--token-file", str(token_file)]) == EX_UNAVAILABLE
+    assert capsys.readouterr().err.startswith("p2ptrain: no node answers at http://127.0.0.1:9")
