@@ -20,7 +20,7 @@ from p2ptrain.config.template import render_template
 from p2ptrain.daemon.units import SYSUSERS, render_unit
 from p2ptrain.errors import EX_CANTCREAT, EX_OK, EX_USAGE
 
-_INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+INSTANCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The system unit's sandbox hides these from the service user (ProtectHome=yes).
 _HIDDEN_PREFIXES = ("/home/", "/root/", "/run/user/")
 
@@ -106,7 +106,7 @@ def _write(planned: PlannedFile) -> str:
 def main(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     instance: str | None = args.instance
-    if instance is not None and not _INSTANCE.fullmatch(instance):
+    if instance is not None and not INSTANCE_NAME.fullmatch(instance):
         print(f"p2ptrain: --instance {instance!r}: use 1-64 letters, digits, '_', '.', '-'", file=sys.stderr)
         return EX_USAGE
     plan = plan_install(user=args.user, instance=instance, exec_prefix=[sys.executable, "-m", "p2ptrain.cli"],

@@ -257,6 +257,17 @@ def build_parser() -> argparse.ArgumentParser:
                          help="install p2ptrain@.service and a config for instance NAME")
     install.add_argument("--root", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # tests, image builds
     install.set_defaults(handler=_lazy("p2ptrain.daemon.service_install:main"))
+    uninstall = service_sub.add_parser("uninstall", help="stop and disable the service and remove its unit file "
+                                       "(the config and the state directory are kept)")
+    status = service_sub.add_parser("status", help="the unit's state (systemctl show) and the node's own status")
+    for action in (uninstall, status):
+        action.add_argument("--user", action="store_true", help="the user service (systemctl --user)")
+        action.add_argument("--instance", metavar="NAME", help="the service of instance NAME (p2ptrain@NAME)")
+        action.add_argument("--root", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # tests, image builds
+    status.add_argument("--json", action="store_true", help="print the unit's and the node's state as one JSON object")
+    _add_node_flags(status, "token file, for a node that wants it on reads")
+    uninstall.set_defaults(handler=_lazy("p2ptrain.daemon.service_manage:uninstall"))
+    status.set_defaults(handler=_lazy("p2ptrain.daemon.service_manage:status"))
 
     for name, help_text, handler in (
         ("pause", "pause training (the node stays in the swarm and serves state)", "pause"),
