@@ -3,7 +3,9 @@
 Under systemd, stderr is connected to the journal and ``$JOURNAL_STREAM`` names that stream's
 ``device:inode``; lines then start with a ``<N>`` syslog priority (so ``journalctl -p warning``
 works) and carry no timestamp (journald adds its own).  Anywhere else: a human format with
-timestamps.  hivemind installs its own coloured handler on the ``hivemind`` logger and stops
+timestamps.  ``json`` (for log shippers): one JSON object per line with ``time``, ``level``, ``logger``,
+``message`` and any structured fields a record carries (``extra=``), a traceback as ``exception``.
+hivemind installs its own coloured handler on the ``hivemind`` logger and stops
 propagation; we switch it to ``"nowhere"`` so hivemind's records flow through our one handler.
 There, :class:`~p2ptrain.daemon.logsfilter.SwarmNoiseFilter` turns hivemind's and asyncio's records into
 DEBUG records (shown with ``--log-level debug``) and logs a periodic count of what it hid.  Forked
@@ -12,15 +14,17 @@ helper processes (hivemind's DHT and averagers) inherit all of this at fork time
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Literal, TextIO
+from datetime import UTC, datetime
+from typing import Any, Literal, TextIO
 
 from p2ptrain.daemon.logsfilter import DEMOTED_FROM, SwarmNoiseFilter, level_name
 
-LogFormat = Literal["auto", "human", "journal"]
+LogFormat = Literal["auto", "human", "journal", "json"]
 
 #: Loggers whose level follows ``node.log_level``; everything else stays at WARNING.
 OWN_LOGGERS = ("p2ptrain", "__main__")
@@ -78,6 +82,34 @@ class HumanFormatter(logging.Formatter):
         if record.stack_info:
             text += "\n" + self.formatStack(record.stack_info)
         return text
+
+
+#: A LogRecord's own attributes; anything else on a record is a structured field someone attached.
+_RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime",
+                                                                                      "taskName", DEMOTED_FROM}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line: ``time`` (RFC 3339, UTC), ``level``, ``logger``,
+    ``message``, the record's structured fields, ``demoted_from`` and ``exception`` when there are any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+        entry: dict[str, Any] = {
+            "time": stamp.replace("+00:00", "Z"),
+            "level": level_name(record.levelno), "logger": record.name, "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _RECORD_ATTRIBUTES and not key.startswith("_") and key not in entry:
+                entry[key] = value
+        demoted = getattr(record, DEMOTED_FROM, None)
+        if demoted:
+            entry["demoted_from"] = demoted
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
 
 
 def stream_is_journal(stream: TextIO, environ: Mapping[str, str]) -> bool:
@@ -138,7 +170,9 @@ def configure_logging(
         quiet_hivemind_handler()
     journal = fmt == "journal" or (fmt == "auto" and stream_is_journal(stream, environ))
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(JournalFormatter() if journal else HumanFormatter())
+    formatter: logging.Formatter = (JsonFormatter() if fmt == "json"
+                                    else JournalFormatter() if journal else HumanFormatter())
+    handler.setFormatter(formatter)
     handler.addFilter(_NOISE)
     setattr(handler, _OWNED, True)
 

@@ -48,17 +48,29 @@ def _lazy(target: str) -> Handler:
 #: holds across SIGHUP reloads (they re-read the config with the environment).
 LOG_LEVEL_ENV = "P2PTRAIN_NODE__LOG_LEVEL"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: What ``--log-format`` sets, the same way: the environment override of node.log_format.
+LOG_FORMAT_ENV = "P2PTRAIN_NODE__LOG_FORMAT"
+LOG_FORMATS = ("auto", "human", "journal", "json")
 
 
 def _with_log_level(handler: Handler) -> Handler:
-    """``handler`` with ``--log-level`` applied first, as the environment override of node.log_level."""
+    """``handler`` with ``--log-level`` and ``--log-format`` applied first, as the environment overrides of
+    node.log_level and node.log_format."""
 
     def run(args: argparse.Namespace) -> int:
-        if args.log_level:
+        if getattr(args, "log_level", None):
             os.environ[LOG_LEVEL_ENV] = args.log_level.upper()
+        if getattr(args, "log_format", None):
+            os.environ[LOG_FORMAT_ENV] = args.log_format
         return handler(args)
 
     return run
+
+
+def _add_log_format_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", type=str.lower, choices=LOG_FORMATS, metavar="FORMAT",
+                        help="override node.log_format: auto, human, journal or json (one JSON object per line, "
+                        "for log shippers)")
 
 
 def _add_config_flag(parser: argparse.ArgumentParser) -> None:
@@ -163,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL",
                      help="override node.log_level: debug, info, warning or error (debug also shows "
                      "hivemind's and asyncio's internals, tracebacks included)")
+    _add_log_format_flag(run)
     run.set_defaults(handler=_with_log_level(_lazy("p2ptrain.daemon.main:run_node")))
 
     demo = sub.add_parser("demo", help="a local demo swarm on 127.0.0.1 with churn and a live table")
@@ -202,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--torch", action="store_true", help="also write model.pt (a plain torch.save state dict)")
     _add_model_file_flags(fetch)
     fetch.add_argument("out_dir", type=Path, metavar="OUT_DIR")
-    fetch.set_defaults(handler=_lazy("p2ptrain.daemon.fetch:fetch_command"))
+    _add_log_format_flag(fetch)
+    fetch.set_defaults(handler=_with_log_level(_lazy("p2ptrain.daemon.fetch:fetch_command")))
 
     model_help = "an export dir, a node config (.toml: its newest checkpoint) or a checkpoint file (with -c)"
     sample = sub.add_parser("sample", help="generate text with a trained model")

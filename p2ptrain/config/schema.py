@@ -66,8 +66,9 @@ class NodeSection(_Section):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of p2ptrain's own loggers (hivemind's are kept at WARNING unless this is DEBUG)."""
 
-    log_format: Literal["auto", "human", "journal"] = "auto"
-    """auto: journal format (syslog <N> prefixes, no timestamps) when stderr is the journal, else human."""
+    log_format: Literal["auto", "human", "journal", "json"] = "auto"
+    """auto: journal format (syslog <N> prefixes, no timestamps) when stderr is the journal, else human;
+    json: one JSON object per line (time, level, logger, message, structured fields) for log shippers."""
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -48,3 +48,25 @@ def test_bad_level_is_one_clear_line_and_exit_2(tmp_path: Path) -> None:
     assert "argument --log-level: invalid choice: 'loud' (choose from 'debug', 'info', 'warning', 'error')" \
         in result.stderr
 
+
+
+def test_log_format_flag_overrides_node_log_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from p2ptrain.cli.main import LOG_FORMAT_ENV
+
+    monkeypatch.setenv(LOG_FORMAT_ENV, "auto")
+    monkeypatch.delenv(LOG_FORMAT_ENV)
+    path = tmp_path / "node.toml"
+    path.write_text('[node]\nlog_format = "human"\n')
+    seen: list[str] = []
+
+    def handler(args: argparse.Namespace) -> int:
+        seen.append(load_config(args.config).node.log_format)
+        return 0
+
+    for command in (["run"], ["fetch", "out"]):
+        assert _with_log_level(handler)(build_parser().parse_args([*command, "-c", str(path)])) == 0
+        assert build_parser().parse_args([*command, "--log-format", "JSON"]).log_format == "json"
+        assert _with_log_level(handler)(build_parser().parse_args(
+            [*command, "-c", str(path), "--log-format", "json"])) == 0
+        monkeypatch.delenv(LOG_FORMAT_ENV)
+    assert seen == ["human", "json", "human", "json"]

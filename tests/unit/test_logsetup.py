@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import re
@@ -96,6 +97,24 @@ def test_forced_journal_format_and_third_party_kept_at_warning() -> None:
     logging.getLogger("urllib3.connectionpool").info("noise")
     logging.getLogger("urllib3.connectionpool").error("real problem")
     assert stream.getvalue() == "<3>urllib3.connectionpool: real problem\n"
+
+
+def test_json_format_is_one_object_per_line_with_structured_fields() -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream=stream, environ={"JOURNAL_STREAM": "1:2"}, tame_hivemind=False)
+    log = logging.getLogger("p2ptrain.test.json")
+    log.info("epoch %d done", 3, extra={"peer_id": "QmPeer", "epoch": 3})
+    try:
+        raise ValueError("bad\nthing")
+    except ValueError:
+        log.exception("step failed")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    first, second = (json.loads(line) for line in lines)
+    assert first["level"] == "INFO" and first["logger"] == "p2ptrain.test.json" and first["message"] == "epoch 3 done"
+    assert first["peer_id"] == "QmPeer" and first["epoch"] == 3 and first["time"].endswith("Z")
+    assert "args" not in first and "msg" not in first and "exception" not in first
+    assert second["level"] == "ERROR" and "ValueError: bad" in second["exception"]
 
 
 def test_extra_handler_gets_records_and_reconfigure_does_not_duplicate() -> None:

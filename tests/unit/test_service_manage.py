@@ -70,7 +70,8 @@ def test_uninstall_with_nothing_installed_refuses_in_one_line(tmp_path: Path, ca
     err = capsys.readouterr().err
     assert err.startswith("p2ptrain: nothing to uninstall: no unit at ") and err.count("\n") == 1
     assert systemctl.calls == []
-    assert service_manage.uninstall(_args("uninstall", "--instance", "../x"), environ={}, systemctl=systemctl) == EX_USAGE
+    bad_name = _args("uninstall", "--instance", "../x")
+    assert service_manage.uninstall(bad_name, environ={}, systemctl=systemctl) == EX_USAGE
 
 
 SHOW = ("LoadState=loaded\nActiveState=active\nSubState=running\nUnitFileState=enabled\nResult=success\n"
