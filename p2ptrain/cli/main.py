@@ -1,3 +1,4 @@
+# PYTHON_ARGCOMPLETE_OK (argcomplete's marker: this entry point answers completion requests)
 """The front door: ``p2ptrain <command>``.
 
 Each command's implementation is imported only when that command runs, so ``p2ptrain top``
@@ -300,6 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add_node_flags(control, "control token file")
         control.set_defaults(handler=_lazy(f"p2ptrain.daemon.nodectl:{handler}"))
 
+    completion = sub.add_parser("completion", help="print the line that turns on shell completion (argcomplete)")
+    completion.add_argument("shell", choices=("bash", "zsh"), help="your shell")
+    completion.set_defaults(handler=_lazy("p2ptrain.cli.completion:completion_command"))
+
     return parser
 
 
@@ -368,6 +373,10 @@ def build_run_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
+        from p2ptrain.cli.completion import autocomplete
+
+        autocomplete(build_parser, build_run_parser, RUN_ACTIONS)
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) >= 2 and argv[0] == "run" and argv[1] in RUN_ACTIONS:
         args = build_run_parser().parse_args(argv[1:])
