@@ -14,8 +14,10 @@ code   name                used for
 1      ``EX_FAILURE``      failed for a reason none of the others name (the swarm could not be joined,
                            a node refused a control request, a file could not be written)
 2      ``EX_BAD_ARGUMENT`` a command-line value out of range, checked after parsing (as argparse exits)
-64     ``EX_USAGE``        a command used wrongly (``service install`` with a bad instance name)
-65     ``EX_DATAERR``      a model file refused as data: task code not trusted, too many parameters
+64     ``EX_USAGE``        a command used wrongly (``service install`` with a bad instance name,
+                           ``service uninstall`` with nothing installed)
+65     ``EX_DATAERR``      a model file or run manifest refused as data: task code not trusted, too many
+                           parameters
 66     ``EX_NOINPUT``      the ``--config`` file cannot be read
 69     ``EX_UNAVAILABLE``  nothing answers (a node's API; the swarm, for ``p2ptrain fetch``)
 73     ``EX_CANTCREAT``    an output file cannot be created
