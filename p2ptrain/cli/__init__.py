@@ -6,6 +6,7 @@
 - ``tryit``    ``export``, ``sample`` and ``eval``
 - ``report``   ``report``: a running node's summary as text or JSON
 - ``demo``     ``demo``: a local swarm, trained, left, joined, exported and sampled
+- ``doctor``   ``doctor``: this machine checked for what volunteers get wrong, one line per check
 - ``__main__`` ``python -m p2ptrain.cli``, what the systemd units run
 
 The top layer: it may import anything, and nothing in the library imports it.

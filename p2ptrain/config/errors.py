@@ -28,19 +28,23 @@ def source_of(loc: tuple[int | str, ...], origin: str, data: Mapping[str, Any],
 
 def describe_invalid(error: ValidationError, source: str) -> str:
     """``source: section.key: problem``, for the first of ``error``'s problems (and how many more)."""
-    first = error.errors()[0]
+    more = len(error.errors()) - 1
+    suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
+    return describe_problem(error.errors()[0], source) + suffix
+
+
+def describe_problem(item: Mapping[str, Any], source: str) -> str:
+    """``source: section.key: problem`` for one of a ValidationError's ``errors()``."""
     # A TOML key may hold newlines or control characters: quoted, so the error stays one line.
-    field = ".".join(printable(part) for part in first["loc"]) or "(top level)"
-    kind = first["type"]
+    field = ".".join(printable(part) for part in item["loc"]) or "(top level)"
+    kind = item["type"]
     if kind == "extra_forbidden":
         problem = "unknown key"
     elif kind == "missing":
         problem = "required"
     else:
-        problem = first["msg"].removeprefix("Value error, ")
-        if "input" in first and not isinstance(first["input"], dict | list):
-            problem += f" (got {first['input']!r})"
-    more = len(error.errors()) - 1
-    suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
+        problem = item["msg"].removeprefix("Value error, ")
+        if "input" in item and not isinstance(item["input"], dict | list):
+            problem += f" (got {item['input']!r})"
     problem = " ".join(problem.split())
-    return f"{source}: {field}: {problem}{suffix}"
+    return f"{source}: {field}: {problem}"

@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from p2ptrain.config import checks
-from p2ptrain.config.checks import DirectoryPath, filesystem_problem
+from p2ptrain.config.checks import DirectoryPath, filesystem_problem, filesystem_problems
 from p2ptrain.config.checks import parse_multiaddr as parse_multiaddr
-from p2ptrain.config.errors import describe_invalid, source_of
+from p2ptrain.config.errors import describe_invalid, describe_problem, source_of
 from p2ptrain.config.tomlfile import ENV_PREFIX as ENV_PREFIX
 from p2ptrain.config.tomlfile import env_overrides as _env_overrides
 from p2ptrain.config.tomlfile import env_variables, read_toml, with_overrides
@@ -493,3 +493,23 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     if path is None:
         return parse_config({}, "defaults", environ)
     return parse_config(read_toml(path), str(path), environ)
+
+
+def config_problems(path: Path | None, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every problem of the config ``path`` (only defaults + env when ``None``), one line each, as
+    :func:`load_config` would word the first; empty when it loads.  A file that cannot be read or
+    parsed is one problem: nothing after it can be judged."""
+    environ = os.environ if environ is None else environ
+    origin = "defaults" if path is None else str(path)
+    try:
+        data = {} if path is None else read_toml(path)
+        merged = with_overrides(dict(data), env_overrides(environ))
+        set_by = env_variables(environ)
+    except ConfigError as error:
+        return [str(error)]
+    try:
+        config = NodeConfig.model_validate(merged)
+    except ValidationError as error:
+        return [describe_problem(item, source_of(item["loc"], origin, data, set_by)) for item in error.errors()]
+    return [f"{source_of((section, key), origin, data, set_by)}: {section}.{key}: {text}"
+            for (section, key), text in filesystem_problems(config)]
