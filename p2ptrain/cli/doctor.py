@@ -69,6 +69,16 @@ class Machine:
     """``(device setting, precision setting) -> (device, precision, problem)``; None: torch's view."""
     versions: Callable[[str], str | None] = field(default=lambda name: _installed(name))
     node_running: Callable[[Path], bool] = field(default=lambda state_dir: _node_running(state_dir))
+    gpu: Callable[[], bool] = field(default=lambda: gpu_present())
+    cuda_build: Callable[[], bool] = field(default=lambda: _torch_cuda_build())
+
+
+def _torch_cuda_build() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.version.cuda is not None
 
 
 def _installed(name: str) -> str | None:
@@ -155,7 +165,8 @@ def training_device(config: Any) -> tuple[str, str]:
     return str(getattr(training, "device", "auto")), str(getattr(training, "precision", "fp32"))
 
 
-def check_device(config: Any, device: Callable[[str, str], tuple[str, str, str]]) -> Check:
+def check_device(config: Any, device: Callable[[str, str], tuple[str, str, str]], gpu: Callable[[], bool],
+                 cuda_build: Callable[[], bool]) -> Check:
     wanted, precision = training_device(config)
     try:
         used, precision, problem = device(wanted, precision)
@@ -164,9 +175,12 @@ def check_device(config: Any, device: Callable[[str, str], tuple[str, str, str]]
     if problem:
         return Check("device", "problem", problem,
                      f"install a CUDA build of torch ({PIP_CUDA_TORCH}) or set training.device = 'cpu'")
-    if used == "cpu" and wanted == "auto" and gpu_present():
+    if used == "cpu" and wanted == "auto" and gpu():
         return Check("device", "warn", f"cpu, {precision}: this machine has an NVIDIA GPU that torch cannot use",
                      f"install a CUDA build of torch: {PIP_CUDA_TORCH}")
+    if used == "cpu" and cuda_build() and not gpu():
+        return Check("device", "warn", f"cpu, {precision}: torch is a CUDA build (several GB) on a machine "
+                     "without an NVIDIA GPU", f"a CPU build is a fraction of the size: {PIP_CPU_TORCH}")
     return Check("device", "ok", f"{used}, {precision}")
 
 
@@ -284,7 +298,7 @@ def run_checks(config_path: Path | None, peers: Sequence[str], machine: Machine,
         from p2ptrain.config.schema import NodeConfig
 
         config = NodeConfig()
-    checks.append(check_device(config, machine.device or torch_device))
+    checks.append(check_device(config, machine.device or torch_device, machine.gpu, machine.cuda_build))
     state_dir = config.state_dir()
     running = machine.node_running(state_dir)
     peers = list(peers) or list(config.swarm.initial_peers)
