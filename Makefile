@@ -5,8 +5,16 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# CPU-only PyTorch: this exact release is what the project is tested with.
+# This exact torch release is what the project is tested with.
 TORCH_SPEC ?= torch==2.13.0
+# Where torch comes from.  pip's default Linux build is a CUDA one of several GB: a machine without
+# an NVIDIA GPU (no working nvidia-smi) adds PyTorch's CPU wheel index, whose +cpu build wins for the
+# same release.  One retry only: where that index cannot be reached, pip falls back to its own indexes
+# within seconds.  `make venv TORCH_INDEX=` installs pip's default build anyway.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+HAS_NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+TORCH_INDEX ?= $(if $(HAS_NVIDIA_GPU),,$(TORCH_CPU_INDEX))
+TORCH_PIP_ARGS := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) --retries 1)
 PYTEST_ARGS ?=
 
 .PHONY: demo test venv system-deps lint clean
@@ -16,7 +24,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 

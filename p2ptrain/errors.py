@@ -19,7 +19,8 @@ code   name                used for
 65     ``EX_DATAERR``      a model file or run manifest refused as data: task code not trusted, too many
                            parameters
 66     ``EX_NOINPUT``      the ``--config`` file cannot be read
-69     ``EX_UNAVAILABLE``  nothing answers (a node's API; the swarm, for ``p2ptrain fetch``)
+69     ``EX_UNAVAILABLE``  nothing answers (a node's API; the swarm, for ``p2ptrain fetch``), or a command
+                           needs an extra this install lacks (``p2ptrain top``: ``p2ptrain[tui]``)
 73     ``EX_CANTCREAT``    an output file cannot be created
 75     ``EX_TEMPFAIL``     try again later: another node holds the state directory, or a new manifest
                            version needs a restart (systemd restarts the node)

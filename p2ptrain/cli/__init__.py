@@ -7,6 +7,7 @@
 - ``report``   ``report``: a running node's summary as text or JSON
 - ``demo``     ``demo``: a local swarm, trained, left, joined, exported and sampled
 - ``completion`` shell completion (argcomplete, optional) and ``completion bash|zsh``
+- ``doctor``   ``doctor``: this machine checked for what volunteers get wrong, one line per check
 - ``__main__`` ``python -m p2ptrain.cli``, what the systemd units run
 
 The top layer: it may import anything, and nothing in the library imports it.

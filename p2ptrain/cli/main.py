@@ -23,6 +23,7 @@ from p2ptrain.errors import (  # not p2ptrain.config.schema: no pydantic at star
     EX_CONFIG,
     EX_INTERRUPTED,
     EX_OK,
+    EX_UNAVAILABLE,
     ConfigError,
     error_line,
 )
@@ -155,9 +156,61 @@ def _duration(text: str) -> float:
     return value
 
 
+def version_text() -> str:
+    """``p2ptrain --version``: this release, the torch and hivemind it runs with, and the device it would train on."""
+    from importlib import metadata
+
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    try:
+        import torch
+
+        device = f"cuda ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "cpu"
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+        torch_line = f"torch {torch.__version__} ({build})"
+    except ImportError:
+        device, torch_line = "unknown (torch does not load)", f"torch {installed('torch')}"
+    return "\n".join((f"p2ptrain {__version__}", torch_line, f"hivemind {installed('hivemind')}",
+                      f"device {device}"))
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: computed when asked (it loads torch), not when every command's parser is built."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
+#: Commands that need an optional part of the install: (module it needs, the extra that brings it).
+EXTRAS = {"top": ("textual", "tui")}
+
+
+def _needs_extra(command: str, handler: Handler) -> Handler:
+    """``handler``, or one line naming the extra to install when the module it needs is missing (exit 69)."""
+    module, extra = EXTRAS[command]
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib.util
+
+        if importlib.util.find_spec(module) is None:
+            print(f"p2ptrain {command} needs {module}, which this install lacks: pip install 'p2ptrain[{extra}]'",
+                  file=sys.stderr)
+            return EX_UNAVAILABLE
+        return handler(args)
+
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="p2ptrain", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"p2ptrain {__version__}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="show p2ptrain's, torch's and hivemind's versions and the training device, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser("run", help="run a node in the foreground (or: run init|show|invite|update|peer-id)",
@@ -254,7 +307,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     top = sub.add_parser("top", help="watch a running node and its swarm in a terminal UI")
     _add_node_flags(top, "control token file")
-    top.set_defaults(handler=_lazy("p2ptrain.tui.app:main"))
+    top.set_defaults(handler=_needs_extra("top", _lazy("p2ptrain.tui.app:main")))
+
+    doctor = sub.add_parser("doctor", help="check this machine for what volunteers get wrong: versions, device, "
+                            "clock, port, disk, config (exit 1 on a problem)")
+    _add_config_flag(doctor)
+    doctor.add_argument("--join", action="append", default=[], metavar="MADDR",
+                        help="a peer of the swarm to measure the clock against and to dial this machine back "
+                        "(repeatable; default: swarm.initial_peers)")
+    doctor.add_argument("--timeout", type=_duration, default=10.0, metavar="DURATION",
+                        help="how long to wait for the peers (default 10s)")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doctor.set_defaults(handler=_lazy("p2ptrain.cli.doctor:doctor_command"))
 
     report = sub.add_parser("report", help="a running node's summary of the run: loss chart, contributors, "
                             "data coverage (or the same as JSON)")

@@ -14,6 +14,7 @@ import ipaddress
 import os
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -201,11 +202,17 @@ def filesystem_problem(config: BaseModel) -> tuple[tuple[str, str], str] | None:
     """The first path setting of ``config`` (a model of sections) that cannot work on this machine,
     as ((section, key), problem): the training data (``task.data_path``) must exist, and every
     directory setting must be, or be able to become, a directory."""
+    return next(filesystem_problems(config), None)
+
+
+def filesystem_problems(config: BaseModel) -> Iterator[tuple[tuple[str, str], str]]:
+    """Every path setting of ``config`` that cannot work on this machine, in the order
+    :func:`filesystem_problem` looks at them."""
     task = getattr(config, "task", None)
     data_path = getattr(task, "data_path", None)
     problem = missing_data_path(data_path) if data_path is not None else None
     if problem:
-        return ("task", "data_path"), problem
+        yield ("task", "data_path"), problem
     for section_name in type(config).model_fields:
         section = getattr(config, section_name)
         for key, field in type(section).model_fields.items():
@@ -213,5 +220,4 @@ def filesystem_problem(config: BaseModel) -> tuple[tuple[str, str], str] | None:
             if path is not None and any(isinstance(mark, Directory) for mark in field.metadata):
                 problem = unusable_directory(path)
                 if problem:
-                    return (section_name, key), problem
-    return None
+                    yield (section_name, key), problem

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from p2ptrain.config import checks
-from p2ptrain.config.checks import DirectoryPath, filesystem_problem
+from p2ptrain.config.checks import DirectoryPath, filesystem_problems
 from p2ptrain.config.checks import parse_multiaddr as parse_multiaddr
 from p2ptrain.config.errors import describe_all, describe_invalid, source_of
 from p2ptrain.config.tomlfile import ENV_PREFIX as ENV_PREFIX
@@ -482,10 +482,10 @@ def parse_config(data: Mapping[str, Any], origin: str, environ: Mapping[str, str
     except ValidationError as error:
         raise ConfigError(describe_invalid(error, source_of(error.errors()[0]["loc"], origin, data, set_by)),
                           describe_all(error, lambda loc: source_of(loc, origin, data, set_by))) from None
-    problem = filesystem_problem(config)
-    if problem:
-        (section, key), text = problem
-        raise ConfigError(f"{source_of((section, key), origin, data, set_by)}: {section}.{key}: {text}")
+    problems = [f"{source_of((section, key), origin, data, set_by)}: {section}.{key}: {text}"
+                for (section, key), text in filesystem_problems(config)]
+    if problems:
+        raise ConfigError(problems[0], problems)
     return config
 
 
@@ -495,3 +495,14 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     if path is None:
         return parse_config({}, "defaults", environ)
     return parse_config(read_toml(path), str(path), environ)
+
+
+def config_problems(path: Path | None, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every problem of the config ``path`` (only defaults + env when ``None``), one line each, as
+    :func:`load_config` words them; empty when it loads.  A file that cannot be read or parsed is one
+    problem: nothing after it can be judged."""
+    try:
+        load_config(path, environ)
+    except ConfigError as error:
+        return list(error.problems)
+    return []

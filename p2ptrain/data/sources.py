@@ -263,8 +263,11 @@ def _file_shards(files: list[Path], root: Path, data_format: str, seq_len: int, 
 
 def _parquet_ranges(path: Path, key: str, single: bool) -> list[ShardRef]:
     """Row ranges of a Parquet file: its row groups, or ~20 even ranges of a lone small file."""
-    import pyarrow.parquet as pq  # only runs that read Parquet pay for pyarrow
-
+    try:
+        import pyarrow.parquet as pq  # only runs that read Parquet pay for pyarrow
+    except ImportError:
+        raise ConfigError(f"task.data_path: reading the Parquet file {printable(path)} needs pyarrow: "
+                          "pip install 'p2ptrain[parquet]'") from None
     try:
         metadata = pq.ParquetFile(path).metadata
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError...: all mean "not a Parquet file"

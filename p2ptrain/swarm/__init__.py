@@ -9,6 +9,7 @@
 - ``run_entries``      an owned run's entries: its manifest copies and members
 - ``manifest_source``  a run's manifest from a file, a running DHT or a swarm to dial
 - ``ownedrun``         a node's part in an owned run, before and after the DHT starts
+- ``probe``            ``p2ptrain doctor``'s ping of a few peers: their clocks, and whether they dial back
 
 The names of the keys it stores are :mod:`p2ptrain.dhtkeys` (stdlib only, below every layer: the
 averaging adapters name keys too).

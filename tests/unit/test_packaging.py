@@ -1,42 +1,52 @@
-"""pyproject.toml declares only what exists, a torch whose weights_only loading is safe and a pyarrow that
-does not run code from Parquet files."""
+"""The distribution's metadata: every package and every file a command reads is in the wheel, a
+headless install stays small, and the test tools' extra brings what the tests exercise."""
 
 from __future__ import annotations
 
-import re
+import fnmatch
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SETUPTOOLS = PROJECT["tool"]["setuptools"]
 
 
-def test_package_data_patterns_match_files() -> None:
-    package_dirs = PROJECT["tool"]["setuptools"]["package-dir"]
-    for package, patterns in PROJECT["tool"]["setuptools"]["package-data"].items():
-        folder = REPO / package_dirs[package]
-        for pattern in patterns:
-            assert list(folder.glob(pattern)), f"package-data {package}: {pattern} matches nothing in {folder}"
+def _folder(package: str) -> Path:
+    mapped = SETUPTOOLS["package-dir"]
+    return ROOT / mapped.get(package, package.replace(".", "/"))
 
 
-def test_torch_floor_has_the_weights_only_fixes() -> None:
-    [spec] = [d for d in PROJECT["project"]["dependencies"] if re.match(r"torch\b", d)]
-    floor = re.search(r">=\s*(\d+)\.(\d+)", spec)
-    assert floor is not None and (int(floor[1]), int(floor[2])) >= (2, 10), spec
-    assert "<3" in spec
+def test_every_package_folder_is_listed() -> None:
+    folders = {_folder(package).resolve() for package in SETUPTOOLS["packages"]}
+    found = {init.parent.resolve() for top in ("p2ptrain", "daemon", "tui")
+             for init in (ROOT / top).rglob("__init__.py") if "__pycache__" not in init.parts}
+    assert found - folders == set(), "add these packages to [tool.setuptools] packages"
 
 
-def test_pyarrow_floor_excludes_the_parquet_code_execution_bug() -> None:
-    from packaging.requirements import Requirement
+def test_every_data_file_of_a_package_is_package_data() -> None:
+    missing = []
+    for package in SETUPTOOLS["packages"]:
+        folder = _folder(package)
+        patterns = SETUPTOOLS["package-data"].get(package, [])
+        for path in folder.iterdir():
+            if path.is_file() and path.suffix not in (".py", ".pyc") and not any(
+                    fnmatch.fnmatch(path.name, pattern) for pattern in patterns):
+                missing.append(str(path.relative_to(ROOT)))
+    assert missing == [], "list these in [tool.setuptools.package-data] or they are not in the wheel"
 
-    [spec] = [Requirement(d) for d in PROJECT["project"]["dependencies"] if re.match(r"pyarrow\b", d)]
-    # CVE-2023-47248: pyarrow 0.14.0 to 14.0.0 unpickle code from a Parquet file's metadata.
-    assert not spec.specifier.contains("14.0.0") and spec.specifier.contains("14.0.1"), spec
+
+def test_a_headless_install_needs_neither_textual_nor_pyarrow() -> None:
+    names = {requirement.split(">")[0].split("=")[0].split("<")[0].strip() for requirement in
+             PROJECT["project"]["dependencies"]}
+    assert {"textual", "pyarrow"} & names == set()
+    extras = PROJECT["project"]["optional-dependencies"]
+    assert any(r.startswith("textual") for r in extras["tui"])
+    assert any(r.startswith("pyarrow") for r in extras["parquet"])
+    assert "p2ptrain[tui,parquet]" in extras["dev"]  # the tests exercise both
+    assert "gpu" in extras
 
 
-def test_license_is_an_spdx_expression_with_a_setuptools_that_reads_it() -> None:
-    # The table form ({ text = ... }) is deprecated and warned about on every install.
-    assert PROJECT["project"]["license"] == "Apache-2.0"
-    [spec] = [r for r in PROJECT["build-system"]["requires"] if r.startswith("setuptools")]
-    floor = re.search(r">=\s*(\d+)", spec)
-    assert floor is not None and int(floor[1]) >= 77, spec  # PEP 639 license expressions: setuptools 77
+def test_the_console_script_and_long_description() -> None:
+    assert PROJECT["project"]["scripts"] == {"p2ptrain": "p2ptrain.cli.main:main"}
+    assert PROJECT["project"]["readme"] == "README.md" and PROJECT["project"]["classifiers"]
