@@ -164,6 +164,10 @@ class TaskSection(_Section):
     data_format: Literal["auto", "text", "jsonl", "parquet"] = "auto"
     """How data files are read. auto: by name (.jsonl and .parquet; anything else is plain text)."""
 
+    data_compression: Literal["auto", "none", "gzip", "zstd"] = "auto"
+    """How data files are compressed. auto: by name (.gz gzip, .zst zstd; zstd needs p2ptrain[cloud]). A
+    compressed file is one shard, decompressed once into the data cache, at most task.max_shard_mb of it."""
+
     text_field: Annotated[str, Field(min_length=1, max_length=128, strict=True)] = "text"
     """The JSONL field or Parquet column that holds each record's text."""
 
