@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from p2ptrain.atomicfile import write_atomic
-from p2ptrain.config.schema import ConfigError, load_config
+from p2ptrain.config.schema import ConfigError, NodeConfig, load_config
 from p2ptrain.config.template import render_template
 from p2ptrain.errors import EX_FAILURE, EX_OK, printable
 
@@ -34,6 +34,7 @@ def init_command(args: argparse.Namespace) -> int:
 def check_command(args: argparse.Namespace) -> int:
     config = load_config(args.path)  # ConfigError -> one line + exit 78 in the CLI
     if config.swarm.run is None and config.swarm.manifest is None and config.swarm.invite is None:
+        _check_data(config)
         print(f"{printable(args.path)}: ok (run_id={config.swarm.run_id}, state_dir={printable(config.state_dir())})")
         return EX_OK
     # An owned run: check the manifest and invite as the node would, and show what it would use.
@@ -46,6 +47,7 @@ def check_command(args: argparse.Namespace) -> int:
     if plan.excluded_by is not None:
         raise ConfigError(f"{plan.excluded_by}; the node asks the swarm for a newer version that readmits it "
                           "(p2ptrain run update --unrevoke/--unban) before it gives up")
+    _check_data(plan.config)
     print(f"{printable(args.path)}: ok (run {plan.ref}, run_id={plan.config.swarm.run_id}, "
           f"state_dir={printable(config.state_dir())})")
     if plan.manifest is None:
@@ -54,3 +56,12 @@ def check_command(args: argparse.Namespace) -> int:
     else:
         print("\n".join(show_lines(plan.manifest, plan.source)))
     return EX_OK
+
+
+def _check_data(config: NodeConfig) -> None:
+    """Read the first block of the data as a starting node would; its problems are the node's own lines."""
+    from p2ptrain.data.text import data_problems  # torch: only once the config itself is good
+
+    problems = data_problems(config.task, config.state_dir() / "data-cache")
+    if problems:
+        raise ConfigError("; ".join(problems))
