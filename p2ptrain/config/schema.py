@@ -183,8 +183,9 @@ class TaskSection(_Section):
 
     max_shard_mb: Annotated[int, Field(ge=1, le=2**20, strict=True)] = 1024
     """The largest shard this node downloads, in MiB: a bigger one (as announced, or as it streams in) is
-    refused and skipped, so a data host cannot fill this machine's disk with one file. Local files are not
-    limited; task.cache_max_mb bounds the cache as a whole."""
+    refused and skipped, so a data host cannot fill this machine's disk with one file. It also caps what one
+    compressed shard may decompress to (a bomb is refused). Local plain files are not limited;
+    task.cache_max_mb bounds the cache as a whole."""
 
     download_attempts: Annotated[int, Field(ge=1, le=20, strict=True)] = 4
     """Tries per shard download (waiting 1 s, 2 s, 4 s... in between) before the shard is skipped
