@@ -66,7 +66,7 @@ def check_config(path: Path) -> ConfigCheck:
         check.problems.extend(error.problems)
         return check
     check.run_id = check.config.swarm.run_id
-    for source in (_owned_run_problems,):  # each returns the problems it finds
+    for source in (_owned_run_problems, _data_problems):  # each returns the problems it finds
         check.problems.extend(source(check))
     return check
 
@@ -120,3 +120,13 @@ def check_command(args: argparse.Namespace) -> int:
     if check.notes:
         print("\n".join(check.notes))
     return EX_OK
+
+
+def _data_problems(check: ConfigCheck) -> list[str]:
+    """Read the first block of the data as a starting node would; its problems are the node's own lines
+    (in an owned run, the data of the run's config)."""
+    from p2ptrain.data.text import data_problems  # torch: only once the config itself is good
+
+    config = check.config
+    assert config is not None
+    return data_problems(config.task, config.state_dir() / "data-cache")

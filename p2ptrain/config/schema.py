@@ -165,6 +165,10 @@ class TaskSection(_Section):
     data_format: Literal["auto", "text", "jsonl", "parquet"] = "auto"
     """How data files are read. auto: by name (.jsonl and .parquet; anything else is plain text)."""
 
+    data_compression: Literal["auto", "none", "gzip", "zstd"] = "auto"
+    """How data files are compressed. auto: by name (.gz gzip, .zst zstd; zstd needs p2ptrain[zstd]). A
+    compressed file is one shard, decompressed once into the data cache, at most task.max_shard_mb of it."""
+
     text_field: Annotated[str, Field(min_length=1, max_length=128, strict=True)] = "text"
     """The JSONL field or Parquet column that holds each record's text."""
 
@@ -180,8 +184,9 @@ class TaskSection(_Section):
 
     max_shard_mb: Annotated[int, Field(ge=1, le=2**20, strict=True)] = 1024
     """The largest shard this node downloads, in MiB: a bigger one (as announced, or as it streams in) is
-    refused and skipped, so a data host cannot fill this machine's disk with one file. Local files are not
-    limited; task.cache_max_mb bounds the cache as a whole."""
+    refused and skipped, so a data host cannot fill this machine's disk with one file. It also caps what one
+    compressed shard may decompress to (a bomb is refused). Local plain files are not limited;
+    task.cache_max_mb bounds the cache as a whole."""
 
     download_attempts: Annotated[int, Field(ge=1, le=20, strict=True)] = 4
     """Tries per shard download (waiting 1 s, 2 s, 4 s... in between) before the shard is skipped

@@ -2,6 +2,7 @@
 
 - ``sources``  the shards a path or index names: files, byte ranges, row ranges, URLs
 - ``remote``   shards at http(s) URLs: cached, checked against their sha256, size-capped, retried
+- ``compressed``  gzip and zstd shards: decompressed once into a capped plain copy in the cache
 - ``guarded_http``  the GETs behind it: redirects over http(s) only, every connection checked first
 - ``addresses``  which addresses a download may reach (public, private, loopback, link-local)
 - ``readers``  one block of a shard: plain text, JSONL records (each decoded inside a guard), Parquet rows

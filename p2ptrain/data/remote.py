@@ -36,6 +36,7 @@ from typing import Any
 from p2ptrain.config.schema import ConfigError
 from p2ptrain.data.addresses import PUBLIC, AddressPolicy, Refused
 from p2ptrain.data.blocks import ShardUnreadable
+from p2ptrain.data.compressed import decompress_to, plain_name
 from p2ptrain.data.guarded_http import Chain, open_url
 from p2ptrain.data.sources import ShardRef
 from p2ptrain.waiting import BACKOFF, Backoff, GaveUp, retry
@@ -99,7 +100,27 @@ class ShardFetcher:
         self._reach: dict[str, str | None] = {}
 
     def local_path(self, shard: ShardRef) -> Path:
-        """A local file with ``shard``'s content: the file itself, or its verified download."""
+        """A local file with ``shard``'s content: the file itself, or its verified download; for a compressed
+        shard, its decompressed copy in the cache (the compressed download is not kept)."""
+        if not shard.compression:
+            return self._fetched(shard)
+        plain = self.cache_dir / plain_name(Path(shard.path) if not shard.url else None, shard.url, shard.sha256,
+                                            shard.compression)
+        if plain.is_file():
+            _touch(plain)
+            return plain
+        if self.offline and shard.url:
+            raise NotDownloaded(f"{shard.url} is not downloaded in {self.cache_dir}")
+        source = self._fetched(shard)
+        try:
+            decompress_to(source, shard.compression, plain, self.max_shard_bytes)
+        finally:
+            if shard.url:  # its checksum was checked; the plain copy is what is read from now on
+                source.unlink(missing_ok=True)
+        self._trim(keep=plain)
+        return plain
+
+    def _fetched(self, shard: ShardRef) -> Path:
         if not shard.url:
             return Path(shard.path)
         target = self.cache_dir / _cache_name(shard.url, shard.sha256)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from p2ptrain.config.schema import ConfigError
+from p2ptrain.data.compressed import compression_of, require_codec, without_suffix
 from p2ptrain.errors import printable
 
 Kind = Literal["text", "jsonl", "parquet"]
@@ -61,6 +62,8 @@ class ShardRef:
     end: int = -1
     size: int = -1
     origin: str = ""
+    #: ``"gzip"`` or ``"zstd"``: read through a decompressed copy (a compressed file is one whole shard).
+    compression: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ with retries and a cache)."""
 def kind_of(name: str, data_format: str) -> Kind:
     if data_format != "auto":
         return data_format  # type: ignore[return-value]
-    lowered = name.lower()
+    lowered = without_suffix(name.lower())
     if lowered.endswith(".jsonl"):
         return "jsonl"
     if lowered.endswith((".parquet", ".pq")):
@@ -106,13 +109,15 @@ def names_an_index(data_path: str | None) -> bool:
 
 
 def discover(data_path: str | None, data_format: str, seq_len: int, read_index: IndexReader,
-             index_sha256: str | None = None) -> ShardSet:
+             index_sha256: str | None = None, compression: str = "auto") -> ShardSet:
     """The shards of ``data_path``; raises :class:`ConfigError` naming ``task.data_path``.
 
     ``index_sha256`` (a run's ``task.data_index_sha256``): the data must be a shard index with exactly
     this digest, or it is not the data the run was created with.
     """
-    found = _discover(data_path, data_format, seq_len, read_index)
+    found = _discover(data_path, data_format, seq_len, read_index, compression)
+    for used in sorted({shard.compression for shard in found.shards} - {""}):
+        require_codec(used)
     if index_sha256 is not None and found.index_sha256 != index_sha256:
         if not found.index_sha256:
             raise ConfigError(f"task.data_index_sha256: the run's data is a shard index with sha256 {index_sha256}, "
@@ -123,7 +128,8 @@ def discover(data_path: str | None, data_format: str, seq_len: int, read_index: 
     return found
 
 
-def _discover(data_path: str | None, data_format: str, seq_len: int, read_index: IndexReader) -> ShardSet:
+def _discover(data_path: str | None, data_format: str, seq_len: int, read_index: IndexReader,
+              compression: str) -> ShardSet:
     if data_path is None:
         root = Path(sysconfig.get_paths()["stdlib"])
         return ShardSet(tuple(stdlib_shards(root, STDLIB_MAX_BYTES)), f"stdlib {root}")
@@ -131,12 +137,12 @@ def _discover(data_path: str | None, data_format: str, seq_len: int, read_index:
         if is_index(urllib.parse.urlsplit(data_path).path):
             bare, pin = split_pin(data_path)
             listing = read_index(bare, pin)
-            return ShardSet(tuple(index_shards(_index_text(listing, bare), bare, data_format)), bare,
+            return ShardSet(tuple(index_shards(_index_text(listing, bare), bare, data_format, compression)), bare,
                             hashlib.sha256(listing).hexdigest())
-        return ShardSet((url_shard(data_path, data_format),), data_path)
+        return ShardSet((url_shard(data_path, data_format, compression),), data_path)
     text = os.path.expanduser(data_path)
     if glob.has_magic(text):
-        return ShardSet(tuple(glob_shards(text, data_format, seq_len)), text)
+        return ShardSet(tuple(glob_shards(text, data_format, seq_len, compression)), text)
     path = Path(text)
     if not path.exists():
         raise ConfigError(f"task.data_path: {printable(path)} does not exist")
@@ -144,15 +150,16 @@ def _discover(data_path: str | None, data_format: str, seq_len: int, read_index:
         files = _visible_files(path, sorted(p for p in path.rglob("*") if p.is_file()))
         if not files:
             raise ConfigError(f"task.data_path: {printable(path)} has no data files")
-        return ShardSet(tuple(_file_shards(files, path, data_format, seq_len, single=False)), str(path))
+        return ShardSet(tuple(_file_shards(files, path, data_format, seq_len, single=False,
+                                                  compression=compression)), str(path))
     if is_index(path.name):
         try:
             raw = path.read_bytes()
         except OSError as exc:
             raise ConfigError(f"task.data_path: cannot read the index {printable(path)} ({printable(exc)})") from None
-        return ShardSet(tuple(index_shards(_index_text(raw, str(path)), str(path), data_format)), str(path),
-                        hashlib.sha256(raw).hexdigest())
-    shards = _file_shards([path], path.parent, data_format, seq_len, single=True)
+        listed = index_shards(_index_text(raw, str(path)), str(path), data_format, compression)
+        return ShardSet(tuple(listed), str(path), hashlib.sha256(raw).hexdigest())
+    shards = _file_shards([path], path.parent, data_format, seq_len, single=True, compression=compression)
     if not shards:
         raise ConfigError(f"task.data_path: {printable(path)} is empty")
     return ShardSet(tuple(shards), str(path))
@@ -203,13 +210,13 @@ def stdlib_shards(root: Path, max_bytes: int) -> list[ShardRef]:
     return shards
 
 
-def glob_shards(pattern: str, data_format: str, seq_len: int) -> list[ShardRef]:
+def glob_shards(pattern: str, data_format: str, seq_len: int, compression: str = "auto") -> list[ShardRef]:
     base = Path(_glob_base(pattern))
     matches = sorted(Path(p).absolute() for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     files = _visible_files(base, matches)
     if not files:
         raise ConfigError(f"task.data_path: no files match the glob {pattern!r}")
-    return _file_shards(files, base, data_format, seq_len, single=False)
+    return _file_shards(files, base, data_format, seq_len, single=False, compression=compression)
 
 
 def _glob_base(pattern: str) -> str:
@@ -234,12 +241,19 @@ def _visible_files(root: Path, files: list[Path]) -> list[Path]:
     return visible
 
 
-def _file_shards(files: list[Path], root: Path, data_format: str, seq_len: int, *, single: bool) -> list[ShardRef]:
+def _file_shards(files: list[Path], root: Path, data_format: str, seq_len: int, *, single: bool,
+                 compression: str = "auto") -> list[ShardRef]:
     shards: list[ShardRef] = []
     for path in files:
         key = path.relative_to(root).as_posix() if not single else path.name
         kind = kind_of(path.name, data_format)
+        packed = compression_of(path.name, compression)
         try:
+            if packed:
+                # A compressed stream cannot be cut by byte or row without reading it all: one whole shard.
+                if path.stat().st_size:
+                    shards.append(ShardRef(key, kind, path=str(path), compression=packed))
+                continue
             if kind == "parquet":
                 shards.extend(_parquet_ranges(path, key, single))
                 continue
@@ -292,15 +306,16 @@ def _parquet_ranges(path: Path, key: str, single: bool) -> list[ShardRef]:
     ]
 
 
-def url_shard(url: str, data_format: str) -> ShardRef:
+def url_shard(url: str, data_format: str, compression: str = "auto") -> ShardRef:
     """One shard at ``url``; a ``#sha256=<hex>`` fragment (as in pip requirement URLs) is its checksum."""
     bare, expected = split_pin(url)
     parts = urllib.parse.urlsplit(bare)
     name = parts.path.rstrip("/").rsplit("/", 1)[-1] or parts.netloc
-    return ShardRef(name, kind_of(name, data_format), url=bare, sha256=expected)
+    return ShardRef(name, kind_of(name, data_format), url=bare, sha256=expected,
+                    compression=compression_of(name, compression))
 
 
-def index_shards(listing: str, location: str, data_format: str) -> list[ShardRef]:
+def index_shards(listing: str, location: str, data_format: str, compression: str = "auto") -> list[ShardRef]:
     """Shards listed in a ``sha256sum``-style index at ``location`` (a path or URL).
 
     Each line is ``<sha256>  <name>`` (what ``sha256sum *.jsonl > SHA256SUMS`` writes) or just
@@ -324,14 +339,17 @@ def index_shards(listing: str, location: str, data_format: str) -> list[ShardRef
                 raise ConfigError(
                     f"task.data_path: {printable(location)} line {number}: only http(s) URLs can be read, got {name!r}"
                 )
-            shard = ShardRef(name, kind_of(urllib.parse.urlsplit(target).path, data_format),
-                             url=target, sha256=digest.lower(), origin=location if remote else "")
+            target_path = urllib.parse.urlsplit(target).path
+            shard = ShardRef(name, kind_of(target_path, data_format), url=target, sha256=digest.lower(),
+                             origin=location if remote else "", compression=compression_of(target_path, compression))
         else:
             path = Path(location).parent / name
             if not path.is_file():
                 raise ConfigError(f"task.data_path: {printable(location)} line {number}: "
                                   f"{printable(path)} is not a file")
-            shard = ShardRef(name, kind_of(name, data_format), path=str(path), size=path.stat().st_size)
+            packed = compression_of(name, compression)
+            shard = ShardRef(name, kind_of(name, data_format), path=str(path),
+                             size=-1 if packed else path.stat().st_size, compression=packed)
         shards[shard.id] = shard
     if not shards:
         raise ConfigError(f"task.data_path: the index {printable(location)} lists no shards")

@@ -63,8 +63,8 @@ class LocalFiles:
     """The file behind a shard: only local shards (see ``remote.ShardFetcher`` for URLs)."""
 
     def local_path(self, shard: ShardRef) -> Path:
-        if shard.url:
-            raise ShardUnreadable("remote shard without a downloader")
+        if shard.url or shard.compression:
+            raise ShardUnreadable("remote or compressed shard without a downloader")
         return Path(shard.path)
 
 

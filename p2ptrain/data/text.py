@@ -74,7 +74,8 @@ def budget(cfg: TaskSection, batch_size: int) -> tuple[int, int]:
 
 def find_shards(cfg: TaskSection, fetcher: ShardFetcher) -> tuple[ShardSet, list[ShardRef], list[ShardRef]]:
     """Every shard of ``task.data_path`` and its (train, validation) split; ConfigError if unusable."""
-    found = discover(cfg.data_path, cfg.data_format, cfg.seq_len, fetcher.read_index, cfg.data_index_sha256)
+    found = discover(cfg.data_path, cfg.data_format, cfg.seq_len, fetcher.read_index, cfg.data_index_sha256,
+                     cfg.data_compression)
     if len(found.shards) < 2:
         raise ConfigError(
             f"task.data_path: {found.source} is a single shard; training and validation need at least two "
@@ -89,7 +90,8 @@ def index_digest(cfg: TaskSection, cache_dir: Path | None = None) -> str | None:
     or None when the data is not an index. Raises :class:`ConfigError` as a node would."""
     if not names_an_index(cfg.data_path):
         return None
-    return discover(cfg.data_path, cfg.data_format, cfg.seq_len, make_fetcher(cfg, cache_dir).read_index).index_sha256
+    return discover(cfg.data_path, cfg.data_format, cfg.seq_len, make_fetcher(cfg, cache_dir).read_index,
+                    compression=cfg.data_compression).index_sha256
 
 
 def build_text_data(
@@ -105,10 +107,10 @@ def build_text_data(
     """This node's stream over its training shards and the validation batches every node shares."""
     fetcher = fetcher or make_fetcher(cfg, cache_dir)
     found, train, held_out = find_shards(cfg, fetcher)
-    check_text_field(cfg, [*train, *held_out])
+    check_text_field(cfg, [*train, *held_out], fetcher)
     block_bytes, validation_cap = budget(cfg, batch_size)
     text = validation_text(held_out, fetcher, validation_cap, block_bytes, cfg.text_field)
-    known = [shard.size for shard in train if shard.kind == "text"]
+    known = [shard.size for shard in train if shard.kind == "text" and not shard.compression]
     train_bytes = sum(known) if len(known) == len(train) else None
     needed = 2 * cfg.seq_len
     if len(text) < needed or (train_bytes is not None and train_bytes < needed):
@@ -123,16 +125,18 @@ def build_text_data(
     return TextData(stream, validation_windows(data, cfg.seq_len, batch_size, cfg.validation_batches), found.source)
 
 
-def check_text_field(cfg: TaskSection, shards: Sequence[ShardRef]) -> None:
+def check_text_field(cfg: TaskSection, shards: Sequence[ShardRef], files: ShardFetcher | None = None) -> None:
     """Fail at start-up, naming ``task.text_field``, when the first local record shard lacks the field.
 
-    Only a missing field is a config error; other problems are the stream's to skip and count.
+    Only a missing field is a config error; other problems are the stream's to skip and count.  A
+    compressed shard is read through ``files`` (its decompressed copy); without it, it is not probed.
     """
-    first = next((s for s in shards if s.kind in ("jsonl", "parquet") and not s.url), None)
+    first = next((s for s in shards if s.kind in ("jsonl", "parquet") and not s.url
+                  and (files is not None or not s.compression)), None)
     if first is None:
         return
-    path = Path(first.path)
     try:
+        path = files.local_path(first) if files is not None else Path(first.path)
         read = read_block(first, path, first_offset(first, path), 1, cfg.text_field, max_record=PROBE_MAX_RECORD,
                           max_failures=1)
     except MissingTextField as exc:
@@ -141,6 +145,21 @@ def check_text_field(cfg: TaskSection, shards: Sequence[ShardRef]) -> None:
         return
     if read.failures and read.failures[0].missing_field and not read.data:
         raise ConfigError(f"task.text_field: {first.id}: {read.failures[0].reason}")
+
+
+def data_problems(cfg: TaskSection, cache_dir: Path | None = None) -> list[str]:
+    """What a node would refuse to start on in ``cfg``'s data, one line each (empty: none), for ``config check``.
+
+    Finds the shards and reads the first block of the first record shard exactly as a starting node
+    does (a URL index is downloaded, with its pins checked), so the lines are the node's own.
+    """
+    try:
+        fetcher = make_fetcher(cfg, cache_dir)
+        _, train, held_out = find_shards(cfg, fetcher)
+        check_text_field(cfg, [*train, *held_out], fetcher)
+    except ConfigError as exc:
+        return [str(exc)]
+    return []
 
 
 @dataclass(frozen=True)
@@ -167,7 +186,8 @@ def text_batches(data_path: str, cfg: TaskSection, batch_size: int, fetcher: Sha
     :class:`ConfigError` lines that begin with ``label`` (the flag or field the path came from).
     """
     try:
-        found = discover(data_path, cfg.data_format, cfg.seq_len, fetcher.read_index)
+        found = discover(data_path, cfg.data_format, cfg.seq_len, fetcher.read_index,
+                         compression=cfg.data_compression)
     except ConfigError as exc:
         raise ConfigError(label + str(exc).removeprefix("task.data_path")) from None
     data, skipped, failed, first_failure = bytearray(), [], 0, ""
