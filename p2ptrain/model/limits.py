@@ -43,9 +43,17 @@ def check_model_config(task: TaskSection, where: str, *, trust_task_code: bool =
             raise ModelRefused(f"{where} names task code {task.entrypoint!r} (task.entrypoint); a model file is "
                                "data, so its code is not run: pass --trust-task-code if you trust it")
         return
-    from p2ptrain.tasks.bytelm import parameter_count  # torch: only once a model is to be checked
+    if task.kind == "hf_causal_lm":
+        from p2ptrain.tasks import hf  # transformers: only for a Hugging Face model
 
-    count = parameter_count(task.seq_len, task.d_model, task.n_layers)
+        try:
+            count = hf.parameter_count(task)
+        except hf.ModelDirRefused as exc:
+            raise ModelRefused(f"{where}: {exc}") from None
+    else:
+        from p2ptrain.tasks.bytelm import parameter_count  # torch: only once a model is to be checked
+
+        count = parameter_count(task.seq_len, task.d_model, task.n_layers)
     if count > max_params:
         raise ModelRefused(f"{where} asks for a model of {count:,} parameters ({_size(count * 4)} of float32), "
                            f"over --max-params {max_params:,}; nothing was built")
