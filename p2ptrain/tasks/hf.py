@@ -26,7 +26,7 @@ from torch import nn
 
 from p2ptrain.config.schema import ConfigError
 from p2ptrain.data.text import build_text_data
-from p2ptrain.tasks.base import SampleRequest, Task, TaskContext
+from p2ptrain.tasks.base import SampleFn, SampleRequest, Task, TaskContext
 
 if TYPE_CHECKING:
     from p2ptrain.config.schema import TaskSection
@@ -188,6 +188,34 @@ def shape_config(task: TaskSection, tokenizer: Any) -> dict[str, Any]:
     return {"task": "hf_causal_lm", "seq_len": task.seq_len, "config": config, "vocab": len(tokenizer)}
 
 
+def make_sampler(tokenizer: Any, seq_len: int) -> SampleFn:
+    """``p2ptrain sample`` for a causal LM: the request's tokens after its prompt, drawn from a private generator."""
+
+    @torch.no_grad()
+    def sample(model: nn.Module, request: SampleRequest) -> str:
+        generator = torch.Generator().manual_seed(request.seed)
+        ids = tokenizer(request.prompt or "\n", add_special_tokens=False, return_tensors="pt")["input_ids"]
+        start, was_training = ids.shape[1], model.training
+        model.eval()
+        try:
+            for _ in range(request.tokens):
+                logits = model(input_ids=ids[:, -seq_len:]).logits[0, -1].float()
+                if request.temperature <= 0:
+                    token = int(logits.argmax())
+                else:
+                    if request.top_k:
+                        cut = torch.topk(logits, min(request.top_k, logits.numel())).values[-1]
+                        logits = logits.masked_fill(logits < cut, float("-inf"))
+                    probs = torch.softmax(logits / request.temperature, dim=-1)
+                    token = int(torch.multinomial(probs, 1, generator=generator))
+                ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+        finally:
+            model.train(was_training)
+        return str(tokenizer.decode(ids[0, start:].tolist()))
+
+    return sample
+
+
 def build_hf_task(context: TaskContext) -> Task:
     """The ``hf_causal_lm`` task for ``context``; a bad model directory is one ConfigError line."""
     cfg = context.task
@@ -204,29 +232,11 @@ def build_hf_task(context: TaskContext) -> Task:
                            peer_id=context.peer_id, live_peers=context.live_peers, cache_dir=context.cache_dir)
     fixed = [tokenise(tokenizer, window, cfg.seq_len) for window in data.validation]
 
-    @torch.no_grad()
-    def sample(model: nn.Module, request: SampleRequest) -> str:
-        generator = torch.Generator().manual_seed(request.seed)
-        ids = tokenizer(request.prompt or "\n", add_special_tokens=False, return_tensors="pt")["input_ids"]
-        start = ids.shape[1]
-        for _ in range(request.tokens):
-            logits = model(input_ids=ids[:, -cfg.seq_len:]).logits[0, -1].float()
-            if request.temperature <= 0:
-                token = int(logits.argmax())
-            else:
-                if request.top_k:
-                    cut = torch.topk(logits, min(request.top_k, logits.numel())).values[-1]
-                    logits = logits.masked_fill(logits < cut, float("-inf"))
-                probs = torch.softmax(logits / request.temperature, dim=-1)
-                token = int(torch.multinomial(probs, 1, generator=generator))
-            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
-        return str(tokenizer.decode(ids[0, start:].tolist()))
-
     return Task(
         model=model,
         loss_fn=causal_lm_loss,
         train_batches=TokenStream(data.stream, tokenizer, cfg.seq_len),
         validation_batches=lambda: iter(fixed),
         shape_config=shape,
-        sample=sample,
+        sample=make_sampler(tokenizer, cfg.seq_len),
     )

@@ -158,3 +158,23 @@ def test_push_to_hub_uploads_the_export_folder(tmp_path: Path) -> None:
     push_to_hub(tmp_path, "me/my-model", "hf_token", upload=lambda **kw: calls.append(kw))
     assert calls == [{"folder_path": str(tmp_path), "repo_id": "me/my-model", "repo_type": "model",
                       "commit_message": "Upload a model trained by a p2ptrain swarm"}]
+
+
+def test_export_push_to_hub_says_what_happened_in_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    from p2ptrain.cli.tryit import push_command
+
+    lines: list[str] = []
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored login either
+    assert push_command(tmp_path, "me/m", lines.append, upload=lambda **kw: None) == 1
+    assert "no Hugging Face token" in lines[-1]
+    calls: list[dict[str, object]] = []
+    assert push_command(tmp_path, "me/m", lines.append, upload=lambda **kw: calls.append(kw), token="t") == 0
+    assert calls[0]["repo_id"] == "me/m" and "uploaded" in capsys.readouterr().out
+
+    def refused(**kw: object) -> None:
+        raise PermissionError("401 Unauthorized\nmore detail")
+
+    assert push_command(tmp_path, "me/m", lines.append, upload=refused, token="t") == 1
+    assert lines[-1] == ("--push-to-hub me/m: upload failed (PermissionError: 401 Unauthorized); "
+                         f"the export is in {tmp_path}")
