@@ -236,8 +236,8 @@ class TaskSection(_Section):
     def _hf_needs_a_model(self) -> TaskSection:
         if self.kind == "hf_causal_lm" and self.entrypoint is None and not self.model_path:
             raise ValueError("task.kind = \"hf_causal_lm\" needs task.model_config (a directory with config.json)")
-        if self.kind != "hf_causal_lm" and (self.model_path or self.tokenizer):
-            raise ValueError("task.model_config and task.tokenizer apply only to task.kind = \"hf_causal_lm\"")
+        # (model_config without the kind is allowed: a volunteer's config names its copy of the model directory
+        # while task.kind comes from the run's manifest.)
         return self
 
     @model_validator(mode="after")
