@@ -7,5 +7,6 @@
 - ``limits``       what a model config may make us do: trusted task code only, a bounded parameter count
 - ``fingerprint``  the hash of what makes two nodes' models averageable together
 
-May import: torch, safetensors, tokenizers and huggingface_hub (deferred), :mod:`p2ptrain.tasks`, :mod:`p2ptrain.config`.
+May import: torch, safetensors, tokenizers and huggingface_hub (deferred), :mod:`p2ptrain.tasks`,
+:mod:`p2ptrain.config`.
 """

@@ -7,7 +7,8 @@
 - ``loader``    the ``[task]`` config turned into a :class:`Task` (built-in or a user entrypoint)
 
 User tasks import ``p2ptrain.tasks.base``; exports name ``p2ptrain.tasks.bytelm.ByteLM``: both
-paths are kept stable.  May import: torch, transformers (only ``hf``, deferred), :mod:`p2ptrain.data`, :mod:`p2ptrain.config`.
+paths are kept stable.  May import: torch, transformers (only ``hf``, deferred), :mod:`p2ptrain.data`,
+:mod:`p2ptrain.config`.
 """
 
 from __future__ import annotations
