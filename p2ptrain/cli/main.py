@@ -246,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="checkpoint file (default: the newest that loads in the config's checkpoint dir)")
     export.add_argument("--force", action="store_true", help="replace OUT_DIR if it already holds an export")
     export.add_argument("--torch", action="store_true", help="also write model.pt (a plain torch.save state dict)")
+    export.add_argument("--push-to-hub", metavar="REPO", dest="push_to_hub",
+                        help="then upload the export to the Hugging Face model repo REPO (user/name; created if "
+                        "missing) with the token of HF_TOKEN or `huggingface-cli login`; needs p2ptrain[hf]")
     _add_model_file_flags(export, trust=False)  # a checkpoint of the node's own config: its code is the user's
     export.add_argument("out_dir", type=Path, metavar="OUT_DIR")
     export.set_defaults(handler=_lazy("p2ptrain.cli.tryit:export_command"))

@@ -20,6 +20,7 @@ from p2ptrain.config.schema import ConfigError, load_config
 from p2ptrain.data.remote import NotDownloaded
 from p2ptrain.errors import EX_BAD_ARGUMENT, EX_DATAERR, EX_FAILURE, EX_OK
 from p2ptrain.model.export import VAL_OF_EXPORT, CardInfo, ExportError, check_target, write_export
+from p2ptrain.model.hfexport import Upload, push_to_hub
 from p2ptrain.model.limits import DEFAULT_MAX_PARAMS, ModelRefused
 from p2ptrain.model.load import LoadedModel, ModelError, from_checkpoint, resolve
 from p2ptrain.tasks.base import SampleRequest
@@ -79,6 +80,31 @@ def export_command(args: argparse.Namespace) -> int:
     print(f"exported {loaded.source} (epoch {epoch}{measured}, model {loaded.fingerprint}) to {out}")
     if loaded.task.entrypoint is None:
         print(f"try it: p2ptrain sample {out} --prompt 'def '")
+    if getattr(args, "push_to_hub", None):
+        return push_command(out, args.push_to_hub, say)
+    return EX_OK
+
+
+def push_command(out: Path, repo: str, say: Any, *, upload: Upload | None = None,
+                 token: str | None = None) -> int:
+    """Upload the export ``out`` to the hub repo ``repo``; one line and exit 1 on failure (the export stays)."""
+    try:
+        from huggingface_hub import get_token
+    except ImportError:
+        say(f'--push-to-hub needs huggingface_hub: pip install "p2ptrain[hf]" (the export is in {out})')
+        return EX_FAILURE
+    token = token or get_token()
+    if not token:
+        say(f"--push-to-hub: no Hugging Face token (set HF_TOKEN or run `huggingface-cli login`); "
+            f"the export is in {out}, not uploaded")
+        return EX_FAILURE
+    try:
+        push_to_hub(out, repo, token, upload=upload)
+    except Exception as exc:  # the hub client raises many kinds (HTTP, auth, network): one line each
+        first = (str(exc).strip().splitlines() or [""])[0]
+        say(f"--push-to-hub {repo}: upload failed ({type(exc).__name__}: {first}); the export is in {out}")
+        return EX_FAILURE
+    print(f"uploaded {out} to https://huggingface.co/{repo}")
     return EX_OK
 
 
@@ -93,7 +119,7 @@ def measured_card(loaded: LoadedModel, say: Any) -> CardInfo:
     then the card keeps the node's figure, labelled as the node's measurement of its epoch.
     """
     card = loaded.card
-    if loaded.task.entrypoint is not None:
+    if loaded.task.entrypoint is not None or loaded.task.kind == "hf_causal_lm":  # only bytelm is scored here
         return card
     try:
         metrics = _held_out_metrics(loaded, offline=True)
@@ -221,6 +247,13 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def _sample_hook(loaded: LoadedModel) -> Any:
+    if loaded.task.entrypoint is None and loaded.task.kind == "hf_causal_lm":
+        from p2ptrain.tasks import hf
+
+        try:
+            return hf.make_sampler(hf.load_tokenizer(loaded.task), loaded.task.seq_len)
+        except hf.ModelDirRefused as error:
+            raise ModelError(str(error)) from None
     if loaded.task.entrypoint is None:
         from p2ptrain.tasks.generate import sample_bytes
 
@@ -233,6 +266,9 @@ def _evaluate_hook(loaded: LoadedModel, say: Any) -> Any:
     read as ``task.data_path`` is (files, directories, globs; text, JSONL, Parquet), its first 4 MiB."""
     if loaded.task.entrypoint is not None:
         return _user_task(loaded).evaluate
+    if loaded.task.kind == "hf_causal_lm":
+        raise ModelError("p2ptrain eval does not score hf_causal_lm models yet: the nodes' validation loss is in "
+                         "p2ptrain status and the model card")
     from p2ptrain.data.text import SCORE_MAX_BYTES, make_fetcher, text_batches
     from p2ptrain.tasks.generate import lm_metrics
 

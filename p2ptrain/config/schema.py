@@ -143,11 +143,28 @@ class SwarmSection(_Section):
 class TaskSection(_Section):
     """What is trained: the built-in byte-level LM, or a user task from ``entrypoint``."""
 
+    # model_config is a key of [task] (task.model_config), so fields fill by name and by alias alike.
+    model_config = ConfigDict(**_Section.model_config, populate_by_name=True, protected_namespaces=())
+
     name: Literal["bytelm"] = "bytelm"
     """Built-in task. Ignored when entrypoint is set."""
 
     entrypoint: str | None = None
     """A user task as "package.module:function" (see configs/examples/user_task.py)."""
+
+    kind: Literal["bytelm", "hf_causal_lm"] = "bytelm"
+    """The built-in model: "bytelm" (the byte-level LM, shaped by seq_len, d_model, n_layers, n_heads) or
+    "hf_causal_lm" (any Hugging Face transformers causal LM from task.model_config and task.tokenizer; needs
+    p2ptrain[hf]). Ignored when entrypoint is set."""
+
+    # Spelled model_config in the config file (pydantic reserves that attribute name for itself).
+    model_path: Annotated[str | None, Field(alias="model_config")] = None
+    """hf_causal_lm: a local directory holding the model's config.json (and, to start from them instead of
+    from scratch, its weights as model.safetensors), or the config.json itself. Never runs code from it."""
+
+    tokenizer: str | None = None
+    """hf_causal_lm: a local directory holding a fast tokenizer (tokenizer.json). Default: task.model_config's
+    directory."""
 
     data_path: str | None = None
     """Training data, read as a stream of shards (never whole): a text file, a directory or a glob
@@ -220,6 +237,14 @@ class TaskSection(_Section):
     _data_path = field_validator("data_path")(checks.data_path_shape)
     _data_index = field_validator("data_index_sha256")(checks.sha256_hex)
     _entrypoint = field_validator("entrypoint")(checks.entrypoint)
+
+    @model_validator(mode="after")
+    def _hf_needs_a_model(self) -> TaskSection:
+        if self.kind == "hf_causal_lm" and self.entrypoint is None and not self.model_path:
+            raise ValueError("task.kind = \"hf_causal_lm\" needs task.model_config (a directory with config.json)")
+        # (model_config without the kind is allowed: a volunteer's config names its copy of the model directory
+        # while task.kind comes from the run's manifest.)
+        return self
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> TaskSection:

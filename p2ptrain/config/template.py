@@ -49,7 +49,8 @@ def _section_lines(name: str, section: BaseModel) -> list[str]:
         for doc_line in (info.description or "").strip().splitlines():
             lines.append(f"# {doc_line.strip()}")
         literal = _toml_value(getattr(section, field_name))
-        lines.append(f"#{field_name} = {literal}" if literal is not None else f"#{field_name} = ...  (unset)")
+        key = info.alias or field_name  # the name the file uses (task.model_config: pydantic reserves it)
+        lines.append(f"#{key} = {literal}" if literal is not None else f"#{key} = ...  (unset)")
         lines.append("")
     return lines
 

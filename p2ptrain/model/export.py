@@ -2,8 +2,10 @@
 
 The directory is complete or absent: everything is written into a temp directory beside it,
 fsynced, and renamed into place; an existing export is replaced only with ``force`` (and only
-if it is an export or empty, so a typo cannot wipe an unrelated folder).  Loading it back needs
-safetensors, torch and the model class named in config.json, nothing of the node.
+if it is an export or empty, so a typo cannot wipe an unrelated folder).  The directory is also a
+Hugging Face model: ``transformers``' ``AutoModelForCausalLM`` and ``AutoTokenizer`` load a ``bytelm``
+export (as GPT-2, :mod:`p2ptrain.model.hfexport`) and an ``hf_causal_lm`` one; config.json carries
+p2ptrain's own keys (``format``, ``task``, ``run``...) beside the model config.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import save_model
+from safetensors.torch import save_file, save_model
 
 from p2ptrain.atomicfile import fsync_path
+from p2ptrain.model.hfexport import bytelm_to_gpt2, gpt2_config, write_byte_tokenizer
 
 if TYPE_CHECKING:
     from p2ptrain.config.schema import TaskSection
@@ -149,9 +152,17 @@ def write_export(
         raise ExportError(f"cannot write in {parent}: {exc.strerror or exc}") from None
     try:
         config = export_config(task_cfg, fingerprint, card, shape_config, training)
-        save_model(model, str(temp / MODEL_FILE), metadata={"format": "pt", "fingerprint": fingerprint})
+        metadata = {"format": "pt", "fingerprint": fingerprint}
+        if task_cfg.entrypoint is not None:
+            save_model(model, str(temp / MODEL_FILE), metadata=metadata)
+        elif task_cfg.kind == "hf_causal_lm":
+            config = _write_hf_model(model, task_cfg, temp) | config
+        else:  # ByteLM as GPT-2: transformers loads it, p2ptrain maps the names back
+            save_file(bytelm_to_gpt2(model.state_dict()), str(temp / MODEL_FILE), metadata=metadata)
+            write_byte_tokenizer(temp)
+            config = gpt2_config(config["model_args"]) | config
         _write_text(temp / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True) + "\n")
-        _write_text(temp / CARD_FILE, render_card(config, out_dir.name))
+        _write_text(temp / CARD_FILE, with_metadata(render_card(config, out_dir.name), config))
         if torch_copy:
             torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, temp / TORCH_FILE)
         for path in temp.iterdir():
@@ -162,6 +173,29 @@ def write_export(
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     return out_dir
+
+
+def _write_hf_model(model: torch.nn.Module, task_cfg: TaskSection, temp: Path) -> dict[str, Any]:
+    """A ``transformers`` model's own files (config, safetensors weights, tokenizer); its config as a dict."""
+    from p2ptrain.tasks import hf
+
+    save_pretrained = getattr(model, "save_pretrained")  # noqa: B009 (a transformers model, typed as Module)
+    save_pretrained(str(temp), safe_serialization=True)
+    hf.load_tokenizer(task_cfg).save_pretrained(str(temp))
+    return dict(json.loads((temp / CONFIG_FILE).read_text(encoding="utf-8")))
+
+
+def with_metadata(card: str, config: Mapping[str, Any]) -> str:
+    """The card as the hub expects it: YAML metadata first (huggingface_hub's ModelCard where installed)."""
+    tags = ["p2ptrain", "decentralized-training", "bytelm" if config.get("model_class") == BYTELM_CLASS
+            else "causal-lm"]
+    try:
+        from huggingface_hub import ModelCard, ModelCardData
+    except ImportError:
+        return "---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags:\n" + "".join(
+            f"- {tag}\n" for tag in tags) + "---\n\n" + card
+    data = ModelCardData(library_name="transformers", pipeline_tag="text-generation", tags=tags)
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{card}"))
 
 
 def check_target(out_dir: Path, force: bool) -> None:
@@ -189,7 +223,7 @@ def is_export(directory: Path) -> bool:
 
 def export_config(task_cfg: TaskSection, fingerprint: str, card: CardInfo,
                   shape_config: Mapping[str, Any] | None, training: Mapping[str, Any] | None) -> dict[str, Any]:
-    bytelm = task_cfg.entrypoint is None
+    bytelm = task_cfg.entrypoint is None and task_cfg.kind == "bytelm"
     return {
         "format": EXPORT_FORMAT,
         "format_version": EXPORT_VERSION,
@@ -198,7 +232,7 @@ def export_config(task_cfg: TaskSection, fingerprint: str, card: CardInfo,
         "model_args": {"seq_len": task_cfg.seq_len, "d_model": task_cfg.d_model, "n_layers": task_cfg.n_layers,
                        "n_heads": task_cfg.n_heads} if bytelm else None,
         "shape_config": dict(shape_config or {}),
-        "task": task_cfg.model_dump(mode="json"),
+        "task": task_cfg.model_dump(mode="json", by_alias=True),
         "training": dict(training or {}),
         "run": asdict(card),
         "exported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -271,17 +305,24 @@ def render_card(config: Mapping[str, Any], name: str) -> str:
     """The model card: what was trained, how far, and the lines that load it."""
     run, task = config["run"], config["task"]
     bytelm = config.get("model_class") == BYTELM_CLASS
+    with_transformers = (
+        "```python\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        f"model = AutoModelForCausalLM.from_pretrained(\"{name}\")\n"
+        f"tokenizer = AutoTokenizer.from_pretrained(\"{name}\")\n"
+        "```\n\n"
+    )
     if bytelm:
         what = (f"the built-in byte-level transformer LM (`bytelm`): {task['n_layers']} layers, width "
-                f"{task['d_model']}, {task['n_heads']} heads, context {task['seq_len']} bytes")
+                f"{task['d_model']}, {task['n_heads']} heads, context {task['seq_len']} bytes; stored as GPT-2 "
+                "with a byte vocabulary (token i is byte i)")
         load = (
-            "```python\n"
-            "import json, safetensors.torch, p2ptrain.tasks.bytelm as bytelm\n"
-            f"model = bytelm.ByteLM(**json.load(open(\"{name}/config.json\"))[\"model_args\"])\n"
-            f"safetensors.torch.load_model(model, \"{name}/model.safetensors\")\n"
-            "```\n\n"
+            f"{with_transformers}"
             f"Or try it from the shell: `p2ptrain sample {name} --prompt \"def \"` and `p2ptrain eval {name}`.\n"
         )
+    elif task.get("kind") == "hf_causal_lm" and not task.get("entrypoint"):
+        what = f"a Hugging Face causal LM (`{config.get('model_type', 'transformers')}`, task `hf_causal_lm`)"
+        load = with_transformers + f"Or from the shell: `p2ptrain sample {name} --prompt \"def \"`.\n"
     else:
         what = f"a user task (`{task.get('entrypoint')}`)"
         load = (

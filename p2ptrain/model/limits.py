@@ -41,9 +41,17 @@ def check_model_config(task: TaskSection, where: str, *, trust_task_code: bool =
     if task.entrypoint is not None:
         check_task_code(task, where, trust_task_code=trust_task_code, own_entrypoint=own_entrypoint)
         return
-    from p2ptrain.tasks.bytelm import parameter_count  # torch: only once a model is to be checked
+    if task.kind == "hf_causal_lm":
+        from p2ptrain.tasks import hf  # transformers: only for a Hugging Face model
 
-    count = parameter_count(task.seq_len, task.d_model, task.n_layers)
+        try:
+            count = hf.parameter_count(task)
+        except hf.ModelDirRefused as exc:
+            raise ModelRefused(f"{where}: {exc}") from None
+    else:
+        from p2ptrain.tasks.bytelm import parameter_count  # torch: only once a model is to be checked
+
+        count = parameter_count(task.seq_len, task.d_model, task.n_layers)
     if count > max_params:
         raise ModelRefused(f"{where} asks for a model of {count:,} parameters ({_size(count * 4)} of float32), "
                            f"over --max-params {max_params:,}; nothing was built")

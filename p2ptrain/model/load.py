@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from p2ptrain.errors import printable
 from p2ptrain.model.checkpoint import CheckpointStore, LoadedCheckpoint, load_failure, read_checkpoint
 from p2ptrain.model.export import CONFIG_FILE, EXPORT_FORMAT, MODEL_FILE, CardInfo
 from p2ptrain.model.fingerprint import model_fingerprint
+from p2ptrain.model.hfexport import gpt2_to_bytelm, is_gpt2_state
 from p2ptrain.model.limits import DEFAULT_MAX_PARAMS, check_model_config
 from p2ptrain.tasks import bytelm
 from p2ptrain.tasks.loader import build_task
@@ -55,6 +56,13 @@ class LoadedModel:
 
 def build_model(task: TaskSection, training: TrainingSection) -> tuple[torch.nn.Module, dict[str, Any]]:
     """A freshly initialised model for ``task`` and its shape config (bytelm needs no data for this)."""
+    if task.entrypoint is None and task.kind == "hf_causal_lm":
+        from p2ptrain.tasks import hf  # transformers only for a Hugging Face model
+
+        try:
+            return hf.build_model(task, training.seed), hf.shape_config(task, hf.load_tokenizer(task))
+        except hf.ModelDirRefused as exc:
+            raise ModelError(str(exc)) from None
     if task.entrypoint is None:
         return bytelm.build_model(task, training.seed), bytelm.shape_config(
             task.seq_len, task.d_model, task.n_layers, task.n_heads)
@@ -113,9 +121,11 @@ def from_export(directory: Path, *, trust_task_code: bool = False, own_entrypoin
 
     Its task code runs only with ``trust_task_code``, or when it is ``own_entrypoint`` (the node's own
     config's); a built-in model is built only within ``max_params``."""
-    from safetensors.torch import load_model
-
     settings = read_export_config(directory)
+    hf_model = settings.task.entrypoint is None and settings.task.kind == "hf_causal_lm"
+    if hf_model:  # the export holds the model's own config, weights and tokenizer
+        settings = replace(settings, task=settings.task.model_copy(
+            update={"model_path": str(directory), "tokenizer": str(directory)}))
     check_model_config(settings.task, str(directory / CONFIG_FILE), trust_task_code=trust_task_code,
                        own_entrypoint=own_entrypoint, max_params=max_params)
     model, shape = build_model(settings.task, settings.training)
@@ -126,11 +136,22 @@ def from_export(directory: Path, *, trust_task_code: bool = False, own_entrypoin
     if not weights.is_file():
         raise ModelError(f"{directory} has no {MODEL_FILE}")
     try:
-        load_model(model, str(weights), strict=True)
+        if not hf_model:  # (a Hugging Face model was built with its weights)
+            _load_export_weights(model, weights)
     except Exception as exc:  # safetensors raises several types for a damaged file
         raise ModelError(f"{weights} does not load ({type(exc).__name__}: {_line(exc)})") from None
     training = {"batch_size": settings.training.batch_size, "seed": settings.training.seed}
     return LoadedModel(model, settings.task, training, fingerprint, shape, settings.card, str(directory))
+
+
+def _load_export_weights(model: torch.nn.Module, weights: Path) -> None:
+    """The export's weights into ``model``: p2ptrain's names, or GPT-2's for a ByteLM exported as GPT-2."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(weights))
+    if isinstance(model, bytelm.ByteLM) and is_gpt2_state(state):
+        state = gpt2_to_bytelm(state)
+    model.load_state_dict(state, strict=True)
 
 
 @dataclass(frozen=True)

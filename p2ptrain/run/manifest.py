@@ -63,10 +63,12 @@ LOCAL_TRAINING: tuple[str, ...] = tuple(n for n in TrainingSection.model_fields 
 #: ``data_index_sha256``: the digest of the shard index the run was created with (URL or local), so a
 #: node whose index differs, served by the data host or copied by the volunteer, is refused.
 RUN_WIDE_TASK: tuple[str, ...] = (
-    "name", "entrypoint", "data_path", "data_index_sha256", "data_format", "text_field", "seq_len", "d_model",
+    "name", "kind", "entrypoint", "data_path", "data_index_sha256", "data_format", "text_field", "seq_len", "d_model",
     "n_layers", "n_heads", "validation_fraction", "validation_batches", "options",
 )
-#: [task] fields that are each machine's own: memory for text, the download cache and its limits.
+#: [task] fields that are each machine's own: memory for text, the download cache and its limits, and where
+#: this machine keeps a Hugging Face model's directory (task.model_config, task.tokenizer; the fingerprint, which
+#: holds the whole model config and the vocabulary size, keeps copies that differ apart).
 LOCAL_TASK: tuple[str, ...] = tuple(n for n in TaskSection.model_fields if n not in RUN_WIDE_TASK)
 #: [task] fields that may be left out of a manifest (their default is None).
 OPTIONAL_TASK: tuple[str, ...] = tuple(n for n in RUN_WIDE_TASK if TaskSection.model_fields[n].default is None)

@@ -2,11 +2,13 @@
 
 - ``base``      the task interface a run needs: model, batches, loss, sampling
 - ``bytelm``    the built-in byte-level causal transformer LM
+- ``hf``        the built-in ``hf_causal_lm`` task: a ``transformers`` causal LM, tokenised on the fly
 - ``generate``  sampling from the byte-level LM, and its loss, bits per byte, perplexity
 - ``loader``    the ``[task]`` config turned into a :class:`Task` (built-in or a user entrypoint)
 
 User tasks import ``p2ptrain.tasks.base``; exports name ``p2ptrain.tasks.bytelm.ByteLM``: both
-paths are kept stable.  May import: torch, :mod:`p2ptrain.data`, :mod:`p2ptrain.config`.
+paths are kept stable.  May import: torch, transformers (only ``hf``, deferred), :mod:`p2ptrain.data`,
+:mod:`p2ptrain.config`.
 """
 
 from __future__ import annotations

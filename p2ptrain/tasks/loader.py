@@ -50,6 +50,10 @@ def build_task(
         cache_dir=cache_dir,
     )
     if task_cfg.entrypoint is None:
+        if task_cfg.kind == "hf_causal_lm":
+            from p2ptrain.tasks.hf import build_hf_task  # transformers only when this task is used
+
+            return build_hf_task(context)
         return build_bytelm(context)
     builder = resolve_entrypoint(task_cfg.entrypoint)
     try:

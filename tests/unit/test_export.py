@@ -217,7 +217,8 @@ def test_export_reloads_bit_for_bit_with_the_documented_three_lines(run, tmp_pat
                                                                    monkeypatch) -> None:
     out = tmp_path / "my-model"
     assert _main("export", "-c", run["config"], "--torch", out) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.pt", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.pt", "model.safetensors",
+                                                     "tokenizer.json", "tokenizer_config.json"]
     assert f"to {out}" in capsys.readouterr().out
     monkeypatch.chdir(tmp_path)  # the card's lines use the directory's name, as a user would after exporting here
     card = (out / "README.md").read_text()
@@ -225,9 +226,12 @@ def test_export_reloads_bit_for_bit_with_the_documented_three_lines(run, tmp_pat
     assert len(lines.strip().splitlines()) == 3
     scope: dict[str, object] = {}
     exec(lines, scope)  # noqa: S102 - the card's own snippet, exactly as a user would paste it
-    model = scope["model"]
-    original = run["task"].model.state_dict()  # type: ignore[attr-defined]
-    assert all(torch.equal(original[name], value) for name, value in model.state_dict().items())  # type: ignore[attr-defined]
+    model, tokenizer = scope["model"], scope["tokenizer"]  # transformers' GPT-2, a byte tokenizer
+    ids = tokenizer("def f(x):\n", return_tensors="pt")["input_ids"]  # type: ignore[operator]
+    ours = run["task"].model.eval()  # type: ignore[attr-defined]
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, ours(ids), atol=1e-5, rtol=0)  # type: ignore[operator]
+    original = ours.state_dict()
     plain = torch.load(out / "model.pt", weights_only=True)
     assert all(torch.equal(original[name], value) for name, value in plain.items())
     # The validation loss is the exported model's own (what `p2ptrain eval` of it reports), at the export's
@@ -354,6 +358,7 @@ def test_a_failed_export_leaves_nothing_half_written(run, tmp_path: Path, monkey
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("p2ptrain.model.export.save_model", full_disk)
+    monkeypatch.setattr("p2ptrain.model.export.save_file", full_disk)  # bytelm: GPT-2's names
     with pytest.raises(ExportError, match="No space left on device"):
         write_export(loaded.model, loaded.task, loaded.fingerprint, loaded.card, out, force=True)
     with pytest.raises(ExportError):
