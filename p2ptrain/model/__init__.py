@@ -4,6 +4,7 @@
 - ``export``       a portable directory: ``model.safetensors``, ``config.json``, a model card
 - ``load``         a trained model from an export, a checkpoint or a node's config
 - ``limits``       what a model config may make us do: trusted task code only, a bounded parameter count
+- ``device``       training.device and training.precision: placement, autocast, CPU staging
 - ``fingerprint``  the hash of what makes two nodes' models averageable together
 
 May import: torch, safetensors, :mod:`p2ptrain.tasks`, :mod:`p2ptrain.config`.

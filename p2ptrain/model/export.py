@@ -9,6 +9,7 @@ safetensors, torch and the model class named in config.json, nothing of the node
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
 import json
 import math
@@ -149,11 +150,12 @@ def write_export(
         raise ExportError(f"cannot write in {parent}: {exc.strerror or exc}") from None
     try:
         config = export_config(task_cfg, fingerprint, card, shape_config, training)
-        save_model(model, str(temp / MODEL_FILE), metadata={"format": "pt", "fingerprint": fingerprint})
+        # CPU tensors whatever device trained the model: an export opens on any machine.
+        save_model(_on_cpu(model), str(temp / MODEL_FILE), metadata={"format": "pt", "fingerprint": fingerprint})
         _write_text(temp / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True) + "\n")
         _write_text(temp / CARD_FILE, render_card(config, out_dir.name))
         if torch_copy:
-            torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, temp / TORCH_FILE)
+            torch.save({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}, temp / TORCH_FILE)
         for path in temp.iterdir():
             fsync_path(path)
         _swap_in(temp, out_dir)
@@ -162,6 +164,13 @@ def write_export(
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     return out_dir
+
+
+def _on_cpu(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` itself when it is on the CPU, else a CPU copy (the original stays where it trains)."""
+    if all(t.device.type == "cpu" for t in model.state_dict().values()):
+        return model
+    return copy.deepcopy(model).to("cpu")
 
 
 def check_target(out_dir: Path, force: bool) -> None:

@@ -23,6 +23,7 @@ from p2ptrain.tui.widgets.format import (
     STATE_STYLES,
     duration,
     number,
+    peer_device,
     short_id,
 )
 
@@ -39,6 +40,7 @@ COLUMNS: tuple[tuple[str, Callable[[PeerRecord], Any]], ...] = (
     ("samp/s", lambda p: p.samples_per_second),
     ("loss", _loss_key),
     ("reach", lambda p: p.reachability),
+    ("device", peer_device),
     ("seen", lambda p: -p.published_at),
     ("version", lambda p: p.version),
 )
@@ -110,6 +112,7 @@ class SwarmPanel(Vertical):
             Text(number(p.samples_per_second), justify="right"),
             Text(number(p.loss, 3), justify="right"),
             Text(p.reachability, style=REACHABILITY_STYLES.get(p.reachability, "")),
+            Text(peer_device(p)),
             Text(duration(self._now - p.published_at) if p.published_at else DASH),
             Text(p.version or DASH),
         ]
