@@ -390,16 +390,16 @@ class HardenedGradientAverager(AveragerLayer, GradientAverager):
     def load_accumulators_into_averager_(self) -> None:
         """hivemind's, with the device-to-host copy made explicit: accumulators on a GPU go to the averager's
         host buffers through pinned memory, one wait for the whole transfer instead of one per tensor."""
-        accumulators = list(self._grad_accumulators())  # type: ignore[attr-defined]
+        accumulators = list(self._grad_accumulators())
         if not accumulators or accumulators[0].device.type == "cpu":
             super().load_accumulators_into_averager_()
             return
-        times = self.local_times_accumulated  # type: ignore[attr-defined]
+        times = self.local_times_accumulated
         scale = 1.0 / times if times else 0.0
         staging = getattr(self, "_staging", None)
         if staging is None:  # made on first use, in the node's process (the averager's never sees a GPU)
             staging = self._staging = HostStaging(accumulators, accumulators[0].device)
-        with self.get_tensors() as averaged:  # type: ignore[attr-defined]
+        with self.get_tensors() as averaged:
             staging.to_host(accumulators, averaged)
             for tensor in averaged:
                 tensor.mul_(scale)
