@@ -160,7 +160,7 @@ class SwarmPanel(Vertical):
             Text(OFFENDER_MARK + short_id(o.peer_id), style="bold red"),
             Text("excluded" if o.excluded else "offender", style="bold red" if o.excluded else "red"),
             Text(DASH, justify="right"), Text(DASH, justify="right"), Text(DASH, justify="right"),
-            Text(DASH),
+            Text(DASH), Text(DASH),
             Text(duration(self._now - o.last_at) if o.last_at else DASH),
             Text(o.kind, style="red"),
         ]
@@ -199,6 +199,7 @@ class SwarmPanel(Vertical):
             number(sum(p.samples_per_second for p in peers)),
             f"μ {number(sum(losses) / len(losses), 3)}" if losses else DASH,
             f"{reach.get('direct', 0)} direct",
+            f"{sum(p.device.startswith('cuda') for p in peers)} gpu",
             "",
             "mixed" if len({p.version for p in peers}) > 1 else "",
         ]
