@@ -23,6 +23,7 @@ from p2ptrain.daemon.faults import with_faults
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.dhtkeys import averaging_prefix
 from p2ptrain.model.checkpoint import CheckpointStore
+from p2ptrain.model.device import Placement, to_cpu
 from p2ptrain.model.fingerprint import model_fingerprint
 from p2ptrain.optim.build import bandwidth_hint, build_optimizer
 from p2ptrain.optim.defences import evaluate_fn
@@ -106,7 +107,8 @@ class TrainingParts:
     fingerprint: str
 
     def save_checkpoint(self, **extra: Any) -> bool:
-        """Write a checkpoint; ``extra`` adds run facts for the model card (``val_loss``, ``run_ref``...)."""
+        """Write a checkpoint (CPU tensors, whatever the device); ``extra`` adds run facts for the model
+        card (``val_loss``, ``run_ref``...)."""
         return self.checkpointer.save({**checkpoint_state(self.trainer, self.optimizer), **extra})
 
     def close(self) -> None:
@@ -185,6 +187,8 @@ class NodeBuilder:
         only with the peers its admission gate admits.  ``defences`` are the node's peer checks
         (:class:`p2ptrain.optim.defences.Defences`; None: off).  ``wait`` is the node's stop event's wait.
         """
+        # First, so that a CUDA device this machine lacks stops the node before anything is built.
+        placement = Placement.from_settings(config.training.device, config.training.precision)
         task = build_task(config.task, config.training, peer_seed(swarm.peer_id), peer_id=swarm.peer_id,
                           live_peers=live_peers, cache_dir=config.task.cache_dir or swarm.state_dir / "data-cache")
         task = with_faults(task, self._environ)
@@ -194,8 +198,11 @@ class NodeBuilder:
                                                  swarm.trusted)
         else:  # the signed manifest holds the run's model; unsigned entries are for plain runs
             run.check_fingerprint(fingerprint)
-        logger.info("model fingerprint %s (%d parameters)", fingerprint,
-                    sum(p.numel() for p in task.model.parameters()))
+        logger.info("model fingerprint %s (%d parameters); %s", fingerprint,
+                    sum(p.numel() for p in task.model.parameters()), placement.describe())
+        # The model (and so the optimizer state built on it) lives on the device; checkpoints are CPU
+        # tensors that load_state_dict copies over, whatever device wrote them.
+        task.model.to(placement.device)
 
         checkpointer = Checkpointer(CheckpointStore(config.checkpoint_dir(), keep=config.checkpoint.keep),
                                     fingerprint, wall_clock=wall_clock, long_operation=long_operation)
@@ -203,8 +210,8 @@ class NodeBuilder:
         if restored is not None:
             task.model.load_state_dict(restored["model"])
             task.train_batches.load_state_dict(restored.get("data_position", {}))
-        optimizer = _optimizer(config, swarm, task, fingerprint, stats, run, defences, wait)
-        trainer = Trainer(task, optimizer, config.training.batch_size)
+        optimizer = _optimizer(config, swarm, task, fingerprint, stats, run, defences, wait, placement)
+        trainer = Trainer(task, optimizer, config.training.batch_size, placement)
         if restored is not None:
             optimizer.restore(restored)
             optimizer.apply_training(config.training)  # the settings in force, not the checkpoint's
@@ -250,23 +257,23 @@ class ClientParts:
 
 def _optimizer(config: NodeConfig, swarm: JoinedSwarm, task: Task, fingerprint: str, stats: SwarmStats,
                run: RunKeeper | None, defences: Any,
-               wait: Callable[[float], object] = time.sleep) -> SwarmOptimizer:
+               wait: Callable[[float], object] = time.sleep, placement: Placement | None = None) -> SwarmOptimizer:
     """The swarm optimizer for ``task``'s model, averaging under the run's id and model fingerprint
     (``wait``: the pause between state-download attempts, the node's stop event's wait)."""
     return build_optimizer(task.model, swarm.dht, averaging_prefix(config.swarm.run_id, fingerprint), config.training,
                            client_mode=config.swarm.client_mode, stats=stats,
                            bandwidth=bandwidth_hint(config.volunteer.upload_kbps, config.volunteer.download_kbps),
                            admission=run.plan.gate if run is not None else None,
-                           defences=defences, evaluate=evaluate_fn(task), wait=wait)
+                           defences=defences, evaluate=evaluate_fn(task, placement), wait=wait)
 
 
 def checkpoint_state(trainer: Trainer, optimizer: SwarmOptimizer) -> dict[str, Any]:
     """Model, optimizer and data position: everything a restart needs to go on exactly here; and the
     credit (this node's contributed samples, the contributors it has seen) for restarts and model cards."""
-    return {
+    return to_cpu({
         "model": trainer.task.model.state_dict(),
         **optimizer.checkpoint_state(),
         "data_position": trainer.task.train_batches.state_dict(),
         "samples_processed": trainer.samples_processed,
         **optimizer.stats.credit.checkpoint_fields(),
-    }
+    })

@@ -35,7 +35,14 @@ from p2ptrain.daemon.runfollow import RunFollower, describe_figures
 from p2ptrain.daemon.session import SwarmSession
 from p2ptrain.daemon.shownview import shown_view
 from p2ptrain.daemon.shutdown import land_round_in_flight
-from p2ptrain.daemon.snapshot import NodeIdentity, RunFigures, StatusBoard, TrainingFigures, data_figures
+from p2ptrain.daemon.snapshot import (
+    DeviceFigures,
+    NodeIdentity,
+    RunFigures,
+    StatusBoard,
+    TrainingFigures,
+    data_figures,
+)
 from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.daemon.sync import sync_with_swarm
 from p2ptrain.errors import EX_CONFIG, EX_DATAERR, EX_FAILURE, EX_OK, EX_TEMPFAIL, error_line
@@ -293,6 +300,9 @@ class Node:
                                                       parts.trainer.nonfinite_skips, parts.rollback.rollbacks)
         self.board.progress = parts.optimizer.global_progress
         self.board.checkpoints = lambda: parts.checkpointer.figures
+        placement = getattr(parts.trainer, "placement", None)  # test doubles of the trainer may have none
+        if placement is not None:
+            self.board.device = lambda: DeviceFigures(placement.name, placement.precision, placement.memory_bytes())
         credit = self.swarm_stats.credit
         self.board.credit, self.board.note_contributors = credit.figures, credit.note_contributors
         self.board.vouched = credit.vouches.largest

@@ -50,7 +50,7 @@ def _user_dir(environ: Mapping[str, str], variable: str, fallback: str) -> Path:
 
 
 def plan_install(*, user: bool, instance: str | None, exec_prefix: Sequence[str],
-                 environ: Mapping[str, str], root: Path | None = None) -> Plan:
+                 environ: Mapping[str, str], root: Path | None = None, gpu: bool = False) -> Plan:
     """Everything ``install`` would write and print; pure apart from reading ``environ``."""
     if user:
         unit_dir = _user_dir(environ, "XDG_CONFIG_HOME", ".config") / "systemd" / "user"
@@ -62,7 +62,7 @@ def plan_install(*, user: bool, instance: str | None, exec_prefix: Sequence[str]
     config_path = config_dir / (f"{instance}.toml" if instance else "node.toml")
 
     files = [PlannedFile(_under(root, unit_dir / unit_name),
-                         render_unit(exec_prefix, instance=bool(instance), user=user), 0o644, True)]
+                         render_unit(exec_prefix, instance=bool(instance), user=user, gpu=gpu), 0o644, True)]
     if not user:
         files.append(PlannedFile(_under(root, Path("/etc/sysusers.d/p2ptrain.conf")), SYSUSERS, 0o644, True))
     # World-readable like most of /etc: it holds no secrets (the API token lives in the state dir),
@@ -110,7 +110,7 @@ def main(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> 
         print(f"p2ptrain: --instance {instance!r}: use 1-64 letters, digits, '_', '.', '-'", file=sys.stderr)
         return EX_USAGE
     plan = plan_install(user=args.user, instance=instance, exec_prefix=[sys.executable, "-m", "p2ptrain.cli"],
-                        environ=environ, root=args.root)
+                        environ=environ, root=args.root, gpu=bool(getattr(args, "gpu", False)))
     for warning in plan.warnings:
         print(f"p2ptrain: warning: {warning}", file=sys.stderr)
     if args.dry_run:

@@ -50,6 +50,15 @@ class NodeIdentity:
 
 
 @dataclass(frozen=True)
+class DeviceFigures:
+    """Where the node trains (empty until its model is built) and the device memory torch holds (None: a CPU)."""
+
+    device: str = ""
+    precision: str = ""
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class CheckpointFigures:
     ok: int = 0
     failed: int = 0
@@ -154,7 +163,7 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
                   target_batch_size: int, taken_at: float, run: RunFigures = RunFigures(),
                   offences: OffenceFigures | None = None, credit: CreditFigures | None = None,
                   data: DataFigures = DataFigures(), history: LossFigures = LossFigures(),
-                  vouched: dict[str, int] | None = None) -> StatusSnapshot:
+                  vouched: dict[str, int] | None = None, device: DeviceFigures = DeviceFigures()) -> StatusSnapshot:
     """The node's status from plain figures; no I/O, no clock.
 
     The swarm's epoch is the optimizer's (robust against peers that agree on a far-off epoch among
@@ -165,6 +174,7 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
     return StatusSnapshot(
         samples_contributed_total=credit.contributed, samples_not_averaged_total=credit.not_averaged,
         vouched_samples=dict(vouched or {}),
+        device=device.device, precision=device.precision, device_memory_bytes=device.memory_bytes,
         data_pass=data.data_pass, data_shards_consumed=data.shards_consumed,
         data_past_pass_shards=data.past_passes, data_shards_total=data.shards_total, data_source=data.source,
         data_records_failed_total=data.records_failed, data_records_without_text_total=data.records_without_text,
@@ -246,6 +256,8 @@ class StatusBoard:
         self.vouchers: Callable[[], Vouchers | None] = lambda: None
         self.vouched: Callable[[], dict[str, int]] = dict
         self._losses, self._val_losses = LossCurve(), LossCurve()
+        #: Where the node trains and the device memory it holds; set by the node once its model is built.
+        self.device: Callable[[], DeviceFigures] = DeviceFigures
 
     def set_state(self, state: NodeState) -> None:
         if state is not self.state:
@@ -286,7 +298,7 @@ class StatusBoard:
                              stats=self.stats(), cpu=self.cpu(), checkpoints=self.checkpoints(), view=self._last_view,
                              target_batch_size=self.target_batch_size, taken_at=self.wall_clock(), run=self.run(),
                              offences=self.offences(), credit=self.credit(), data=self.data(), history=history,
-                             vouched=self.vouched())
+                             vouched=self.vouched(), device=self.device())
 
     def publish(self) -> None:
         self.latest.publish(self.snapshot(), self._last_view)

@@ -97,10 +97,15 @@ SystemCallFilter=@system-service
 SystemCallFilter=~@privileged @mount @swap @reboot @raw-io @module @obsolete @cpu-emulation @debug
 SystemCallErrorNumber=EPERM
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
-# GPUs: NVIDIA (/dev/nvidia*), AMD ROCm (/dev/kfd) and DRM render nodes; no PrivateDevices=,
-# and no MemoryDenyWriteExecute= because CUDA and Triton generate code at run time.
+# No PrivateDevices= (it would hide GPUs from an install with --gpu) and no MemoryDenyWriteExecute=
+# (CUDA and Triton generate code at run time). Device nodes: only the pseudo-devices systemd always
+# allows, unless the unit was installed with --gpu.
 DevicePolicy=closed
-DeviceAllow=char-nvidia* rw
+{devices}"""
+
+# `service install --gpu`: NVIDIA (/dev/nvidia*: the devices, nvidiactl, nvidia-uvm), AMD ROCm
+# (/dev/kfd) and DRM render nodes.
+_GPU_DEVICES = """DeviceAllow=char-nvidia* rw
 DeviceAllow=char-kfd rw
 DeviceAllow=char-drm rw
 """
@@ -125,10 +130,11 @@ def quote_exec(argv: Sequence[str]) -> str:
 
 
 def render_unit(exec_prefix: Sequence[str] = DEFAULT_EXEC, *, instance: bool = False,
-                user: bool = False) -> str:
+                user: bool = False, gpu: bool = False) -> str:
     """The text of ``p2ptrain.service`` (``instance=True``: ``p2ptrain@.service``), system or user.
 
-    ``exec_prefix`` is the command that runs the CLI, e.g. ``[sys.executable, "-m", "p2ptrain.cli"]``.
+    ``exec_prefix`` is the command that runs the CLI, e.g. ``[sys.executable, "-m", "p2ptrain.cli"]``;
+    ``gpu`` lets a system unit open the GPU device nodes (a user unit opens what its user may).
     """
     state = "p2ptrain/%i" if instance else "p2ptrain"
     config = "%E/p2ptrain/%i.toml" if instance else "%E/p2ptrain/node.toml"
@@ -144,7 +150,7 @@ def render_unit(exec_prefix: Sequence[str] = DEFAULT_EXEC, *, instance: bool = F
         workdir=f"%S/{state}",
         cachedir=f"%C/{state}",
         limits="" if user else "LimitNOFILE=65536\n",
-        hardening=_USER_HARDENING if user else _SYSTEM_HARDENING,
+        hardening=_USER_HARDENING if user else _SYSTEM_HARDENING.format(devices=_GPU_DEVICES if gpu else ""),
         wanted_by="default.target" if user else "multi-user.target",
     )
     return header + body

@@ -128,6 +128,12 @@ class P2PTrainCollector(Collector):
                           "Seconds since the last completed local training step.",
                           health.progress_age(s, now))
 
+        if s.device:
+            yield InfoMetricFamily(_P + "training_device", "Where this node trains: its device and precision.",
+                                   value={"device": s.device, "precision": s.precision or "unknown"})
+        yield from _gauge("device_memory_bytes", "Device (GPU) memory torch holds for the training; absent on a CPU.",
+                          None if s.device_memory_bytes is None else float(s.device_memory_bytes))
+
         yield _g("local_epoch", "Epoch this node's parameters are at.", s.local_epoch)
         yield _g("global_epoch", "Highest epoch seen in the swarm.",
                  max(s.global_epoch, swarm.global_epoch))

@@ -113,6 +113,10 @@ class PeerRecord:
     #: (peer ID, samples) of the peers this node vouches for most: what their parts carried into its
     #: averaging rounds (see :mod:`p2ptrain.trust.vouching`); signed with the rest of the record.
     vouched: tuple[tuple[str, int], ...] = ()
+    #: Where and how the node trains: ``cpu`` or ``cuda:N``, and ``fp32``, ``bf16`` or ``fp16`` (empty: a
+    #: node of a version that did not say).
+    device: str = ""
+    precision: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -140,7 +144,8 @@ class PeerRecord:
                    epoch=status.local_epoch, samples_per_second=status.local_samples_per_second,
                    loss=status.loss, val_loss=status.val_loss, reachability=status.reachability,
                    uptime_seconds=status.uptime_seconds, pause_reason=status.pause_reason,
-                   published_at=status.taken_at, vouched=tuple(sorted(status.vouched_samples.items())))
+                   published_at=status.taken_at, vouched=tuple(sorted(status.vouched_samples.items())),
+                   device=status.device, precision=status.precision)
 
 
 @dataclass(frozen=True)
@@ -341,6 +346,12 @@ class StatusSnapshot:
     peer_offenses_total: int = 0
     #: Peers excluded from this node's groups and donor lists right now.
     peers_excluded: int = 0
+    #: The device the node trains on (``cpu``, ``cuda:N``; empty before its model is built), its precision
+    #: (``fp32``, ``bf16``, ``fp16``), and the device memory torch holds for it (None on a CPU: no
+    #: device memory to count; the process's memory is the volunteer controls' business).
+    device: str = ""
+    precision: str = ""
+    device_memory_bytes: int | None = None
     #: Monotonic-clock age of the last completed local step; None before the first step.
     seconds_since_progress: float | None = None
     uptime_seconds: float = 0.0

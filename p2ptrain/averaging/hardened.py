@@ -64,6 +64,7 @@ from p2ptrain.averaging.matchmaking import pace_group_polls
 from p2ptrain.averaging.pinned import require_hivemind
 from p2ptrain.averaging.robust_reduce import AllReduceReport, ReduceRule, RoundReports
 from p2ptrain.averaging.state_check import StateValidator
+from p2ptrain.model.device import HostStaging
 from p2ptrain.trust.peergate import PeerGate
 
 require_hivemind(__name__)
@@ -384,6 +385,24 @@ class HardenedGradientAverager(AveragerLayer, GradientAverager):
     gradients are reset right after)."""
 
     rpc_name = "GradientAverager"
+
+    @torch.no_grad()
+    def load_accumulators_into_averager_(self) -> None:
+        """hivemind's, with the device-to-host copy made explicit: accumulators on a GPU go to the averager's
+        host buffers through pinned memory, one wait for the whole transfer instead of one per tensor."""
+        accumulators = list(self._grad_accumulators())
+        if not accumulators or accumulators[0].device.type == "cpu":
+            super().load_accumulators_into_averager_()
+            return
+        times = self.local_times_accumulated
+        scale = 1.0 / times if times else 0.0
+        staging = getattr(self, "_staging", None)
+        if staging is None:  # made on first use, in the node's process (the averager's never sees a GPU)
+            staging = self._staging = HostStaging(accumulators, accumulators[0].device)
+        with self.get_tensors() as averaged:
+            staging.to_host(accumulators, averaged)
+            for tensor in averaged:
+                tensor.mul_(scale)
 
     def load_state_from_peers(self, wait: bool = True, timeout: float | None = None) -> Any:
         if self._peer_checks:

@@ -15,6 +15,8 @@ scheduling loses epochs between peers of different speeds.  :class:`HardenedOpti
   ``_begin_averaging_gradients``, ``_average_gradients_and_load_into_optimizer``: rounds scheduled so
   that hivemind never cancels one still looking for its group, every epoch its own round, every round
   reported.
+* ``_load_averaged_gradients_into_optimizer_``: the averaged gradients (host memory) moved to parameters on
+  a GPU explicitly (hivemind would assign a host tensor as a GPU parameter's gradient).
 * ``load_state_from_peers`` (a bound on the attempts: it patches the state averager's
   ``load_state_from_peers`` on the instance), ``shutdown`` (a round nobody will join is not waited
   out) and ``_tag_along_with_zero_weight`` (called, when the node steps aside).
@@ -33,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import hivemind
+import torch
 from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.optim.grad_averager import GradientAverager, GradientAveragerFactory
 from hivemind.optim.progress_tracker import ProgressTracker
@@ -44,6 +47,7 @@ from p2ptrain.averaging.hardened import HardenedGradientAverager
 from p2ptrain.averaging.pinned import require_hivemind
 from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.dhtkeys import state_averager_prefix
+from p2ptrain.model.device import HostStaging
 from p2ptrain.trust.peergate import PeerGate
 
 require_hivemind(__name__)
@@ -85,6 +89,8 @@ class HardenedOptimizer(hivemind.Optimizer):
         #: (written by hivemind's background step): a peer whose previous epoch averaged holds the
         #: swarm's parameters, and one epoch behind it joins the swarm's round instead of downloading.
         self._round_epoch, self._averaged_epoch = -1, -1
+        #: Averaged gradients on their way to parameters on a GPU (made on first use).
+        self._grad_staging: HostStaging | None = None
         super().__init__(*args, **kwargs)
         self._bound_state_download()
 
@@ -269,6 +275,27 @@ class HardenedOptimizer(hivemind.Optimizer):
             self._averaged_epoch = self._round_epoch
         if not ok:
             logger.warning("averaging round failed; applied local gradients instead")
+
+    @torch.no_grad()
+    def _load_averaged_gradients_into_optimizer_(self) -> None:
+        """hivemind's, device-aware.  The averaged gradients are host memory; hivemind assigns a clone of
+        one as the gradient of a parameter that has none, which torch refuses for a parameter on a GPU.
+        There they go to the device through pinned memory, without blocking the host."""
+        opt: Any = self
+        params = [p for group in self.state_averager.optimizer.param_groups for p in group["params"]]
+        if opt.offload_optimizer or not params or params[0].device.type == "cpu":
+            super()._load_averaged_gradients_into_optimizer_()
+            return
+        if self._grad_staging is None:
+            self._grad_staging = HostStaging(params, params[0].device)
+        with self.grad_averager.get_tensors() as averaged:
+            moved = self._grad_staging.to_device(averaged)
+        for param, grad in zip(params, moved, strict=True):
+            if param.grad is None:
+                param.grad = grad
+            else:
+                param.grad.copy_(grad)
+        self.grad_averager.notify_used_averaged_gradients()
 
     # ------------------------------------------------------------------ bounded downloads
 

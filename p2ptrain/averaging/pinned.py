@@ -25,7 +25,8 @@ layer of the four averagers below      ``ServicerBase``                ``_collec
                                                                        ``_run_allreduce_inplace_``,
                                                                        ``load_state_from_peers``, ``shutdown``
 ``HardenedAverager`` (hardened)        ``DecentralizedAverager``       (the layer's)
-``HardenedGradientAverager``           ``GradientAverager``            ``load_state_from_peers``
+``HardenedGradientAverager``           ``GradientAverager``            ``load_state_from_peers``,
+                                                                       ``load_accumulators_into_averager_``
 ``SafeTrainingStateAverager``          ``TrainingStateAverager``       ``__init__``, ``_update_scheduler``,
 (state_download)                                                       ``load_state_from_peers``
 ``DiLoCoAverager`` (diloco)            ``DecentralizedAverager``       ``__init__``, ``get_current_state``
@@ -41,7 +42,8 @@ layer of the four averagers below      ``ServicerBase``                ``_collec
                                                                        ``_maybe_schedule_state_averaging``,
                                                                        ``_begin_averaging_gradients``,
                                                                        ``_average_gradients_and_load_into_optimizer``,
-                                                                       ``load_state_from_peers``, ``shutdown``
+                                                                       ``load_state_from_peers``, ``shutdown``,
+                                                                       ``_load_averaged_gradients_into_optimizer_``
 ``RobustAllReduceRunner`` (allreduce)  ``AllReduceRunner``             ``__init__`` (restated),
                                                                        ``_communicate_with_peer``,
                                                                        ``_accumulate_parts_streaming``,
@@ -102,7 +104,7 @@ OVERRIDDEN: tuple[str, ...] = (
         "_register_allreduce_group", "_run_allreduce_inplace_", "load_state_from_peers", "shutdown",
         "get_current_state")),
     *(f"{_SERVICER}.{name}" for name in ("_get_handle_name", "_collect_rpc_handlers", "get_stub")),
-    f"{_GRAD}.__init__",
+    f"{_GRAD}.__init__", f"{_GRAD}.load_accumulators_into_averager_",
     *(f"{_STATE}.{name}" for name in ("__init__", "_update_scheduler", "load_state_from_peers")),
     *(f"{_TRACKER}.{name}" for name in (
         "__init__", "report_local_progress", "global_epoch", "_parse_swarm_progress_data")),
@@ -110,7 +112,7 @@ OVERRIDDEN: tuple[str, ...] = (
         "__init__", "_make_progress_tracker", "_make_state_averager", "_make_gradient_averager",
         "_should_load_state_from_peers", "_maybe_schedule_gradient_averaging", "_maybe_schedule_state_averaging",
         "_begin_averaging_gradients", "_average_gradients_and_load_into_optimizer", "load_state_from_peers",
-        "shutdown")),
+        "shutdown", "_load_averaged_gradients_into_optimizer_")),
     *(f"{_RUNNER}.{name}" for name in (
         "__init__", "_communicate_with_peer", "_accumulate_parts_streaming", "_get_peer_stub")),
     *(f"{_REDUCER}.{name}" for name in (
@@ -127,6 +129,7 @@ CALLED: tuple[str, ...] = (
     f"{_STATE}._apply_optimizer_parameters_",
     f"{_STATE}._load_local_tensors_into_averager_",
     f"{_OPTIMIZER}._tag_along_with_zero_weight",
+    f"{_GRAD}._grad_accumulators",
     f"{_AVERAGER}._run_internal",
     _AVERAGER + "._load_state_from_peers",  # concatenated: no DHT key, though it ends like one
 )
@@ -139,6 +142,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     _SERVICER: ("_rpc_handlers", "_stub_type"),
     _OPTIMIZER: ("_should_check_synchronization_on_update", "scheduled_grads", "scheduled_state", "grad_averager",
                  "state_averager", "tracker"),
+    _GRAD: ("local_times_accumulated",),
     _TRACKER: ("_local_public_key", "should_report_progress", "training_progress_key", "metadata_expiration",
                "performance_ema", "local_progress", "global_progress", "fetched_global_progress_this_epoch"),
     _CONTAINER: ("_input_parts_by_peer", "failed_size", "local_tensors", "num_parts_by_tensor"),

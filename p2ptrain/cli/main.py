@@ -335,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     install = service_sub.add_parser("install", help="write the systemd unit (and a config if none exists)")
     install.add_argument("--user", action="store_true", help="a user service (systemctl --user) instead")
     install.add_argument("--dry-run", action="store_true", help="print what would be written, write nothing")
+    install.add_argument("--gpu", action="store_true",
+                         help="let the service open the GPU device nodes (NVIDIA, ROCm, DRM render nodes)")
     install.add_argument("--instance", metavar="NAME",
                          help="install p2ptrain@.service and a config for instance NAME")
     install.add_argument("--root", type=Path, metavar="DIR", help=argparse.SUPPRESS)  # tests, image builds

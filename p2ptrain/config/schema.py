@@ -364,6 +364,18 @@ class TrainingSection(_Section):
     outer_nesterov: bool = True
     """DiLoCo mode: use Nesterov momentum for the outer step (the DiLoCo paper's choice)."""
 
+    device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda|cuda:\d{1,2})$")] = "auto"
+    """Where the model, its optimizer state and the batches live: auto (a CUDA device when torch sees
+    one, else the CPU), cpu, cuda (the current CUDA device) or cuda:N. An explicit cuda on a machine
+    where torch sees no CUDA device stops the node (exit 78). What the swarm averages is staged
+    through CPU buffers either way; checkpoints and exports hold CPU tensors."""
+
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Arithmetic of the forward pass and loss (torch.autocast); parameters, optimizer state and what is
+    averaged stay fp32, so peers of different precisions average together. bf16 runs on CPUs and GPUs;
+    fp16 uses a dynamic gradient scaler and needs a CUDA device: with device "cpu" it is refused, with
+    "auto" on a machine without one the node says so in one line and trains in fp32."""
+
     @property
     def inner_batch(self) -> int:
         """DiLoCo mode: sequences per inner step, ``inner_batch_size`` or its automatic value."""
@@ -379,6 +391,12 @@ class TrainingSection(_Section):
         if self.inner_batch_size % self.batch_size:
             raise ValueError(f"inner_batch_size ({self.inner_batch_size}) must be a multiple of "
                              f"batch_size ({self.batch_size})")
+        return self
+
+    @model_validator(mode="after")
+    def _fp16_needs_a_gpu(self) -> TrainingSection:
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ValueError('precision "fp16" needs a CUDA device (device "cpu"): use "bf16" or "fp32" on a CPU')
         return self
 
 

@@ -11,6 +11,7 @@ p2ptrain's own keys (``format``, ``task``, ``run``...) beside the model config.
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
 import json
 import math
@@ -153,6 +154,7 @@ def write_export(
     try:
         config = export_config(task_cfg, fingerprint, card, shape_config, training)
         metadata = {"format": "pt", "fingerprint": fingerprint}
+        model = _on_cpu(model)  # CPU tensors whatever device trained the model: an export opens on any machine
         if task_cfg.entrypoint is not None:
             save_model(model, str(temp / MODEL_FILE), metadata=metadata)
         elif task_cfg.kind == "hf_causal_lm":
@@ -164,7 +166,7 @@ def write_export(
         _write_text(temp / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True) + "\n")
         _write_text(temp / CARD_FILE, with_metadata(render_card(config, out_dir.name), config))
         if torch_copy:
-            torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, temp / TORCH_FILE)
+            torch.save({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}, temp / TORCH_FILE)
         for path in temp.iterdir():
             fsync_path(path)
         _swap_in(temp, out_dir)
@@ -196,6 +198,13 @@ def with_metadata(card: str, config: Mapping[str, Any]) -> str:
             f"- {tag}\n" for tag in tags) + "---\n\n" + card
     data = ModelCardData(library_name="transformers", pipeline_tag="text-generation", tags=tags)
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{card}"))
+
+
+def _on_cpu(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` itself when it is on the CPU, else a CPU copy (the original stays where it trains)."""
+    if all(t.device.type == "cpu" for t in model.state_dict().values()):
+        return model
+    return copy.deepcopy(model).to("cpu")
 
 
 def check_target(out_dir: Path, force: bool) -> None:

@@ -112,8 +112,9 @@ class Defences:
         return Vouchers(direct=direct, anchors=anchors_of(self.evidence.initial_peers, self.gate.is_gated))
 
 
-def evaluate_fn(task: Any) -> Callable[[], float]:
-    """The node's validation pass over ``task`` (the model check's yardstick), model left in train mode."""
+def evaluate_fn(task: Any, placement: Any = None) -> Callable[[], float]:
+    """The node's validation pass over ``task`` (the model check's yardstick) on the node's device
+    (``placement``, a :class:`~p2ptrain.model.device.Placement`; None: the CPU), model left in train mode."""
     from p2ptrain.optim.trainer import validation_loss
 
-    return lambda: validation_loss(task)
+    return lambda: validation_loss(task, placement)

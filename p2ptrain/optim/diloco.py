@@ -52,6 +52,7 @@ from p2ptrain.averaging.roundclock import RoundTarget
 from p2ptrain.averaging.state_download import diloco_state_validator
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_clock_prefix
+from p2ptrain.model.device import HostStaging
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.diloco_state import DiLoCoState
 from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
@@ -125,7 +126,10 @@ class DiLoCoOptimizer(DiLoCoState):
         self.solo = SoloRounds()
         numel = sum(p.numel() for p in self.params)
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
-        self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+        # The averager's buffers are host memory (hivemind shares them with its process); the parameters
+        # may live on a GPU, and every copy between the two goes through the staging.
+        self._buffers = [torch.zeros(p.shape, dtype=torch.float32, device="cpu") for p in self.params]
+        self._staging = HostStaging(self.params, self.params[0].device if self.params else torch.device("cpu"))
         per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
         logger.info("DiLoCo: a round ends when the swarm has trained %d sequences per peer of its fastest peer's "
                     "speed (%d inner steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
@@ -290,7 +294,7 @@ class DiLoCoOptimizer(DiLoCoState):
     def _outer_round(self) -> None:
         started = time.perf_counter()
         pseudo = self.outer.pseudo_gradients(self.params)
-        control = self._begin_average([p.detach().float() for p in self.params])
+        control = self._begin_average([p.detach() for p in self.params])
         if control is _ALONE and self.solo.ended_alone(self.local_epoch):
             control = None  # a failed round: reported (and its samples credited) as one
         # Credit (p2ptrain.trust.credit): this round's samples; alone in the swarm, no round will report on them.
@@ -319,8 +323,7 @@ class DiLoCoOptimizer(DiLoCoState):
         if control is None and self._tracker.global_progress.num_peers < 2:
             return _ALONE
         with self.averager.get_tensors() as buffers:
-            for buffer, value in zip(buffers, params, strict=True):
-                buffer.copy_(value)
+            self._staging.to_host(params, buffers)
         try:
             if control is None:
                 control = self.averager.step(weight=float(max(self.samples_this_round, 1)), gather=self.local_epoch,
@@ -397,7 +400,8 @@ class DiLoCoOptimizer(DiLoCoState):
         (or our own pseudo-gradient if the round failed)."""
         if group:
             with self.averager.get_tensors() as buffers:
-                pseudo = [outer - average for outer, average in zip(self.outer.params, buffers, strict=True)]
+                averages = self._staging.to_device(buffers)
+            pseudo = [outer - average for outer, average in zip(self.outer.params, averages, strict=True)]
         self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
             group_size, received = len(group or ()), None

@@ -65,7 +65,8 @@ class DiLoCoState:
         # A newcomer must get the outer params after the round in flight is applied, or it would
         # start from params its peers have already left.
         self.round_settled.wait(timeout=self.cfg.averaging_timeout + self.cfg.matchmaking_time)
-        tensors = [p.clone() for p in self.outer.params] + [b.clone() for b in self.outer.momentum_buffers()]
+        # CPU copies: hivemind serialises host tensors, and the outer state lives on the training device.
+        tensors = [t.detach().to("cpu", copy=True) for t in (*self.outer.params, *self.outer.momentum_buffers())]
         # A fast peer makes more inner steps than inner_steps in a round; newcomers check the step
         # against 0..inner_steps-1, and the LR schedule stands at the round's last position anyway.
         step = min(self.inner_step, self.cfg.inner_steps - 1)
@@ -129,11 +130,12 @@ class DiLoCoState:
             logger.warning("not adopting the downloaded state: %s", verdict.reason)
             return False
         count = len(self.params)
+        # The download is host memory; each tensor lands on the training device (the outer state's).
         for outer, param, value in zip(self.outer.params, self.params, tensors[:count], strict=True):
             outer.copy_(value)
-            param.copy_(value)
+            param.copy_(outer)
         for outer, buffer in zip(self.outer.params, tensors[count:], strict=True):
-            self.outer.optimizer.state[outer]["momentum_buffer"] = buffer.clone()
+            self.outer.optimizer.state[outer]["momentum_buffer"] = buffer.to(outer.device, outer.dtype, copy=True)
         # Finish the donor's current round with it instead of drifting a partial round behind.
         self.inner_step = int(metadata["inner_step"])
         self.samples_this_round = 0
@@ -144,7 +146,8 @@ class DiLoCoState:
 
     def checkpoint_state(self) -> dict[str, Any]:
         optimizer = {"inner": self.inner.state_dict(), "outer": self.outer.optimizer.state_dict(),
-                     "outer_params": [p.clone() for p in self.outer.params], "inner_step": self.inner_step}
+                     "outer_params": [p.detach().to("cpu", copy=True) for p in self.outer.params],
+                     "inner_step": self.inner_step}
         return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "epoch": self.local_epoch}
 
     @torch.no_grad()

@@ -1,7 +1,9 @@
 """One local training step and what it measured. No network, no HTTP: the optimizer hides the swarm.
 
 Non-finite gradients are never handed to the optimizer (and so never reach peers): the step is
-skipped, counted and logged.
+skipped, counted and logged.  The forward pass runs in the node's precision (autocast, see
+:mod:`p2ptrain.model.device`) on its device; with fp16 the loss is scaled and the gradients unscaled
+before anything looks at them, so the optimizer and the swarm only ever see true fp32 gradients.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from p2ptrain.model.device import Placement
 from p2ptrain.optim.protocol import SwarmOptimizer
 from p2ptrain.tasks.base import Task
 
@@ -38,10 +41,14 @@ def gradients_are_finite(model: torch.nn.Module) -> bool:
 class Trainer:
     """Runs micro-batches of ``task`` through the swarm ``optimizer``."""
 
-    def __init__(self, task: Task, optimizer: SwarmOptimizer, batch_size: int) -> None:
+    def __init__(self, task: Task, optimizer: SwarmOptimizer, batch_size: int,
+                 placement: Placement | None = None) -> None:
         self.task = task
         self.optimizer = optimizer
         self.batch_size = batch_size
+        self.placement = placement if placement is not None else Placement()
+        #: The scaler's view of the parameters (torch's GradScaler unscales through ``param_groups``).
+        self._grads = _Grads(task.model) if self.placement.scaler is not None else None
         self.nonfinite_skips = 0
         self.samples_processed = 0
 
@@ -53,11 +60,18 @@ class Trainer:
         started = time.perf_counter()
         model = self.task.model
         model.train()
-        batch = self.task.train_batches.next()
-        loss = self.task.loss_fn(model, batch)
-        loss.backward()
+        batch = self.placement.batch(self.task.train_batches.next())
+        with self.placement.autocast():
+            loss = self.task.loss_fn(model, batch)
+        scaler = self.placement.scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None:
+            scaler.unscale_(self._grads)
         loss_value = float(loss.detach())
-        if not math.isfinite(loss_value) or not gradients_are_finite(model):
+        finite = math.isfinite(loss_value) and gradients_are_finite(model)
+        if scaler is not None:
+            scaler.update()  # an overflow halves the scale, a run of good steps grows it
+        if not finite:
             self.optimizer.zero_grad()
             self.nonfinite_skips += 1
             logger.warning("non-finite loss or gradient (loss=%s): skipped this contribution (%d so far)",
@@ -69,18 +83,30 @@ class Trainer:
         return StepStats(loss_value, self.batch_size, time.perf_counter() - started, False, self.epoch)
 
     def validation_loss(self) -> float:
-        return validation_loss(self.task)
+        return validation_loss(self.task, self.placement)
+
+
+class _Grads:
+    """The model's parameters as one parameter group: what ``GradScaler.unscale_`` walks (the swarm
+    optimizers differ in their own groups; the gradients are the model's either way)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.param_groups = [{"params": [p for p in model.parameters() if p.requires_grad]}]
 
 
 @torch.no_grad()
-def validation_loss(task: Task) -> float:
-    """Mean loss over the task's validation batches (the same on every node), model back in train mode."""
+def validation_loss(task: Task, placement: Placement | None = None) -> float:
+    """Mean loss over the task's validation batches (the same on every node), model back in train mode.
+
+    Evaluated in fp32 on the node's device whatever the training precision, so the losses of peers
+    with different precisions compare (records, the donor check)."""
+    placement = placement if placement is not None else Placement()
     model = task.model
     model.eval()
     total, count = 0.0, 0
     try:
         for batch in task.validation_batches():
-            total += float(task.loss_fn(model, batch))
+            total += float(task.loss_fn(model, placement.batch(batch)))
             count += 1
     finally:
         model.train()

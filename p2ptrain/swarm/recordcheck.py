@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import re
 from typing import Any
 
 import pydantic.v1 as pyd  # hivemind 1.1.12's SchemaValidator is written against pydantic's v1 API
@@ -44,6 +45,9 @@ MAX_SHARDS = 10**7
 CREDIT_COUNTS: dict[str, int] = {"samples_contributed": MAX_SAMPLES_CONTRIBUTED, "data_pass": MAX_DATA_PASS,
                                  "shards_consumed": MAX_SHARDS, "shards_total": MAX_SHARDS}
 MAX_DATA_SOURCE_CHARS = 32
+#: Where a peer trains and in which precision (extras too): what a record may say, exactly.
+DEVICE_PATTERN = re.compile(r"(cpu|cuda:\d{1,2})?")
+PRECISIONS = frozenset({"", "fp32", "bf16", "fp16"})
 #: Passes before the current one whose shard counts a record carries (``past_pass_shards``).
 MAX_PAST_PASSES = 7
 #: Longest peer ID a record's ``vouched`` pairs may name (libp2p's are 46-52 characters).
@@ -78,7 +82,7 @@ class PeerRecordModel(pyd.BaseModel):
 
 
 def credit_problem(value: dict[str, Any]) -> str:
-    """Why a record's credit and coverage fields are refused ("" when absent or in bounds)."""
+    """Why a record's credit, coverage and device fields are refused ("" when absent or in bounds)."""
     for name, bound in CREDIT_COUNTS.items():
         count = value.get(name, 0)
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= bound:
@@ -99,6 +103,16 @@ def credit_problem(value: dict[str, Any]) -> str:
             and 0 < len(pair[0]) <= MAX_VOUCHED_ID_CHARS and isinstance(pair[1], int) and not isinstance(pair[1], bool)
             and 0 <= pair[1] <= MAX_SAMPLES_CONTRIBUTED for pair in vouched):
         return f"vouched is not a list of up to {MAX_RECORD_VOUCHES} (peer ID, count) pairs"
+    return device_problem(value)
+
+
+def device_problem(value: dict[str, Any]) -> str:
+    """Why a record's ``device`` and ``precision`` are refused ("" when absent or one of the known forms)."""
+    device, precision = value.get("device", ""), value.get("precision", "")
+    if not isinstance(device, str) or not DEVICE_PATTERN.fullmatch(device):
+        return "device is not cpu or cuda:N"
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        return "precision is not fp32, bf16 or fp16"
     return ""
 
 

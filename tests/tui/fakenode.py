@@ -45,7 +45,8 @@ def swarm_view(now: float = NOW) -> SwarmView:
                    val_loss=None if loss is None else loss + 0.08, reachability=reach,
                    uptime_seconds=3600.0 + i * 600, published_at=now - ago, samples_contributed=credit,
                    data_pass=3, shards_consumed=2, past_pass_shards=(4, 4, 3), shards_total=20,
-                   data_source="0123456789abcdef")
+                   data_source="0123456789abcdef", device="cuda:0" if i % 2 else "cpu",
+                   precision="bf16" if i % 2 else "fp32")
         for i, (pid, (state, epoch, sps, loss, reach, ago, ver, credit)) in enumerate(zip(PEER_IDS, rows,
                                                                                            strict=True))
     )
@@ -70,6 +71,7 @@ def status_script(now: float = NOW) -> list[StatusSnapshot]:
         run_ref="bytelm-demo@mfvu2prtod62tp5pp2vgyrz7ty", manifest_version=3, admission_policy="invite",
         manifest_fingerprint="9f2c4e1ab37d55e0",
         local_epoch=42, global_epoch=42, target_batch_size=4096, peers_online=5,
+        device="cuda:0", precision="bf16", device_memory_bytes=3_435_973_837,
         swarm_samples_per_second=459.9, averaging_rounds_ok_total=37, averaging_rounds_partial_total=3,
         averaging_rounds_failed_total=2, recent_round_durations=tuple(0.8 + (i % 7) * 0.15 for i in range(24)),
         last_round_duration_seconds=1.25, last_round_group_size=4, last_round_peers_online=5,

@@ -85,11 +85,11 @@ def test_swarm_view_sort_and_filter(make_app: MakeApp) -> None:
         rows = table_rows(app)
         assert rows[-1][0] == "Σ 5 peers" and rows[-1][3] == "459.9" and rows[-1][4] == "μ 2.346"
         assert [r[0] for r in rows if r[0].startswith("▶")] == ["▶ …mVvZ1xAa"]  # this node
-        assert [r[6] for r in rows if r[0].startswith("▶")] == ["3s"]
+        assert [r[7] for r in rows if r[0].startswith("▶")] == ["3s"]
         # Offenders are marked; the one excluded now says so, and the one without a record gets a row.
         assert [(r[0], r[1]) for r in rows if r[0].startswith("✗")] == [("✗ …Nn6Mm5Kk", "syncing"),
                                                                          ("✗ …3Zz4Aa5B", "excluded")]
-        assert rows[-2][7] == "nonfinite_part"
+        assert rows[-2][8] == "nonfinite_part"
         assert text(app, "#offenders").startswith("✗ 2 offenders: …3Zz4Aa5B nonfinite_part ×3 (excluded 9m 12s more)")
         await pilot.press("s")  # peer -> state
         assert [r[1] for r in table_rows(app)[:-2]] == ["paused", "syncing", "training", "training", "training"]

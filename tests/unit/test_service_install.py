@@ -34,6 +34,14 @@ def test_system_install_writes_unit_sysusers_and_config(tmp_path: Path,
     assert out.index("systemctl daemon-reload") < out.index("systemctl enable --now p2ptrain.service")
 
 
+def test_gpu_install_allows_the_gpu_device_nodes_and_only_then(tmp_path: Path) -> None:
+    unit = tmp_path / "etc/systemd/system/p2ptrain.service"
+    assert run(["--root", str(tmp_path)]) == 0
+    assert "DeviceAllow=" not in unit.read_text()
+    assert run(["--root", str(tmp_path), "--gpu"]) == 0
+    assert "DeviceAllow=char-nvidia* rw" in unit.read_text() and "DevicePolicy=closed" in unit.read_text()
+
+
 def test_reinstall_updates_the_unit_but_keeps_the_config(tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["--root", str(tmp_path)]) == 0

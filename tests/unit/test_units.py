@@ -62,7 +62,7 @@ def test_system_unit_has_the_service_contract(instance: bool) -> None:
                 "ProtectKernelTunables", "ProtectKernelModules", "RestrictNamespaces", "ExecReload"):
         assert key in d, key
     assert "@system-service" in d["SystemCallFilter"]
-    assert "char-nvidia* rw" in d["DeviceAllow"]
+    assert "DeviceAllow" not in d  # GPU device nodes only when asked (see below)
     assert int(d["LimitNOFILE"][0]) >= 65536
     stop = d["TimeoutStopSec"][0]
     stop_seconds = int(stop.removesuffix("min")) * 60 if stop.endswith("min") else int(stop.rstrip("s"))
@@ -72,6 +72,14 @@ def test_system_unit_has_the_service_contract(instance: bool) -> None:
     if instance:
         assert d["StateDirectory"] == ["p2ptrain/%i"]
         assert d["ExecStart"][0].endswith("run --config %E/p2ptrain/%i.toml")
+
+
+@pytest.mark.parametrize("instance", [False, True])
+def test_gpu_unit_allows_the_gpu_device_nodes_only(instance: bool) -> None:
+    plain, gpu = directives(render_unit(instance=instance)), directives(render_unit(instance=instance, gpu=True))
+    assert gpu["DeviceAllow"] == ["char-nvidia* rw", "char-kfd rw", "char-drm rw"]
+    assert gpu["DevicePolicy"] == ["closed"]
+    assert {k: v for k, v in gpu.items() if k != "DeviceAllow"} == plain
 
 
 def test_user_unit_drops_what_the_user_manager_cannot_do() -> None:
@@ -84,13 +92,15 @@ def test_user_unit_drops_what_the_user_manager_cannot_do() -> None:
 def unit_copies(tmp_path: Path) -> Path:
     (tmp_path / "p2ptrain.service").write_text(render_unit(EXEC))
     (tmp_path / "p2ptrain@.service").write_text(render_unit(EXEC, instance=True))
+    (tmp_path / "p2ptrain-gpu.service").write_text(render_unit(EXEC, gpu=True))
     user_dir = tmp_path / "user"
     user_dir.mkdir()
     (user_dir / "p2ptrain.service").write_text(render_unit(EXEC, user=True))
     return tmp_path
 
 
-@pytest.mark.parametrize("name", ["p2ptrain.service", "p2ptrain@.service", "p2ptrain@ci-run.service"])
+@pytest.mark.parametrize("name", ["p2ptrain.service", "p2ptrain@.service", "p2ptrain@ci-run.service",
+                                  "p2ptrain-gpu.service"])
 def test_systemd_analyze_verify_is_silent(unit_copies: Path, name: str) -> None:
     tool = need_tool("systemd-analyze")
     result = subprocess.run([tool, "verify", "--man=no", str(unit_copies / name)],
@@ -119,7 +129,7 @@ def test_verify_catches_a_broken_unit(unit_copies: Path) -> None:
     assert "kill mode" in result.stderr
 
 
-@pytest.mark.parametrize("name", ["p2ptrain.service", "p2ptrain@.service"])
+@pytest.mark.parametrize("name", ["p2ptrain.service", "p2ptrain@.service", "p2ptrain-gpu.service"])
 def test_security_exposure_is_at_most_3_5(unit_copies: Path, name: str) -> None:
     tool = need_tool("systemd-analyze")
     result = subprocess.run([tool, "security", "--offline=yes", "--no-pager", str(unit_copies / name)],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from p2ptrain.status import StatusSnapshot
+from p2ptrain.status import PeerRecord, StatusSnapshot
 
 #: Rich styles for node states inside table cells (whole widgets are coloured from the .tcss).
 STATE_STYLES = {
@@ -142,3 +142,21 @@ def cpu_line(status: StatusSnapshot) -> str:
     if not 0 < limit < 100:
         return f"{text} · no limit"
     return f"{text} (limit {limit:g}%) · idled {duration(status.cpu_idle_seconds_total)}"
+
+
+def device_line(status: StatusSnapshot) -> str:
+    """``cuda:0 · bf16 · 3.2 GiB in use``, ``cpu · fp32``, or a dash before the model is built."""
+    if not status.device:
+        return DASH
+    text = f"{status.device} · {status.precision or '?'}"
+    if status.device_memory_bytes is not None:
+        text += f" · {byte_count(status.device_memory_bytes)} in use"
+    return text
+
+
+def peer_device(record: PeerRecord) -> str:
+    """A peer's device and precision in one narrow cell: ``gpu0/bf16``, ``cpu/fp32``, or a dash."""
+    if not record.device:
+        return DASH
+    device = record.device.replace("cuda:", "gpu")
+    return f"{device}/{record.precision}" if record.precision else device

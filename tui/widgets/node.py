@@ -17,6 +17,7 @@ from p2ptrain.tui.widgets.format import (
     averaging_line,
     byte_count,
     cpu_line,
+    device_line,
     duration,
     last_round_line,
     number,
@@ -40,6 +41,7 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("traffic", "Traffic", "blank"),
     ("ckpt", "Checkpoint", "blank"),
     ("cpu", "CPU", "span"),
+    ("device", "Device", "span"),
     ("uptime", "Uptime", "blank"),
 )
 
@@ -138,4 +140,5 @@ class NodePanel(Grid):
         ckpt += f", {status.checkpoint_writes_failed_total} failed)"
         self._set("ckpt", ckpt + (f" {status.last_checkpoint_error}" if status.last_checkpoint_error else ""))
         self._set("cpu", cpu_line(status))
+        self._set("device", device_line(status))
         self._set("uptime", duration(status.uptime_seconds))

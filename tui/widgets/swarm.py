@@ -23,6 +23,7 @@ from p2ptrain.tui.widgets.format import (
     STATE_STYLES,
     duration,
     number,
+    peer_device,
     short_id,
 )
 
@@ -39,6 +40,7 @@ COLUMNS: tuple[tuple[str, Callable[[PeerRecord], Any]], ...] = (
     ("samp/s", lambda p: p.samples_per_second),
     ("loss", _loss_key),
     ("reach", lambda p: p.reachability),
+    ("device", peer_device),
     ("seen", lambda p: -p.published_at),
     ("version", lambda p: p.version),
 )
@@ -110,6 +112,7 @@ class SwarmPanel(Vertical):
             Text(number(p.samples_per_second), justify="right"),
             Text(number(p.loss, 3), justify="right"),
             Text(p.reachability, style=REACHABILITY_STYLES.get(p.reachability, "")),
+            Text(peer_device(p)),
             Text(duration(self._now - p.published_at) if p.published_at else DASH),
             Text(p.version or DASH),
         ]
@@ -157,7 +160,7 @@ class SwarmPanel(Vertical):
             Text(OFFENDER_MARK + short_id(o.peer_id), style="bold red"),
             Text("excluded" if o.excluded else "offender", style="bold red" if o.excluded else "red"),
             Text(DASH, justify="right"), Text(DASH, justify="right"), Text(DASH, justify="right"),
-            Text(DASH),
+            Text(DASH), Text(DASH),
             Text(duration(self._now - o.last_at) if o.last_at else DASH),
             Text(o.kind, style="red"),
         ]
@@ -196,6 +199,7 @@ class SwarmPanel(Vertical):
             number(sum(p.samples_per_second for p in peers)),
             f"μ {number(sum(losses) / len(losses), 3)}" if losses else DASH,
             f"{reach.get('direct', 0)} direct",
+            f"{sum(p.device.startswith('cuda') for p in peers)} gpu",
             "",
             "mixed" if len({p.version for p in peers}) > 1 else "",
         ]
