@@ -104,6 +104,8 @@ def dht_kwargs(cfg: SwarmSection, identity_path: Path, initial_peers: Sequence[s
     )
     if cfg.announce_addrs:
         kwargs["announce_maddrs"] = list(cfg.announce_addrs)
+    if cfg.relays:  # p2pd's default trusted relays are the bootstrap peers
+        kwargs["trusted_relays"] = list(cfg.relays)
     return kwargs
 
 
