@@ -22,6 +22,7 @@ from p2ptrain.optim.protocol import GlobalProgress
 from p2ptrain.optim.round_stats import RoundFigures
 from p2ptrain.optim.swarm_stats import SwarmStatsView
 from p2ptrain.status import LatestSnapshot, NodeState, PauseReason, Reachability, StatusSnapshot, SwarmView
+from p2ptrain.swarm.reach import decide
 from p2ptrain.trust.credit import CreditFigures
 from p2ptrain.trust.peergate import OffenceFigures, no_offences
 from p2ptrain.trust.swarm_credit import credited_view
@@ -40,13 +41,10 @@ class NodeIdentity:
     maddrs: tuple[str, ...] = ()
     fingerprint: str = ""
     client_mode: bool = False
+    announce: tuple[str, ...] = ()
 
     def reachability(self) -> Reachability:
-        if self.client_mode:
-            return Reachability.CLIENT
-        if any("p2p-circuit" in addr for addr in self.maddrs):
-            return Reachability.RELAYED
-        return Reachability.DIRECT if self.maddrs else Reachability.UNKNOWN
+        return decide(self.maddrs, client_mode=self.client_mode, announce=self.announce).state
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from p2ptrain.status import (
     LatestSnapshot,
     NodeState,
     PauseReason,
+    Reachability,
     StatusSnapshot,
     SwarmView,
 )
@@ -116,6 +117,9 @@ class P2PTrainCollector(Collector):
                                value={"version": s.version or "unknown"})
         yield StateSetMetricFamily(_P + "node_state", "Lifecycle state of the node.",
                                    {state.value: s.state == state.value for state in NodeState})
+        yield StateSetMetricFamily(_P + "reachability", "How peers reach this node (public, relayed, client, "
+                                   "unknown).", {r.value: s.reachability == r.value for r in Reachability
+                                                 if r != Reachability.DIRECT})
         reason = s.pause_reason if s.state == NodeState.PAUSED else ""
         yield StateSetMetricFamily(_P + "pause_reason", "Why the node is paused (none while not paused).",
                                    {(r.value or "none"): reason == r.value for r in PauseReason})

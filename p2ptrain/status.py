@@ -57,6 +57,9 @@ class PauseReason(enum.StrEnum):
 
 
 class Reachability(enum.StrEnum):
+    #: Dialled at an announced address (a public IP or a forwarded port).
+    PUBLIC = "public"
+    #: Older nodes' word for an address seen, not checked; never reported by this version.
     DIRECT = "direct"
     RELAYED = "relayed"
     CLIENT = "client"

@@ -83,6 +83,18 @@ def multiaddrs(values: list[str]) -> list[str]:
     return values
 
 
+def announce_multiaddrs(values: list[str]) -> list[str]:
+    """Addresses other peers dial: a real host and an explicit port (libp2p cannot announce port 0)."""
+    for value in values:
+        parse_multiaddr(value)
+        parts = value.split("/")
+        if "0.0.0.0" in parts or "::" in parts:
+            raise ValueError(f"{value!r}: announce the address peers dial (a public IP or name), not a wildcard")
+        if any(proto in ("tcp", "udp") and port == "0" for proto, port in zip(parts, parts[1:], strict=False)):
+            raise ValueError(f"{value!r}: announce an explicit port (the forwarded one), not port 0")
+    return values
+
+
 def peer_multiaddrs(values: list[str]) -> list[str]:
     """Addresses of peers to dial: each must name the peer (``/p2p/<id>``)."""
     for value in values:

@@ -89,7 +89,9 @@ class SwarmSection(_Section):
     """Addresses to listen on. The default takes TCP port 41400 on every interface."""
 
     announce_addrs: list[str] = []
-    """Addresses other peers should dial (set this behind NAT / port forwarding). Empty: libp2p decides."""
+    """Addresses other peers should dial, e.g. /ip4/<public IP>/tcp/41400 for a port forwarded on the home
+    router. Set: the node reports itself public at that address (and warns when libp2p does not announce
+    it). Empty: libp2p decides, and the node reports what it finds (relayed, or unknown)."""
 
     client_mode: bool = False
     """Client mode: dial out only, accept no connections (for nodes behind NAT without port forwarding)."""
@@ -103,8 +105,13 @@ class SwarmSection(_Section):
     use_relay: bool = True
     """Allow reaching and being reached through libp2p circuit relays."""
 
-    use_auto_relay: bool = False
-    """Look for relays automatically when this node is not reachable directly."""
+    use_auto_relay: bool = True
+    """Look for a circuit relay among the run's peers when this node is not reachable directly (behind NAT),
+    so that peers can dial it through the relay."""
+
+    relays: list[str] = []
+    """Trusted circuit relays (multiaddrs ending in /p2p/<peer id>) to reserve a slot on when behind NAT.
+    Empty: the initial peers are the trusted relays."""
 
     bootstrap_timeout: Annotated[float, Field(gt=0, le=DAY)] = 60.0
     """Seconds to keep retrying (with backoff) when no initial peer answers, before giving up."""
@@ -137,7 +144,9 @@ class SwarmSection(_Section):
     _run = field_validator("run")(checks.run_reference)
     _invite = field_validator("invite")(checks.invite_token)
     _initial_peers = field_validator("initial_peers")(checks.peer_multiaddrs)
-    _addrs = field_validator("listen_addrs", "announce_addrs")(checks.multiaddrs)
+    _addrs = field_validator("listen_addrs")(checks.multiaddrs)
+    _announce = field_validator("announce_addrs")(checks.announce_multiaddrs)
+    _relays = field_validator("relays")(checks.peer_multiaddrs)
 
 
 class TaskSection(_Section):

@@ -96,7 +96,8 @@ def dht_kwargs(cfg: SwarmSection, identity_path: Path, initial_peers: Sequence[s
         nat_port_map=cfg.nat_port_map,
         auto_nat=cfg.auto_nat,
         use_relay=cfg.use_relay,
-        use_auto_relay=cfg.use_auto_relay,
+        # p2pd refuses to start with auto relay but no relay transport.
+        use_auto_relay=cfg.use_auto_relay and cfg.use_relay,
         identity_path=str(identity_path),
         # A fresh identity cannot be taken; an old one is protected by IdentityLock locally, and the
         # remote check costs seconds on every start.
@@ -104,6 +105,8 @@ def dht_kwargs(cfg: SwarmSection, identity_path: Path, initial_peers: Sequence[s
     )
     if cfg.announce_addrs:
         kwargs["announce_maddrs"] = list(cfg.announce_addrs)
+    if cfg.relays:  # p2pd's default trusted relays are the bootstrap peers
+        kwargs["trusted_relays"] = list(cfg.relays)
     return kwargs
 
 

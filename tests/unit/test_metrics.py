@@ -167,3 +167,12 @@ def test_promtool_check_metrics_passes(promtool, populated_latest):
     result = subprocess.run([str(promtool), "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert result.stdout.strip() == b"" and result.stderr.strip() == b""  # not even lint warnings
+
+
+def test_reachability_is_a_state_set():
+    import dataclasses
+
+    _, m = scrape(dataclasses.replace(populated_status(now=NOW - 2), reachability="relayed"))
+    assert m[("p2ptrain_reachability", (("p2ptrain_reachability", "relayed"),))] == 1
+    assert m[("p2ptrain_reachability", (("p2ptrain_reachability", "public"),))] == 0
+    assert ("p2ptrain_reachability", (("p2ptrain_reachability", "direct"),)) not in m

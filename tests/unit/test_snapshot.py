@@ -45,7 +45,7 @@ def test_plain_figures_land_in_the_fields_of_the_same_meaning() -> None:
     snap = _snapshot()
     assert (snap.state, snap.pause_reason, snap.version) == ("training", "", __version__)
     assert (snap.peer_id, snap.run_id, snap.model_fingerprint, snap.reachability) == (PEER, "run-a", "f" * 16,
-                                                                                       "direct")
+                                                                                       "unknown")
     assert (snap.local_epoch, snap.samples_processed_total, snap.nonfinite_skips_total, snap.rollbacks_total) == \
         (5, 640, 2, 1)
     assert (snap.samples_accumulated, snap.target_batch_size, snap.round_in_flight) == (96, 256, False)
@@ -112,6 +112,9 @@ def test_reachability_follows_the_addresses() -> None:
     relayed = NodeIdentity(maddrs=("/ip4/127.0.0.1/tcp/1/p2p/R/p2p-circuit/p2p/" + PEER,))
     assert _snapshot(identity=relayed).reachability == "relayed"
     assert _snapshot(identity=NodeIdentity()).reachability == "unknown"
+    public = "/ip4/203.0.113.9/tcp/41400"
+    announced = NodeIdentity(maddrs=(f"{public}/p2p/{PEER}",), announce=(public,))
+    assert _snapshot(identity=announced).reachability == "public"
 
 
 def test_the_snapshot_round_trips_through_its_dict() -> None:

@@ -67,6 +67,15 @@ def test_dht_kwargs_carry_loopback_safety_switches(tmp_path: Path) -> None:
     assert kwargs["announce_maddrs"] == ["/ip4/127.0.0.1/tcp/5000"]
     assert kwargs["identity_path"] == str(tmp_path / "identity.key")
     assert kwargs["initial_peers"] == [PEER]
+    assert "trusted_relays" not in kwargs and kwargs["use_auto_relay"] is True
+
+
+def test_auto_relay_follows_the_relay_switch_and_relays_are_trusted(tmp_path: Path) -> None:
+    # p2pd refuses to start with auto relay on and the relay transport off
+    off = dht_kwargs(SwarmSection(use_relay=False), tmp_path / "identity.key", [PEER])
+    assert (off["use_relay"], off["use_auto_relay"]) == (False, False)
+    named = dht_kwargs(SwarmSection(relays=[PEER]), tmp_path / "identity.key", [])
+    assert named["trusted_relays"] == [PEER] and named["use_auto_relay"] is True
 
 
 
