@@ -49,11 +49,13 @@ from p2ptrain.averaging.handles import DHT, awaiting_trigger, dht_time, looking_
 from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.averaging.robust_reduce import AllReduceReport, ReduceRule, RoundReports
 from p2ptrain.averaging.roundclock import RoundTarget
+from p2ptrain.averaging.sparse_codec import SparseChunkCodec, sparse_wire_bytes
 from p2ptrain.averaging.state_download import diloco_state_validator
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_clock_prefix
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.diloco_state import DiLoCoState
+from p2ptrain.optim.error_feedback import ErrorFeedback
 from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
 from p2ptrain.optim.microbatches import MicroBatches
 from p2ptrain.optim.outer_step import OuterStep
@@ -125,6 +127,18 @@ class DiLoCoOptimizer(DiLoCoState):
         self.solo = SoloRounds()
         numel = sum(p.numel() for p in self.params)
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
+        compression = make_compression(cfg.grad_compression)
+        #: int8/topk: rounds average what each peer sends of its pseudo-gradient; the rest waits here.
+        self._feedback: ErrorFeedback | None = None
+        if cfg.outer_compression != "none":
+            self._feedback = ErrorFeedback([p.shape for p in self.params], cfg.outer_compression,
+                                           cfg.outer_topk_density, cfg.outer_value_bits)
+            if cfg.outer_compression == "topk":
+                compression = SparseChunkCodec(cfg.outer_value_bits)
+                self._payload_bytes = sum(sparse_wire_bytes(p.numel(), cfg.outer_topk_density, cfg.outer_value_bits)
+                                          for p in self.params)
+            else:
+                compression, self._payload_bytes = make_compression("8bit"), wire_bytes(numel, "8bit")
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
         per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
         logger.info("DiLoCo: a round ends when the swarm has trained %d sequences per peer of its fastest peer's "
@@ -139,7 +153,9 @@ class DiLoCoOptimizer(DiLoCoState):
             tracker = self._tracker
             defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
             # A round's weight is its samples: a fast peer does a few times the average, never 16x.
-            checks.update(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer))
+            # Pseudo-gradients (int8/topk) are screened like gradients: a pair's norms may differ more.
+            rule = ReduceRule.for_diloco if self._feedback is None else ReduceRule.for_gradients
+            checks.update(defences.hardened_kwargs(), reduce_rule=rule(max_weight=16.0 * per_peer))
         else:
             self._tracker = SwarmProgressTracker(dht, diloco_clock_prefix(run_id), client_mode=client_mode, start=True,
                                                  round_target=RoundTarget(per_peer))
@@ -148,7 +164,7 @@ class DiLoCoOptimizer(DiLoCoState):
             self._buffers, dht, owner=self, start=True, prefix=diloco_averager_prefix(run_id), client_mode=client_mode,
             min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
             allreduce_timeout=cfg.averaging_timeout, next_chunk_timeout=cfg.averaging_timeout / 3,
-            compression=make_compression(cfg.grad_compression),
+            compression=compression,
             state_compression=make_compression(cfg.state_compression), bandwidth=bandwidth, **checks,
         )
         #: Whatever a download brings is checked before it touches the model: shapes, dtypes, finite,
@@ -290,7 +306,12 @@ class DiLoCoOptimizer(DiLoCoState):
     def _outer_round(self) -> None:
         started = time.perf_counter()
         pseudo = self.outer.pseudo_gradients(self.params)
-        control = self._begin_average([p.detach().float() for p in self.params])
+        if self._feedback is not None:
+            # What this peer sends is what a failed round applies; the rest stays in its buffer.
+            pseudo = self._feedback.take(pseudo)
+            control = self._begin_average(pseudo)
+        else:
+            control = self._begin_average([p.detach().float() for p in self.params])
         if control is _ALONE and self.solo.ended_alone(self.local_epoch):
             control = None  # a failed round: reported (and its samples credited) as one
         # Credit (p2ptrain.trust.credit): this round's samples; alone in the swarm, no round will report on them.
@@ -394,10 +415,13 @@ class DiLoCoOptimizer(DiLoCoState):
     def _finish_round(self, group: Any, pseudo: list[torch.Tensor], carry: list[torch.Tensor] | None,
                       started: float) -> None:
         """The outer step with the swarm's pseudo-gradient, ``outer - average of the peers' parameters``
-        (or our own pseudo-gradient if the round failed)."""
+        (int8/topk: the average of what the peers sent), or our own if the round failed."""
         if group:
             with self.averager.get_tensors() as buffers:
-                pseudo = [outer - average for outer, average in zip(self.outer.params, buffers, strict=True)]
+                if self._feedback is not None:
+                    pseudo = [average.clone() for average in buffers]
+                else:
+                    pseudo = [outer - average for outer, average in zip(self.outer.params, buffers, strict=True)]
         self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
             group_size, received = len(group or ()), None
