@@ -135,8 +135,11 @@ class DiLoCoOptimizer(DiLoCoState):
                                            cfg.outer_topk_density, cfg.outer_value_bits)
             if cfg.outer_compression == "topk":
                 compression = SparseChunkCodec(cfg.outer_value_bits)
-                self._payload_bytes = sum(sparse_wire_bytes(p.numel(), cfg.outer_topk_density, cfg.outer_value_bits)
-                                          for p in self.params)
+                # Sent sparse at its bits; the reducer's reply (a pair's union of entries) returns at 8 bits.
+                density, bits = cfg.outer_topk_density, cfg.outer_value_bits
+                self._payload_bytes = sum(sparse_wire_bytes(p.numel(), density, bits)
+                                          + sparse_wire_bytes(p.numel(), min(1.0, 2 * density), 8)
+                                          for p in self.params) // 2
             else:
                 compression, self._payload_bytes = make_compression("8bit"), wire_bytes(numel, "8bit")
         self._buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
