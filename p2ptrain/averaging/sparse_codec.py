@@ -10,8 +10,9 @@ mixes several peers' entries) travels at 8 bits, so a reply is never denser or c
 
 hivemind's all-reduce sums the decoded, dense parts: differing index sets across peers are simply
 added, and each reply decodes to the dense average.  :meth:`SparseChunkCodec.estimate_compression_ratio`
-is a power of two so that hivemind's part boundaries fall on chunk boundaries (parts split each tensor
-from its start), which keeps a peer's chunks and the codec's chunks the same.
+makes hivemind's parts (each tensor split from its start) a whole number of chunks long, which keeps a
+peer's chunks and the codec's chunks the same (a part of a different length still decodes correctly; its
+chunks would then travel at 8 bits).
 
 hivemind's protocol names a compression by a fixed enum, with no room for new ones: the codec speaks as
 ``BLOCKWISE_8BIT``, which this project never sends otherwise (it needs bitsandbytes), and receivers
@@ -126,8 +127,9 @@ class SparseChunkCodec(CompressionBase):
         self.bits = bits
 
     def estimate_compression_ratio(self, info: CompressionInfo) -> float:
-        # A power of two: hivemind's part size (512 KiB / 4 bytes / ratio) is then a whole number of chunks.
-        return 1 / 16
+        # Parts as long as fp32 ones (512 KiB / 4 bytes: 32 chunks), so hivemind's part boundaries fall on
+        # chunk boundaries and the load is split between reducers as finely as for a dense round.
+        return 1.0
 
     def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
         flat = tensor.detach().float().reshape(-1).numpy()

@@ -490,7 +490,8 @@ def test_sparse_parts_average_through_the_checked_all_reduce(dhts):
         for dht, own, report in zip(dhts[:2], values, (reports, None), strict=True):
             averagers.append(HardenedAverager([t.clone() for t in own], dht, prefix=prefix, start=True,
                                               compression=SparseChunkCodec(2), round_reports=report,
-                                              reduce_rule=ReduceRule.for_gradients(max_weight=64.0), **AVERAGER))
+                                              reduce_rule=ReduceRule.for_gradients(max_weight=64.0),
+                                              **dict(AVERAGER, part_size_bytes=4 * CHUNK)))  # a chunk a part
         assert all(isinstance(r, dict) for r in _round(averagers, [8.0, 24.0]))
         expected = [(8 * a + 24 * b) / 32 for a, b in zip(*values, strict=True)]
         for averager, own in zip(averagers, values, strict=True):
