@@ -52,7 +52,7 @@ from p2ptrain.averaging.roundclock import RoundTarget
 from p2ptrain.averaging.sparse_codec import SparseChunkCodec, sparse_wire_bytes
 from p2ptrain.averaging.state_download import diloco_state_validator
 from p2ptrain.config.schema import TrainingSection
-from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_clock_prefix
+from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_clock_prefix, diloco_outer_prefix
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.diloco_state import DiLoCoState
 from p2ptrain.optim.error_feedback import ErrorFeedback
@@ -146,6 +146,7 @@ class DiLoCoOptimizer(DiLoCoState):
         per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
         logger.info("DiLoCo: a round ends when the swarm has trained %d sequences per peer of its fastest peer's "
                     "speed (%d inner steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
+        run_id = diloco_outer_prefix(run_id, cfg.outer_compression)
         #: Where the averager reports each round (how much it really averaged), checks on or off.
         self._rounds = defences.rounds if defences is not None else RoundReports()
         checks: dict[str, Any] = dict(round_reports=self._rounds, admission=admission, peer_checks=defences is not None)

@@ -190,3 +190,10 @@ def test_the_settings_are_checked() -> None:
     for bad in ({"outer_value_bits": 3}, {"outer_topk_density": 0.0}, {"outer_compression": "zip"}):
         with pytest.raises(ValueError):
             TrainingSection(**bad)
+
+
+def test_peers_of_different_outer_compressions_never_share_a_clock_or_an_averager() -> None:
+    from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_outer_prefix
+
+    prefixes = {diloco_averager_prefix(diloco_outer_prefix("run", mode)) for mode in ("none", "int8", "topk")}
+    assert len(prefixes) == 3 and diloco_outer_prefix("run", "none") == "run"  # today's keys unchanged
