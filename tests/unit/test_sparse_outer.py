@@ -197,3 +197,35 @@ def test_peers_of_different_outer_compressions_never_share_a_clock_or_an_average
 
     prefixes = {diloco_averager_prefix(diloco_outer_prefix("run", mode)) for mode in ("none", "int8", "topk")}
     assert len(prefixes) == 3 and diloco_outer_prefix("run", "none") == "run"  # today's keys unchanged
+
+
+def test_an_overlapped_topk_round_lands_one_round_late_keeping_the_progress_made_meanwhile(monkeypatch) -> None:
+    """The delayed outer step (``overlap``, on by default) in topk mode: the round's sparse part goes to the
+    averager, training goes on, and when the average lands the outer step is applied under that progress."""
+    from hivemind.averaging.control import AveragingStage
+
+    optimizer, param, (averager, _) = _topk_optimizer(monkeypatch)
+    assert optimizer.cfg.overlap
+
+    def micro_batch() -> None:
+        param.grad = torch.randn(param.shape)
+        optimizer.step(batch_size=8)
+        optimizer.zero_grad()
+
+    micro_batch()
+    [control] = averager.controls
+    control.stage = AveragingStage.AWAITING_TRIGGER
+    micro_batch()  # the round ends: its part handed over, its all-reduce in flight
+    assert control.triggered and optimizer._in_flight is not None
+    sent = averager.tensors[0].clone()
+    assert int(sent.count_nonzero()) == 2 * math.ceil(0.01 * CHUNK)
+    for _ in range(4):  # an inner step of progress while the round is in flight
+        micro_batch()
+    assert optimizer._in_flight is not None
+    control.done = lambda: True  # type: ignore[method-assign]
+    control.result = lambda timeout=None: {"QmMe": None, "QmPeer": None}  # type: ignore[attr-defined]
+    averager.tensors[0].copy_(sent / 2)  # the group's average
+    micro_batch()  # lands here; this micro-batch's own progress is kept on top
+    assert optimizer._in_flight is None
+    assert torch.allclose(optimizer.outer.params[0], -sent / 2, atol=1e-6)  # outer_lr 1, no momentum
+    assert not torch.allclose(param.detach(), optimizer.outer.params[0])  # that progress kept on top
