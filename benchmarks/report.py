@@ -11,6 +11,8 @@ LABELS = {
     "hivemind": "plain hivemind.Optimizer (defaults)",
     "p2p_grad": "p2ptrain gradient mode",
     "diloco": "p2ptrain DiLoCo",
+    "diloco_int8": "p2ptrain DiLoCo, int8 pseudo-gradients + error feedback",
+    "diloco_topk": "p2ptrain DiLoCo, top-k pseudo-gradients + error feedback",
 }
 
 

@@ -27,11 +27,11 @@ from benchmarks.peers import kill_group, wait_for_peers
 from benchmarks.report import add_ratios, markdown_table, summarize
 from p2ptrain.averaging.compression import wire_bytes
 
-ALL_MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco")
-SHAPED_MODES = ("ddp", "diloco")  # add p2p_grad with --shaped-modes (about +150 s)
+ALL_MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco", "diloco_int8", "diloco_topk")
+SHAPED_MODES = ("ddp", "diloco", "diloco_topk")  # add p2p_grad with --shaped-modes (about +150 s)
 WORKER_OPTS = ("sequences", "eval_every", "max_train_seconds", "micro_batch", "global_batch", "lr", "d_model",
                "n_layers", "n_heads", "val_batches", "inner_steps", "inner_batch", "matchmaking_time",
-               "averaging_timeout", "peer_checks")
+               "averaging_timeout", "peer_checks", "outer_topk_density", "outer_value_bits")
 
 
 def free_port() -> int:
@@ -61,7 +61,7 @@ def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None, *, worl
                    "--world", str(world), "--run-dir", str(run_dir), "--out", str(run_dir / f"result.{rank}.json"),
                    "--host", net.addresses[rank] if net else "127.0.0.1",
                    "--master-addr", net.addresses[0] if net else "127.0.0.1", "--master-port", str(master_port),
-                   "--compression", args.diloco_compression if mode == "diloco" else args.grad_compression]
+                   "--compression", args.diloco_compression if mode.startswith("diloco") else args.grad_compression]
             for opt in WORKER_OPTS:
                 cmd += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
             if rank_options is not None:
@@ -144,6 +144,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="p2ptrain's modes with the node's peer checks (its default) or plain hivemind")
     p.add_argument("--grad-compression", default="fp16", choices=("none", "fp16", "8bit"))
     p.add_argument("--diloco-compression", default="8bit", choices=("none", "fp16", "8bit"))
+    p.add_argument("--outer-topk-density", type=float, default=0.02,
+                   help="diloco_topk: the share of each chunk's values a round sends")
+    p.add_argument("--outer-value-bits", type=int, choices=(2, 4, 8), default=2, help="diloco_topk: bits per value")
     p.add_argument("--matchmaking-time", type=float, default=0.5,
                    help="seconds; a round lasts about this long (0.5 suits loopback and the shaped LAN)")
     p.add_argument("--averaging-timeout", type=float, default=30.0)

@@ -34,7 +34,9 @@ from p2ptrain.proc import cpu_seconds, descendants
 from p2ptrain.tasks.loader import build_task
 from p2ptrain.waiting import wait_until
 
-MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco")
+MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco", "diloco_int8", "diloco_topk")
+#: The DiLoCo modes and what each sends a round (training.outer_compression).
+OUTER_COMPRESSION = {"diloco": "none", "diloco_int8": "int8", "diloco_topk": "topk"}
 BARRIER_TIMEOUT = 180.0
 
 
@@ -50,7 +52,9 @@ def barrier(run_dir: Path, name: str, rank: int, world: int) -> None:
 def training_section(args: argparse.Namespace) -> TrainingSection:
     return TrainingSection(
         batch_size=args.micro_batch, target_batch_size=args.global_batch, lr=args.lr, warmup_epochs=0,
-        total_epochs=100_000, mode="diloco" if args.mode == "diloco" else "gradient",
+        total_epochs=100_000, mode="diloco" if args.mode in OUTER_COMPRESSION else "gradient",
+        outer_compression=OUTER_COMPRESSION.get(args.mode, "none"), outer_topk_density=args.outer_topk_density,
+        outer_value_bits=args.outer_value_bits,
         grad_compression=args.compression, inner_steps=args.inner_steps, inner_batch_size=args.inner_batch,
         matchmaking_time=args.matchmaking_time,
         averaging_timeout=args.averaging_timeout, load_state_timeout=30.0, threads=1, seed=0,
@@ -299,6 +303,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DiLoCo: sequences per inner step (0: the node's default, 4 micro-batches)")
     p.add_argument("--cpu-percent", type=float, default=0.0, help="hold this peer to this share of one core (0: none)")
     p.add_argument("--compression", default="fp16")
+    p.add_argument("--outer-topk-density", type=float, default=0.02, help="diloco_topk: share of values sent")
+    p.add_argument("--outer-value-bits", type=int, choices=(2, 4, 8), default=2, help="diloco_topk: bits a value")
     p.add_argument("--matchmaking-time", type=float, default=0.5)
     p.add_argument("--averaging-timeout", type=float, default=30.0)
     p.add_argument("--peer-checks", choices=("on", "off"), default="on",

@@ -87,6 +87,12 @@ def state_averager_prefix(prefix: str) -> str:
     return f"{prefix}_state_averager"
 
 
+def diloco_outer_prefix(prefix: str, outer_compression: str) -> str:
+    """The prefix of DiLoCo's clock and averager for one outer_compression: peers that average
+    parameters and peers that average compressed pseudo-gradients never meet in a round or a download."""
+    return prefix if outer_compression == "none" else f"{prefix}_{outer_compression}"
+
+
 def diloco_clock_prefix(prefix: str) -> str:
     """DiLoCo's round clock, a progress tracker: its entries are :func:`progress_key` of this."""
     return f"{prefix}_diloco"

@@ -25,6 +25,7 @@ tensor math they need (screens, robust aggregates, state checks) lives here besi
 - ``state_download``   adopting a peer's state: validated, donor-aware, O(1) catch-up
 - ``diloco``           DiLoCo's averager, serving the outer state to newcomers
 - ``compression``      the config's compression names as hivemind codecs
+- ``sparse_codec``     the sparse outer round's wire format: per-chunk top-k offsets and few-bit values
 - ``lifecycle``        an averager's start with a deadline; a stop that never leaves a shared lock held
                        (installed on hivemind's averager class when this package is imported)
 

@@ -47,6 +47,8 @@ from p2ptrain.averaging.robust_reduce import (
     part_floors,
     screen_parts,
 )
+from p2ptrain.averaging.sparse_codec import WIRE_NAME as SPARSE_WIRE_NAME
+from p2ptrain.averaging.sparse_codec import sparse_problem
 from p2ptrain.trust.peergate import PeerGate
 
 require_hivemind(__name__)
@@ -326,6 +328,10 @@ def _declared_problem(part: Any, index: int, shapes: Sequence[torch.Size]) -> tu
     numel, size = math.prod(shapes[index]), len(part.buffer)
     if size > numel * _MAX_BYTES_PER_ELEMENT + _PART_FRAMING_BYTES:
         return "oversized_part", f"part {index} is {size} bytes"
+    if compression == SPARSE_WIRE_NAME:
+        # Its index set and headers are checked before decoding; its values then like a dense part's.
+        problem = sparse_problem(part.buffer, numel)
+        return ("malformed_part", f"part {index}: {problem}") if problem else None
     widths = {"NONE": _WIRE_DTYPES[part.dtype], "FLOAT16": (2,)}.get(compression, ())
     if widths and size not in {numel * width for width in widths}:
         return "malformed_part", f"part {index} is {size} bytes, not {numel} x {'/'.join(map(str, widths))}"

@@ -16,15 +16,18 @@ from hivemind.compression import (
 from hivemind.compression import serialization as _serialization
 from hivemind.proto import runtime_pb2
 
+from p2ptrain.averaging.sparse_codec import WIRE_NAME as SPARSE_WIRE_NAME
+
 CompressionChoice = Literal["none", "fp16", "8bit"]
 
 SMALL_TENSOR_ELEMENTS = 2**16
 """Below this many elements a tensor is sent as fp16 even in "8bit" mode: biases and norms are tiny
 on the wire, and quantising them hurts most."""
 
-WIRE_COMPRESSIONS = frozenset({"NONE", "FLOAT16", "UNIFORM_8BIT"})
-"""The hivemind compression types :func:`make_compression` can produce: the only ones an honest peer's
-averaging parts arrive in (anything else is refused before it is decoded)."""
+WIRE_COMPRESSIONS = frozenset({"NONE", "FLOAT16", "UNIFORM_8BIT", SPARSE_WIRE_NAME})
+"""The hivemind compression types :func:`make_compression` (and the sparse outer round's codec,
+:mod:`p2ptrain.averaging.sparse_codec`) can produce: the only ones an honest peer's averaging parts
+arrive in (anything else is refused before it is decoded)."""
 
 BYTES_PER_ELEMENT = {"none": 4.0, "fp16": 2.0, "8bit": 1.0}
 """Approximate wire bytes per fp32 element for each choice (8-bit adds a small lookup table)."""

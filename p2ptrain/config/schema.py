@@ -385,6 +385,22 @@ class TrainingSection(_Section):
     fp16 uses a dynamic gradient scaler and needs a CUDA device: with device "cpu" it is refused, with
     "auto" on a machine without one the node says so in one line and trains in fp32."""
 
+    outer_compression: Literal["none", "int8", "topk"] = "none"
+    """DiLoCo mode: what a round sends. none: the parameters (grad_compression's wire format), averaged
+    and stepped towards. int8 and topk: the round's pseudo-gradient plus what earlier rounds did not
+    send (an error-feedback buffer kept by each peer, in its checkpoints), quantised per chunk of 4096
+    values: int8 sends every value at 8 bits; topk sends only each chunk's outer_topk_density largest
+    values at outer_value_bits bits with their offsets, about 50x fewer bytes than int8 at 2%.
+    The swarm averages what the peers sent; the rest waits in each peer's buffer for later rounds.
+    All peers of a run must use the same setting."""
+
+    outer_topk_density: Annotated[float, Field(gt=0, le=1)] = 0.02
+    """DiLoCo mode with outer_compression "topk": the share of each chunk's values sent each round."""
+
+    outer_value_bits: Literal[2, 4, 8] = 2
+    """DiLoCo mode with outer_compression "topk": bits per value sent (a sign and a magnitude on the
+    chunk's scale)."""
+
     @property
     def inner_batch(self) -> int:
         """DiLoCo mode: sequences per inner step, ``inner_batch_size`` or its automatic value."""

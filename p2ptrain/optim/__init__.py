@@ -7,6 +7,7 @@
 - ``diloco_state``  DiLoCo's state downloads, served state and checkpoints
 - ``inner``         the clipped AdamW and the LR schedule both modes use
 - ``outer_step``    DiLoCo's outer SGD step, free of networking
+- ``error_feedback`` what a compressed outer round sends of a peer's pseudo-gradient, and what it keeps
 - ``microbatches``  gradient accumulation over an inner step's micro-batches
 - ``round_clock``   what a peer does with DiLoCo's round clock: inner-step size, schedule position, group round
 - ``retune``        applying a new manifest version's learning settings to a running optimizer

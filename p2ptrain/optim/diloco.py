@@ -49,12 +49,14 @@ from p2ptrain.averaging.handles import DHT, awaiting_trigger, dht_time, looking_
 from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.averaging.robust_reduce import AllReduceReport, ReduceRule, RoundReports
 from p2ptrain.averaging.roundclock import RoundTarget
+from p2ptrain.averaging.sparse_codec import SparseChunkCodec, sparse_wire_bytes
 from p2ptrain.averaging.state_download import diloco_state_validator
 from p2ptrain.config.schema import TrainingSection
-from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_clock_prefix
+from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_clock_prefix, diloco_outer_prefix
 from p2ptrain.model.device import HostStaging
 from p2ptrain.optim.defences import Defences
 from p2ptrain.optim.diloco_state import DiLoCoState
+from p2ptrain.optim.error_feedback import ErrorFeedback
 from p2ptrain.optim.inner import ClippedAdamW, warmup_cosine
 from p2ptrain.optim.microbatches import MicroBatches
 from p2ptrain.optim.outer_step import OuterStep
@@ -126,6 +128,21 @@ class DiLoCoOptimizer(DiLoCoState):
         self.solo = SoloRounds()
         numel = sum(p.numel() for p in self.params)
         self._payload_bytes = wire_bytes(numel, cfg.grad_compression)
+        compression = make_compression(cfg.grad_compression)
+        #: int8/topk: rounds average what each peer sends of its pseudo-gradient; the rest waits here.
+        self._feedback: ErrorFeedback | None = None
+        if cfg.outer_compression != "none":
+            self._feedback = ErrorFeedback([p.shape for p in self.params], cfg.outer_compression,
+                                           cfg.outer_topk_density, cfg.outer_value_bits)
+            if cfg.outer_compression == "topk":
+                compression = SparseChunkCodec(cfg.outer_value_bits)
+                # Sent sparse at its bits; the reducer's reply (a pair's union of entries) returns at 8 bits.
+                density, bits = cfg.outer_topk_density, cfg.outer_value_bits
+                self._payload_bytes = sum(sparse_wire_bytes(p.numel(), density, bits)
+                                          + sparse_wire_bytes(p.numel(), min(1.0, 2 * density), 8)
+                                          for p in self.params) // 2
+            else:
+                compression, self._payload_bytes = make_compression("8bit"), wire_bytes(numel, "8bit")
         # The averager's buffers are host memory (hivemind shares them with its process); the parameters
         # may live on a GPU, and every copy between the two goes through the staging.
         self._buffers = [torch.zeros(p.shape, dtype=torch.float32, device="cpu") for p in self.params]
@@ -133,6 +150,7 @@ class DiLoCoOptimizer(DiLoCoState):
         per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
         logger.info("DiLoCo: a round ends when the swarm has trained %d sequences per peer of its fastest peer's "
                     "speed (%d inner steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
+        run_id = diloco_outer_prefix(run_id, cfg.outer_compression)
         #: Where the averager reports each round (how much it really averaged), checks on or off.
         self._rounds = defences.rounds if defences is not None else RoundReports()
         checks: dict[str, Any] = dict(round_reports=self._rounds, admission=admission, peer_checks=defences is not None)
@@ -143,7 +161,9 @@ class DiLoCoOptimizer(DiLoCoState):
             tracker = self._tracker
             defences.evidence.follow_progress(lambda: tracker.bound_peer_epochs)
             # A round's weight is its samples: a fast peer does a few times the average, never 16x.
-            checks.update(defences.hardened_kwargs(), reduce_rule=ReduceRule.for_diloco(max_weight=16.0 * per_peer))
+            # Pseudo-gradients (int8/topk) are screened like gradients: a pair's norms may differ more.
+            rule = ReduceRule.for_diloco if self._feedback is None else ReduceRule.for_gradients
+            checks.update(defences.hardened_kwargs(), reduce_rule=rule(max_weight=16.0 * per_peer))
         else:
             self._tracker = SwarmProgressTracker(dht, diloco_clock_prefix(run_id), client_mode=client_mode, start=True,
                                                  round_target=RoundTarget(per_peer))
@@ -152,7 +172,7 @@ class DiLoCoOptimizer(DiLoCoState):
             self._buffers, dht, owner=self, start=True, prefix=diloco_averager_prefix(run_id), client_mode=client_mode,
             min_matchmaking_time=cfg.matchmaking_time, request_timeout=min(3.0, cfg.matchmaking_time / 2),
             allreduce_timeout=cfg.averaging_timeout, next_chunk_timeout=cfg.averaging_timeout / 3,
-            compression=make_compression(cfg.grad_compression),
+            compression=compression,
             state_compression=make_compression(cfg.state_compression), bandwidth=bandwidth, **checks,
         )
         #: Whatever a download brings is checked before it touches the model: shapes, dtypes, finite,
@@ -294,7 +314,12 @@ class DiLoCoOptimizer(DiLoCoState):
     def _outer_round(self) -> None:
         started = time.perf_counter()
         pseudo = self.outer.pseudo_gradients(self.params)
-        control = self._begin_average([p.detach() for p in self.params])
+        if self._feedback is not None:
+            # What this peer sends is what a failed round applies; the rest stays in its buffer.
+            pseudo = self._feedback.take(pseudo)
+            control = self._begin_average(pseudo)
+        else:
+            control = self._begin_average([p.detach() for p in self.params])
         if control is _ALONE and self.solo.ended_alone(self.local_epoch):
             control = None  # a failed round: reported (and its samples credited) as one
         # Credit (p2ptrain.trust.credit): this round's samples; alone in the swarm, no round will report on them.
@@ -397,11 +422,14 @@ class DiLoCoOptimizer(DiLoCoState):
     def _finish_round(self, group: Any, pseudo: list[torch.Tensor], carry: list[torch.Tensor] | None,
                       started: float) -> None:
         """The outer step with the swarm's pseudo-gradient, ``outer - average of the peers' parameters``
-        (or our own pseudo-gradient if the round failed)."""
+        (int8/topk: the average of what the peers sent), or our own if the round failed."""
         if group:
             with self.averager.get_tensors() as buffers:
                 averages = self._staging.to_device(buffers)
-            pseudo = [outer - average for outer, average in zip(self.outer.params, averages, strict=True)]
+            if self._feedback is not None:
+                pseudo = averages  # the average of what the peers sent
+            else:
+                pseudo = [outer - average for outer, average in zip(self.outer.params, averages, strict=True)]
         self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
             group_size, received = len(group or ()), None

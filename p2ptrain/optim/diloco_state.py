@@ -20,6 +20,7 @@ from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.averaging.state_check import StateValidator
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.optim.defences import Defences
+from p2ptrain.optim.error_feedback import ErrorFeedback
 from p2ptrain.optim.inner import ClippedAdamW
 from p2ptrain.optim.microbatches import MicroBatches
 from p2ptrain.optim.outer_step import OuterStep
@@ -45,6 +46,7 @@ class DiLoCoState:
     _tracker: SwarmProgressTracker
     _validator: StateValidator
     _defences: Defences | None
+    _feedback: ErrorFeedback | None
     _evaluate: Callable[[], float] | None
     _wait: Callable[[float], object]
     _last_failed_sync: float
@@ -140,6 +142,8 @@ class DiLoCoState:
         self.inner_step = int(metadata["inner_step"])
         self.samples_this_round = 0
         self._micro.reset()
+        if self._feedback is not None:  # what it kept was relative to outer params it has now left
+            self._feedback.reset()
         self._set_epoch(int(metadata["epoch"]))
         logger.info("loaded round %d (inner step %d) from %s", self.local_epoch, self.inner_step, donor)
         return True
@@ -148,6 +152,8 @@ class DiLoCoState:
         optimizer = {"inner": self.inner.state_dict(), "outer": self.outer.optimizer.state_dict(),
                      "outer_params": [p.detach().to("cpu", copy=True) for p in self.outer.params],
                      "inner_step": self.inner_step}
+        if self._feedback is not None:
+            optimizer["error_feedback"] = self._feedback.state()
         return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "epoch": self.local_epoch}
 
     @torch.no_grad()
@@ -159,6 +165,8 @@ class DiLoCoState:
                 outer.copy_(value)
             self.outer.optimizer.load_state_dict(optimizer["outer"])
             self.inner_step = int(optimizer.get("inner_step", 0))
+            if self._feedback is not None and not self._feedback.load(optimizer.get("error_feedback")):
+                logger.info("no error-feedback buffer in the checkpoint that fits: it starts at zero")
         if state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self._set_epoch(int(state.get("epoch", 0)))

@@ -76,3 +76,25 @@ def test_the_heterogeneous_benchmark_measures_curves_and_says_a_verdict_per_targ
     assert row["loss_speed"]["target_loss"] < runs["alone"][0][0]["curve"][0][2]  # L*: the alone run learned
     table = (out / "hetero.md").read_text()
     assert "1 ABBA pair(s) per mode, peer checks on" in table and table.strip() in done.stdout
+
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_the_sparse_outer_mode_averages_rounds_and_sends_a_fraction_of_diloco_s_bytes(tmp_path: Path) -> None:
+    """diloco_topk, tiny model, rounds of about a second: rounds average, the swarm's model learns, and a
+    round's estimated traffic is a fraction of what today's DiLoCo sends at 8 bits (a byte a parameter)."""
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "benchmarks.swarm", "--peers", "2", "--out", str(out), "--shaped-modes", "",
+           "--modes", "diloco_topk", "--sequences", "4000", "--eval-every", "2000", "--micro-batch", "8",
+           "--global-batch", "32", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--val-batches", "2",
+           "--inner-steps", "15", "--max-train-seconds", "12", "--mode-timeout", "45", "--overhead-repeats", "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    [row] = json.loads((out / "results.json").read_text())["loopback"]
+    rounds = row["rounds_ok"] + row["rounds_partial"]  # summed over the peers, as bytes_sent is
+    assert rounds >= 1, done.stdout[-2000:]
+    assert math.isfinite(row["final_val_loss"]) and row["final_val_loss"] < row["curve"][0][2]
+    [worker] = out.glob("bench-diloco_topk-*/result.0.json")
+    params = json.loads(worker.read_text())["params"]
+    assert 0 < row["bytes_sent"] / rounds < params / 3

@@ -473,3 +473,33 @@ def test_banned_peers_may_still_download_but_peers_not_admitted_may_not(dhts):
         assert client.load_state_from_peers(timeout=20.0) is None
     finally:
         _shutdown(*averagers)
+
+
+def test_sparse_parts_average_through_the_checked_all_reduce(dhts):
+    """topk mode's parts (each peer's own index set, 2-bit values) through the hardened all-reduce:
+    every peer ends with the weighted mean of the dense tensors, to the 8-bit step of the reply."""
+    from p2ptrain.averaging.sparse_codec import CHUNK, SparseChunkCodec, chunk_topk
+
+    prefix = f"sparse{uuid.uuid4().hex[:6]}"
+    generator = torch.Generator().manual_seed(11)
+    values = [[chunk_topk(torch.randn(shape, generator=generator), 0.02, 2) for shape in ((2 * CHUNK,), (300,))]
+              for _ in range(2)]
+    reports = RoundReports()
+    averagers = []
+    try:
+        for dht, own, report in zip(dhts[:2], values, (reports, None), strict=True):
+            averagers.append(HardenedAverager([t.clone() for t in own], dht, prefix=prefix, start=True,
+                                              compression=SparseChunkCodec(2), round_reports=report,
+                                              reduce_rule=ReduceRule.for_gradients(max_weight=64.0),
+                                              **dict(AVERAGER, part_size_bytes=4 * CHUNK)))  # a chunk a part
+        assert all(isinstance(r, dict) for r in _round(averagers, [8.0, 24.0]))
+        expected = [(8 * a + 24 * b) / 32 for a, b in zip(*values, strict=True)]
+        for averager, own in zip(averagers, values, strict=True):
+            with averager.get_tensors() as tensors:
+                for tensor, mean, mine in zip(tensors, expected, own, strict=True):
+                    step = float((mean - mine).abs().max()) / 200
+                    assert torch.allclose(tensor, mean, atol=step), float((tensor - mean).abs().max())
+        [report] = reports.drain()
+        assert report.rejected == () and report.received_fraction == 1.0
+    finally:
+        _shutdown(*averagers)
