@@ -91,6 +91,15 @@ def plan_install(*, user: bool, instance: str | None, exec_prefix: Sequence[str]
     return Plan(tuple(files), tuple(commands), tuple(warnings))
 
 
+def file_error_line(verb: str, path: Path, exc: OSError, *, user: bool) -> str:
+    """One line for a unit or config file that could not be written or removed; a system install's
+    permission error says how to get the right one."""
+    if isinstance(exc, PermissionError):
+        hint = "" if user else " (run with sudo, or use --user)"
+        return f"p2ptrain: cannot {verb} {path}: permission denied{hint}"
+    return f"p2ptrain: cannot {verb} {path}: {exc.strerror or exc}"
+
+
 def _write(planned: PlannedFile) -> str:
     existed = planned.path.exists()
     if existed and not planned.replace:
@@ -125,12 +134,8 @@ def main(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> 
     for planned in plan.files:
         try:
             print(_write(planned))
-        except PermissionError:
-            hint = "" if args.user else " (run with sudo, or use --user)"
-            print(f"p2ptrain: cannot write {planned.path}: permission denied{hint}", file=sys.stderr)
-            return EX_CANTCREAT
         except OSError as exc:
-            print(f"p2ptrain: cannot write {planned.path}: {exc.strerror or exc}", file=sys.stderr)
+            print(file_error_line("write", planned.path, exc, user=args.user), file=sys.stderr)
             return EX_CANTCREAT
     print("Now run:")
     print("\n".join(f"  {command}" for command in plan.commands))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.daemon.service_install import INSTANCE_NAME, plan_install
+from p2ptrain.daemon.service_install import INSTANCE_NAME, file_error_line, plan_install
 from p2ptrain.errors import EX_CANTCREAT, EX_OK, EX_UNAVAILABLE, EX_USAGE
 
 #: ``systemctl`` with these arguments -> (exit code, stdout and stderr).
@@ -112,12 +112,8 @@ def uninstall(args: argparse.Namespace, environ: Mapping[str, str] | None = None
     else:
         try:
             installed.unit_file.unlink()
-        except PermissionError:
-            hint = "" if args.user else " (run with sudo, or use --user)"
-            print(f"p2ptrain: cannot remove {installed.unit_file}: permission denied{hint}", file=sys.stderr)
-            return EX_CANTCREAT
         except OSError as exc:
-            print(f"p2ptrain: cannot remove {installed.unit_file}: {exc.strerror or exc}", file=sys.stderr)
+            print(file_error_line("remove", installed.unit_file, exc, user=args.user), file=sys.stderr)
             return EX_CANTCREAT
         print(f"removed  {installed.unit_file}")
         code, output = systemctl(installed.systemctl("daemon-reload"))
