@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from p2ptrain.config.schema import TaskSection, TrainingSection
 from p2ptrain.local.run import create_local_run
 from p2ptrain.model.checkpoint import CheckpointStore
+from p2ptrain.model.hfexport import gpt2_to_bytelm
 from p2ptrain.model.load import build_model, consensus_weights
 from p2ptrain.tasks.bytelm import ByteLM
 from tests.integration.conftest import FAST_TRAINING, TINY_TASK
@@ -75,7 +76,7 @@ def test_fetch_gives_the_state_of_a_node(make_node, tmp_path, mode):
 
     model = ByteLM(**config["model_args"])
     expected = consensus_weights(model, checkpoint.state)
-    fetched = load_file(str(out / "model.safetensors"))
+    fetched = gpt2_to_bytelm(load_file(str(out / "model.safetensors")))  # the export is GPT-2's layout
     initial, _ = build_model(TaskSection(**config["task"]), TrainingSection(seed=config["training"]["seed"]))
     assert any(not torch.equal(value, fetched[name]) for name, value in initial.state_dict().items()), \
         "the fetched model is the initialisation every peer starts from"
