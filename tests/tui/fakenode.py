@@ -34,8 +34,8 @@ SCRIPT_LENGTH = 30
 
 def swarm_view(now: float = NOW) -> SwarmView:
     rows = (  # state, epoch, samples/s, loss, reachability, seconds since published, version, contributed
-        ("training", 42, 118.4, 2.3141, "direct", 3, "0.1.0", 1_046_400),
-        ("training", 42, 231.9, 2.2987, "direct", 7, "0.1.0", 2_073_600),
+        ("training", 42, 118.4, 2.3141, "public", 3, "0.1.0", 1_046_400),
+        ("training", 42, 231.9, 2.2987, "public", 7, "0.1.0", 2_073_600),
         ("paused", 41, 0.0, 2.4410, "relayed", 12, "0.1.0", 402_304),
         ("syncing", 38, 12.5, None, "client", 25, "0.0.9", 0),
         ("training", 42, 97.1, 2.3305, "relayed", 48, "0.1.0", 880_128),
@@ -67,7 +67,7 @@ def status_script(now: float = NOW) -> list[StatusSnapshot]:
     base = StatusSnapshot(
         version="0.1.0", state="training", peer_id=SELF_ID,
         visible_maddrs=(f"/ip4/203.0.113.7/tcp/31337/p2p/{SELF_ID}", "/ip4/127.0.0.1/tcp/31337"),
-        reachability="direct", run_id="bytelm-demo-mfvu2prtod62tp5pp2vgyrz7ty", model_fingerprint="9f2c4e1ab37d55e0",
+        reachability="public", run_id="bytelm-demo-mfvu2prtod62tp5pp2vgyrz7ty", model_fingerprint="9f2c4e1ab37d55e0",
         run_ref="bytelm-demo@mfvu2prtod62tp5pp2vgyrz7ty", manifest_version=3, admission_policy="invite",
         manifest_fingerprint="9f2c4e1ab37d55e0",
         local_epoch=42, global_epoch=42, target_batch_size=4096, peers_online=5,

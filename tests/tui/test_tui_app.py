@@ -55,7 +55,7 @@ def test_node_view_shows_the_snapshot(make_app: MakeApp) -> None:
         assert text(app, "#peer-value") == SELF_ID
         assert text(app, "#run-value") == ("bytelm-demo@mfvu2prtod62tp5pp2vgyrz7ty · manifest v3 · invite  "
                                            "model 9f2c4e1ab37d")
-        assert text(app, "#addrs-value").startswith("direct · /ip4/203.0.113.7/tcp/31337")
+        assert text(app, "#addrs-value").startswith("public · /ip4/203.0.113.7/tcp/31337")
         assert text(app, "#epoch-value") == "42 (swarm 42) · 5 peers · 1 excluded"
         bar = app.screen.query_one("#progress-bar", ProgressBar)
         assert bar.total == 4096 and bar.progress == (29 * 137) % 4096
@@ -103,7 +103,7 @@ def test_swarm_view_sort_and_filter(make_app: MakeApp) -> None:
         await pilot.press("slash")
         assert app.focused is app.screen.query_one("#filter", Input)
         await pilot.press(*"relayed")
-        assert [r[5] for r in table_rows(app)] == ["relayed", "relayed", "0 direct"]
+        assert [r[5] for r in table_rows(app)] == ["relayed", "relayed", "0 public"]
         assert table_rows(app)[-1][0] == "Σ 2/5 peers"
         assert not isinstance(app.screen, ConfirmScreen)  # the "l" went to the filter, not to leave
         await pilot.press("enter")

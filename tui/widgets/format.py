@@ -24,7 +24,7 @@ LEVEL_STYLES = {
     "ERROR": "bold red",
     "CRITICAL": "bold white on red",
 }
-REACHABILITY_STYLES = {"direct": "green", "relayed": "yellow", "client": "cyan", "unknown": "dim"}
+REACHABILITY_STYLES = {"public": "green", "direct": "green", "relayed": "yellow", "client": "cyan", "unknown": "dim"}
 
 DASH = "—"
 

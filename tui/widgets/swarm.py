@@ -198,7 +198,7 @@ class SwarmPanel(Vertical):
             str(max((p.epoch for p in peers), default=0)),
             number(sum(p.samples_per_second for p in peers)),
             f"μ {number(sum(losses) / len(losses), 3)}" if losses else DASH,
-            f"{reach.get('direct', 0)} direct",
+            f"{reach.get('public', 0) + reach.get('direct', 0)} public",  # "direct": older nodes' word
             f"{sum(p.device.startswith('cuda') for p in peers)} gpu",
             "",
             "mixed" if len({p.version for p in peers}) > 1 else "",
