@@ -46,10 +46,12 @@ class ErrorFeedback:
         """Add ``pseudo`` to the buffers and return what to send; the buffers keep the rest."""
         sent: list[torch.Tensor] = []
         for buffer, grad in zip(self.buffers, pseudo, strict=True):
-            buffer.add_(grad.detach().float())
+            # The buffers are host memory (what the averager sends is too); a GPU's pseudo-gradient is
+            # copied over once a round, and what is sent goes back to the device it came from.
+            buffer.add_(grad.detach().float().to(buffer.device))
             part = chunk_topk(buffer, self.density, self.bits) if self.mode == "topk" else chunk_int8(buffer)
             buffer.sub_(part)
-            sent.append(part)
+            sent.append(part.to(grad.device))
         return sent
 
     def sent_fraction(self) -> float:
