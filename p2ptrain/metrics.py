@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (
@@ -53,11 +53,16 @@ def _counter(name: str, doc: str, value: float) -> Metric:
     return CounterMetricFamily(_P + name, doc, value=max(0.0, float(value)))
 
 
-def _outcomes(name: str, doc: str, **counts: float) -> Metric:
-    family = CounterMetricFamily(_P + name, doc, labels=["outcome"])
-    for outcome, count in counts.items():
-        family.add_metric([outcome], max(0.0, float(count)))
+def _counted_by(name: str, doc: str, label: str, counts: Mapping[str, float]) -> Metric:
+    """A counter with one series per value of ``label`` (every value given, so rates start at 0)."""
+    family = CounterMetricFamily(_P + name, doc, labels=[label])
+    for value, count in counts.items():
+        family.add_metric([value], max(0.0, float(count)))
     return family
+
+
+def _outcomes(name: str, doc: str, **counts: float) -> Metric:
+    return _counted_by(name, doc, "outcome", counts)
 
 
 def _histogram(name: str, doc: str, bounds: tuple[float, ...], counts: tuple[int, ...],
@@ -219,12 +224,10 @@ def _credit(s: StatusSnapshot, swarm: SwarmView) -> Iterator[Metric]:
         yield _g("data_shards", "Training shards in the dataset.", s.data_shards_total)
         yield _g("data_shards_consumed", "Shards this node has read through in its current pass.",
                  s.data_shards_consumed)
-        records = CounterMetricFamily(_P + "data_records_skipped", "Records of the training data this node skipped, "
-                                      "by reason: undecodable (not decodable or too large) or no_text.",
-                                      labels=["reason"])
-        records.add_metric(["undecodable"], max(0.0, float(s.data_records_failed_total)))
-        records.add_metric(["no_text"], max(0.0, float(s.data_records_without_text_total)))
-        yield records
+        yield _counted_by("data_records_skipped", "Records of the training data this node skipped, by reason: "
+                          "undecodable (not decodable or too large) or no_text.", "reason",
+                          {"undecodable": s.data_records_failed_total,
+                           "no_text": s.data_records_without_text_total})
         yield _counter("data_shards_skipped", "Shard reads this node gave up for a pass: unreadable, download "
                        "refused or failed, malformed, or failing record after record.", s.data_shards_skipped_total)
     yield from _gauge("data_coverage_ratio", "Share of the swarm's current pass over the training shards that "
@@ -236,11 +239,9 @@ def _credit(s: StatusSnapshot, swarm: SwarmView) -> Iterator[Metric]:
 def _offences(s: StatusSnapshot) -> Iterator[Metric]:
     """What peers did that this node's checks refused, by kind (every kind, so rates start at 0)."""
 
-    family = CounterMetricFamily(_P + "peer_offenses", "Offences by peers (bad states, averaging parts, "
-                                 "implausible claims) caught by this node's checks, by kind.", labels=["kind"])
-    for kind in OFFENCE_KINDS:
-        family.add_metric([kind], max(0.0, float(s.peer_offenses_by_kind.get(kind, 0))))
-    yield family
+    yield _counted_by("peer_offenses", "Offences by peers (bad states, averaging parts, implausible claims) "
+                      "caught by this node's checks, by kind.", "kind",
+                      {kind: s.peer_offenses_by_kind.get(kind, 0) for kind in OFFENCE_KINDS})
     yield _g("peers_excluded", "Peers excluded now from this node's averaging groups and donor lists.",
              s.peers_excluded)
     yield _g("peer_checks_enabled", "1 when this node checks what peers send (swarm.peer_checks), else 0.",
@@ -263,11 +264,8 @@ def _run(s: StatusSnapshot) -> Iterator[Metric]:
                    "the fingerprint in the manifest).", s.fingerprint_entries_refused_total)
     yield _counter("invalid_member_invites", "Member invites in the DHT that did not verify.",
                    s.invalid_members_total)
-    refused = CounterMetricFamily(_P + "refused_requests", "Requests of peers the run does not admit, refused.",
-                                  labels=["layer"])
-    refused.add_metric(["dht"], max(0.0, float(s.dht_requests_refused_total)))
-    refused.add_metric(["averaging"], max(0.0, float(s.averaging_refused_total)))
-    yield refused
+    yield _counted_by("refused_requests", "Requests of peers the run does not admit, refused.", "layer",
+                      {"dht": s.dht_requests_refused_total, "averaging": s.averaging_refused_total})
     yield _g("peers_not_admitted", "Peer records in view from peers the run does not admit (left out of the "
              "swarm view).", s.records_not_admitted)
 
