@@ -16,6 +16,13 @@ hivemind 1.1.12 gets two moments of these processes' lives wrong on a loaded mac
   tensors' lock, its ``mp.Value`` s) go the same way for whoever reads them next.  Seen in the
   integration suite on a loaded machine: three tests in a row hung for their whole timeout while an
   averager started, each leaving its process behind.
+* **A caller that dies kills the DHT.**  A request to the DHT's process carries a future, and the
+  future the pipe its answer goes back through.  That pipe travels as a file descriptor, which the
+  DHT's process fetches from the caller while it reads the request.  When the caller (an averager
+  killed past its grace) is gone by then, that read raises ``EOFError`` (or a refused connection); the
+  ``EOFError`` is not caught by hivemind's request loop: the DHT's process exits, and with it every
+  later DHT call and averager start of the node.  Seen in CI: an averager killed while stopping,
+  and the next start on the same DHT failed at its deadline.
 
 Installed (:func:`install`) on hivemind's ``DecentralizedAverager`` and ``DHT`` classes, so every one
 of them has it (ours, hivemind's own inside ``hivemind.Optimizer``, a test's plain one), when
@@ -26,15 +33,19 @@ of them has it (ours, hivemind's own inside ``hivemind.Optimizer``, a test's pla
   :class:`StartTimeout` raised.
 * ``shutdown`` is hivemind's, except that a process still alive after its grace is killed while this
   process holds the locks it shares with it (:func:`kill_holding_locks`): it cannot die holding one.
+* The DHT's process reads its requests through :class:`RequestReader`: a request whose caller died
+  before it was read is dropped with one warning line, and the DHT goes on serving.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing.connection
 import multiprocessing.sharedctypes
 import multiprocessing.synchronize
 from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from hivemind.averaging import DecentralizedAverager
@@ -163,8 +174,53 @@ def _join_or_kill(self: Any) -> None:
         kill_holding_locks(self, what, own_locks(self))
 
 
+#: What the DHT's process is asked to run in place of a request it could not read: nothing.
+DROPPED_REQUEST = "_p2ptrain_dropped_request"
+
+
+class RequestReader:
+    """The DHT process's end of its request pipe, read so that a dead caller cannot end the process.
+
+    hivemind's loop calls ``poll()`` and then ``recv()``.  Here ``recv()`` reads the request's bytes
+    (a closed pipe still raises, as before), then unpickles them; when the unpickling fails because the
+    caller that serves the request's answer pipe has exited, the request is answered by nobody anyway:
+    it becomes a call of :data:`DROPPED_REQUEST`, which does nothing, and one warning line.
+    """
+
+    def __init__(self, connection: multiprocessing.connection.Connection) -> None:
+        self._connection = connection
+
+    def recv(self) -> Any:
+        request = self._connection.recv_bytes()
+        try:
+            return ForkingPickler.loads(request)
+        except (EOFError, ConnectionError, FileNotFoundError) as error:
+            logger.warning("DHT: dropped a request whose caller exited before it was read (%s)",
+                           type(error).__name__)
+            return DROPPED_REQUEST, [], {}
+
+    def __getattr__(self, name: str) -> Any:  # poll, fileno, send, close: the connection's own
+        return getattr(self._connection, name)
+
+
+async def _dropped_request(self: Any) -> None:
+    """The DHT's answer to a request it could not read (see :class:`RequestReader`): none."""
+
+
+def _dht_run(hivemind_run: Callable[[Any], None]) -> Callable[[Any], None]:
+    """hivemind 1.1.12's ``DHT.run`` (the body of the DHT's process), its requests read by a
+    :class:`RequestReader`."""
+
+    def run(self: Any) -> None:
+        self._inner_pipe = RequestReader(self._inner_pipe)
+        hivemind_run(self)
+
+    return run
+
+
 _HIVEMIND_STARTS = {DecentralizedAverager: DecentralizedAverager.run_in_background, DHT: DHT.run_in_background}
 _HIVEMIND_STOPS = {DecentralizedAverager: DecentralizedAverager.shutdown, DHT: DHT.shutdown}
+_HIVEMIND_DHT_RUN = DHT.run
 
 
 def _standing_in_for(replacement: Any, original: Callable[..., Any]) -> Any:
@@ -176,7 +232,9 @@ def _standing_in_for(replacement: Any, original: Callable[..., Any]) -> Any:
 
 def install() -> None:
     """Put the bounded starts and the safe stops on hivemind's ``DecentralizedAverager`` and ``DHT``
-    (their subclasses inherit them).  Calling it again changes nothing."""
+    (their subclasses inherit them), and the DHT's request reader.  Calling it again changes nothing."""
+    DHT.run = _standing_in_for(_dht_run(_HIVEMIND_DHT_RUN), _HIVEMIND_DHT_RUN)
+    setattr(DHT, DROPPED_REQUEST, _dropped_request)
     for cls, start_timeout, stop in ((DecentralizedAverager, lambda: AVERAGER_START_TIMEOUT, _averager_shutdown),
                                      (DHT, lambda: DHT_START_TIMEOUT, _dht_shutdown)):
         start = _HIVEMIND_STARTS[cls]

@@ -68,6 +68,7 @@ Patched on an instance, called, or relied on (see :data:`CALLED` and :data:`ATTR
   ``_apply_optimizer_parameters_`` and ``_load_local_tensors_into_averager_`` (called after a download);
 * ``Optimizer._tag_along_with_zero_weight`` (called when the node steps aside);
 * ``AllReduceRunner._get_peer_stub`` (called by ours once a peer is admitted);
+* ``DHT.run``, the DHT process's request loop, whose pipe ``lifecycle`` reads through its own reader;
 * ``DecentralizedAverager._run_internal``: its pipe calls any averager method by name, which is how
   ``_download_state_from_donor`` (ours: :mod:`p2ptrain.averaging.donor_stream`) runs in the averager's
   process;
@@ -132,6 +133,7 @@ CALLED: tuple[str, ...] = (
     f"{_GRAD}._grad_accumulators",
     f"{_AVERAGER}._run_internal",
     _AVERAGER + "._load_state_from_peers",  # concatenated: no DHT key, though it ends like one
+    "hivemind.dht.dht.DHT.run",  # reads its requests with poll() then recv() (lifecycle.RequestReader)
 )
 
 #: Private (or undocumented) attributes of hivemind's objects we read or write, by the class that sets them.
@@ -150,6 +152,7 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
                "sender_failed_after", "accumulator", "denominator", "num_parts_received", "finished"),
     "hivemind.compression.serialization": ("_BASE_COMPRESSION_TYPES",),
     "hivemind.compression.quantization.Uniform8BitQuantization": ("codebook_dtype", "indices_dtype"),
+    "hivemind.dht.dht.DHT": ("_inner_pipe",),
     _RUNNER: ("_p2p", "_servicer_type", "_prefix", "_future", "sender_peer_ids", "all_senders_started",
               "banned_senders", "banlock", "active_senders", "tensor_part_container", "parts_for_local_averaging",
               "tensor_part_reducer"),

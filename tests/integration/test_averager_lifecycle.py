@@ -7,6 +7,9 @@ has a deadline shorter than the test's timeout, so a regression fails with a mes
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,6 +18,7 @@ import hivemind
 import pytest
 import torch
 from hivemind.utils.mpfuture import MPFuture
+from hivemind.utils.timed_storage import get_dht_time
 
 from p2ptrain.averaging import lifecycle
 from p2ptrain.averaging.lifecycle import StartTimeout
@@ -68,6 +72,38 @@ def test_an_averager_stopped_while_busy_does_not_keep_the_next_from_starting(dht
         _start_plain(dht, f"{prefix}{attempt}", timeout=30.0).shutdown()
     assert not busy.is_alive()
     assert "did not stop within 1 s: killed" in caplog.text
+
+
+def _ask_the_dht_and_freeze(dht: hivemind.DHT) -> None:
+    dht.get("anything", return_future=True)  # the request carries the pipe its answer goes back through
+    os.kill(os.getpid(), signal.SIGSTOP)  # killed here, while the DHT fetches that pipe from this process
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_caller_killed_while_the_dht_reads_its_request_does_not_end_the_dht(dht, caplog):
+    os.kill(dht.pid, signal.SIGSTOP)  # the DHT reads the request only once its caller is frozen
+    caller = multiprocessing.get_context("fork").Process(target=_ask_the_dht_and_freeze, args=(dht,))
+    try:
+        caller.start()
+        deadline = time.monotonic() + 10
+        while not _stopped(caller.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _stopped(caller.pid)
+        with caplog.at_level(logging.WARNING, logger="p2ptrain.averaging.lifecycle"):
+            os.kill(dht.pid, signal.SIGCONT)
+            time.sleep(1.0)  # the DHT is now waiting for the frozen caller to hand the pipe over
+            caller.kill()  # as an averager killed past its stop grace
+            caller.join(10)
+            assert dht.store("after", b"ok", get_dht_time() + 60) is True
+    finally:
+        os.kill(dht.pid, signal.SIGCONT)
+        caller.kill()
+    assert dht.get("after").value == b"ok"
+    assert dht.is_alive()
 
 
 def test_a_start_that_never_gets_ready_fails_at_its_deadline_and_leaves_no_process(dht, caplog):
