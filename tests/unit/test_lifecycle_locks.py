@@ -71,7 +71,7 @@ def test_a_request_whose_sender_exited_before_it_was_read_is_dropped_and_the_nex
     reader = RequestReader(reader_end)
     with caplog.at_level(logging.WARNING, logger="p2ptrain.averaging.lifecycle"):
         assert reader.poll(5)
-        assert reader.recv() == (DROPPED_REQUEST, [], {})  # raw, it ends hivemind's DHT process
+        assert reader.recv() == (DROPPED_REQUEST, [], {})  # raw: hivemind logs a traceback and stalls its loop
         assert reader.recv() == ("_get", [], {"key": "k"})
     assert [r.getMessage() for r in caplog.records] == [
         "DHT: dropped a request whose caller exited before it was read (ConnectionRefusedError)"]
