@@ -19,7 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 BUFFER_MB = 2
-FILES = 12
+#: What a reader may hold beside its buffer: the block read ahead, one decoded Parquet batch, and the
+#: pages pyarrow's allocator keeps cached, which are more when the machine is busy (as under CI's workers).
+READER_SLACK_MB = 6
+FILES = 14
 ROWS = 10_000
 ROW_BYTES = 200
 
@@ -83,9 +86,10 @@ def test_a_pass_over_a_corpus_ten_times_the_buffer_stays_within_it(tmp_path: Pat
     root = tmp_path / kind
     corpus_bytes = _write_corpus(root, kind)
     assert corpus_bytes >= 10 * BUFFER_MB * 2**20
+    assert corpus_bytes >= 3 * (BUFFER_MB + READER_SLACK_MB) * 2**20  # reading it whole could not pass
     result = subprocess.run([sys.executable, "-c", CHILD, str(root), str(BUFFER_MB)], capture_output=True,
                             text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     measured = json.loads(result.stdout.strip().splitlines()[-1])
     assert measured["read"] == measured["shards"] and measured["batches"] > 1000  # the whole pass was read
-    assert measured["growth"] < (BUFFER_MB + 4) * 2**20, measured
+    assert measured["growth"] < (BUFFER_MB + READER_SLACK_MB) * 2**20, measured
