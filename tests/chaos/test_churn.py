@@ -29,6 +29,9 @@ CHURN_SECONDS = float(os.environ.get("P2PTRAIN_CHURN_SECONDS", "40"))
 SOAK_SECONDS = float(os.environ.get("P2PTRAIN_SOAK_SECONDS", "900"))
 CHURN_EVERY = 10.0
 SWARM_SIZE = 4
+#: Epochs between the swarm's parameter averages, which heal the drift of partial rounds; the test
+#: ends just after the first one the last newcomer takes part in, so it is shorter than the default.
+REPAIR_EVERY = 4
 #: Mean RSS of the last third of the run minus that of the first third (node + p2pd + helpers).
 RSS_GROWTH_BOUND_MIB = 64.0
 
@@ -54,10 +57,13 @@ def test_churn_soak_keeps_memory_flat(make_node, chaos_report):
 def run_churn(make_node, chaos_report, scenario: str, churn_seconds: float) -> None:
     seed = int(os.environ.get("P2PTRAIN_CHAOS_SEED", str(int(time.time()))))
     rng = random.Random(seed)
-    anchor = make_node("anchor")
+    def make_churn_node(name: str):
+        return make_node(name, training={"average_state_every": REPAIR_EVERY})
+
+    anchor = make_churn_node("anchor")
     anchor.start()
     addrs = anchor.join_addrs()[:1]
-    others = [make_node(f"n{i}") for i in range(SWARM_SIZE - 1)]
+    others = [make_churn_node(f"n{i}") for i in range(SWARM_SIZE - 1)]
     for node in others:
         node.start(join=addrs)
     for node in [anchor, *others]:
@@ -110,7 +116,7 @@ def run_churn(make_node, chaos_report, scenario: str, churn_seconds: float) -> N
             kills[sig.name] += 1
             pending_kill = pending_kill or now
             alive.remove(victim)
-            newcomer = make_node(f"n{serial}")
+            newcomer = make_churn_node(f"n{serial}")
             serial += 1
             join = addrs + [a for n in alive for a in (found[n.name].visible_maddrs[:1] if n.name in found else [])]
             newcomer.start(join=join)
@@ -123,12 +129,11 @@ def run_churn(make_node, chaos_report, scenario: str, churn_seconds: float) -> N
         training(node, 120)
     for node in [anchor, *alive]:
         assert node.running, f"{node.name} died:\n{node.log_tail()}"
-    # Partial rounds during the churn leave the replicas apart; every average_state_every epochs the
-    # swarm averages parameters, which heals that drift.  Stop just after the first such repair
-    # that the last newcomer takes part in.
-    repair_every = NodeConfig().training.average_state_every
+    # Partial rounds during the churn leave the replicas apart; every REPAIR_EVERY epochs the swarm
+    # averages parameters, which heals that drift.  Stop just after the first such repair that the
+    # last newcomer takes part in.
     soon = max(s.local_epoch for s in statuses([anchor, *alive]).values()) + 3
-    stop_epoch = (soon // repair_every + 1) * repair_every + 2
+    stop_epoch = (soon // REPAIR_EVERY + 1) * REPAIR_EVERY + 2
     for node in [anchor, *alive]:
         node.overrides = {**node.overrides, "training": {**node.overrides["training"], "max_epochs": stop_epoch}}
         node.write_config()
