@@ -66,7 +66,7 @@ def check_config(path: Path) -> ConfigCheck:
         check.problems.extend(error.problems)
         return check
     check.run_id = check.config.swarm.run_id
-    for source in (_owned_run_problems, _data_problems):  # each returns the problems it finds
+    for source in (_owned_run_problems, _task_code_problems, _data_problems):  # each returns the problems it finds
         check.problems.extend(source(check))
     return check
 
@@ -120,6 +120,23 @@ def check_command(args: argparse.Namespace) -> int:
     if check.notes:
         print("\n".join(check.notes))
     return EX_OK
+
+
+def _task_code_problems(check: ConfigCheck) -> list[str]:
+    """A user task: its module imports, and its code is the run's (``task.code_sha256``), as a starting
+    node checks them."""
+    config = check.config
+    assert config is not None
+    if config.task.entrypoint is None:
+        return []
+    from p2ptrain.tasks.loader import checked_code_digest, resolve_entrypoint  # torch: only for a user task
+
+    try:
+        resolve_entrypoint(config.task.entrypoint)
+        checked_code_digest(config.task)
+    except ConfigError as error:
+        return list(error.problems)
+    return []
 
 
 def _data_problems(check: ConfigCheck) -> list[str]:

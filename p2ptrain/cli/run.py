@@ -104,7 +104,8 @@ def init_command(args: argparse.Namespace) -> int:
             raise ConfigError(f"{path}: already exists; a run is created once (change it with p2ptrain run update)")
     if args.fingerprint not in ("auto", "none"):
         choose_fingerprint(args.fingerprint, config)  # only checks the hex: nothing is built
-    task = _with_index_digest(config.task, config)
+    task = _with_code_digest(_with_index_digest(config.task, config))
+    config = config.model_copy(update={"task": task})
     key = OwnerKey.generate()
     # Refuses what cannot be signed, before the folder is made or the model built.
     manifest = new_manifest(key, name, task, config.training, policy="invite" if args.private else "open")
@@ -133,6 +134,12 @@ def init_command(args: argparse.Namespace) -> int:
               "or a SHA256SUMS index at one, would go into the manifest for all)")
     if task.data_index_sha256 is not None:
         print(f"  data index sha256 {task.data_index_sha256}: a node whose shard index differs refuses to start")
+    elif manifest.local_data:
+        print("  data       nothing pins the volunteers' copies: name a shard index instead (a SHA256SUMS file "
+              "beside the data, as sha256sum writes it), and a node whose copy differs refuses to start")
+    if task.code_sha256 is not None:
+        print(f"  task code  sha256 {task.code_sha256} ({task.entrypoint}'s package): a node with other code refuses "
+              "to start; after changing it, p2ptrain run update --fingerprint auto records the new one")
     print(f"  owner key  {key_path}  (keep it private and backed up: whoever holds it owns the run)")
     print(f"  manifest   {manifest_path}  (version 1, {manifest.policy} run)")
     kept = f"the local settings of {args.from_config}" if args.from_config is not None else "local settings"
@@ -161,14 +168,43 @@ def _with_index_digest(task: TaskSection, config: NodeConfig | None = None) -> T
     return task.model_copy(update={"data_index_sha256": index_digest(task, cache_dir)})
 
 
+def _code_sha256(entrypoint: str | None) -> str | None:
+    """The digest of a user task's code (its module imported here); None for a built-in task."""
+    if entrypoint is None:
+        return None
+    from p2ptrain.tasks.loader import entrypoint_code_sha256  # torch: only for a user task
+
+    return entrypoint_code_sha256(entrypoint)
+
+
+def _with_code_digest(task: TaskSection) -> TaskSection:
+    return task.model_copy(update={"code_sha256": _code_sha256(task.entrypoint)})
+
+
+def _sets(assignments: list[str], field: str) -> bool:
+    """Whether ``--set`` assignments give ``field`` explicitly."""
+    return any(a.partition("=")[0].strip() == field for a in assignments)
+
+
+def _code_changed(new: Manifest, fingerprint_choice: str | None, assignments: list[str]) -> Manifest:
+    """``new`` with the digest of its task's code, taken anew whenever the fingerprint is (the owner changed
+    the code or the task), and cleared for a built-in task; unless ``--set task.code_sha256=...`` gives it."""
+    entrypoint = new.task.get("entrypoint")
+    if _sets(assignments, "task.code_sha256") or (entrypoint is None and new.task.get("code_sha256") is None):
+        return new
+    if entrypoint is not None and fingerprint_choice != "auto":
+        return new
+    return dataclasses.replace(new, task={**new.task, "code_sha256": _code_sha256(entrypoint)})
+
+
 def _data_changed(old: Manifest, new: Manifest, assignments: list[str]) -> Manifest:
     """``new`` with the digest of its data's index, when an update changed the data but did not set the digest.
 
     The owner's own copy of a local index is not known here: a run changed to local data then has no
     digest unless ``--set task.data_index_sha256=...`` gives it.
     """
-    explicit = any(a.partition("=")[0].strip() == "task.data_index_sha256" for a in assignments)
-    if explicit or (new.task.get("data_path"), new.local_data) == (old.task.get("data_path"), old.local_data):
+    same_data = (new.task.get("data_path"), new.local_data) == (old.task.get("data_path"), old.local_data)
+    if _sets(assignments, "task.data_index_sha256") or same_data:
         return new
     digest = None
     if new.task.get("data_path") is not None:
@@ -316,6 +352,7 @@ def update_command(args: argparse.Namespace) -> int:
         # A [task] change may change the model: the recorded fingerprint must follow it, or every
         # node would restart for the new settings and then refuse the run's (stale) fingerprint.
         choice = "auto"
+    updated = _code_changed(updated, choice, args.set)
     if choice is not None:
         changes["fingerprint"] = None if choice == "none" else choose_fingerprint(
             choice, NodeConfig.model_validate({"task": updated.task, "training": updated.training}))

@@ -188,6 +188,12 @@ class TaskSection(_Section):
     refuses to start, naming both digests. p2ptrain run init records it in an owned run's manifest, so
     every volunteer reads the data the owner created the run with. Unset: not checked."""
 
+    code_sha256: str | None = None
+    """The sha256 of the user task's code (every .py file of the package that defines task.entrypoint):
+    a node whose copy of the code differs refuses to start, naming both digests. p2ptrain run init
+    records it in an owned run's manifest. Unset: not checked (the model fingerprint still covers the
+    code, so nodes with other code do not average together)."""
+
     data_format: Literal["auto", "text", "jsonl", "parquet"] = "auto"
     """How data files are read. auto: by name (.jsonl and .parquet; anything else is plain text)."""
 
@@ -245,6 +251,7 @@ class TaskSection(_Section):
     _data_path_text = field_validator("data_path", mode="before")(checks.path_as_text)
     _data_path = field_validator("data_path")(checks.data_path_shape)
     _data_index = field_validator("data_index_sha256")(checks.sha256_hex)
+    _code = field_validator("code_sha256")(checks.sha256_hex)
     _entrypoint = field_validator("entrypoint")(checks.entrypoint)
 
     @model_validator(mode="after")

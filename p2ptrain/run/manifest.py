@@ -62,9 +62,10 @@ LOCAL_TRAINING: tuple[str, ...] = tuple(n for n in TrainingSection.model_fields 
 #: ``local_data = true`` instead, and each node names its own copy in its config.
 #: ``data_index_sha256``: the digest of the shard index the run was created with (URL or local), so a
 #: node whose index differs, served by the data host or copied by the volunteer, is refused.
+#: ``code_sha256``: the digest of a user task's code, so a volunteer with another version is refused.
 RUN_WIDE_TASK: tuple[str, ...] = (
-    "name", "kind", "entrypoint", "data_path", "data_index_sha256", "data_format", "text_field", "seq_len", "d_model",
-    "n_layers", "n_heads", "validation_fraction", "validation_batches", "options",
+    "name", "kind", "entrypoint", "code_sha256", "data_path", "data_index_sha256", "data_format", "text_field",
+    "seq_len", "d_model", "n_layers", "n_heads", "validation_fraction", "validation_batches", "options",
 )
 #: [task] fields that are each machine's own: memory for text, the download cache and its limits, and where
 #: this machine keeps a Hugging Face model's directory (task.model_config, task.tokenizer; the fingerprint, which

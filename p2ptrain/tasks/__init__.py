@@ -5,6 +5,7 @@
 - ``hf``        the built-in ``hf_causal_lm`` task: a ``transformers`` causal LM, tokenised on the fly
 - ``generate``  sampling from the byte-level LM, and its loss, bits per byte, perplexity
 - ``loader``    the ``[task]`` config turned into a :class:`Task` (built-in or a user entrypoint)
+- ``code_digest`` the digest of a user task's code, for the fingerprint and an owned run's manifest
 
 User tasks import ``p2ptrain.tasks.base``; exports name ``p2ptrain.tasks.bytelm.ByteLM``: both
 paths are kept stable.  May import: torch, transformers (only ``hf``, deferred), :mod:`p2ptrain.data`,

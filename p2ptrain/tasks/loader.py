@@ -19,6 +19,7 @@ import torch
 from p2ptrain.config.schema import ConfigError
 from p2ptrain.tasks.base import BatchStream, Task, TaskContext
 from p2ptrain.tasks.bytelm import build_bytelm
+from p2ptrain.tasks.code_digest import module_of, task_code_sha256
 
 if TYPE_CHECKING:
     from p2ptrain.config.schema import TaskSection, TrainingSection
@@ -65,7 +66,30 @@ def build_task(
             f"task.entrypoint: {task_cfg.entrypoint} raised {type(exc).__name__}: {exc}"
         ) from exc
     check_task(task, task_cfg.entrypoint)
+    code = checked_code_digest(task_cfg)
+    if code is not None:  # the fingerprint covers the task's code, not only its shapes
+        task.shape_config = {**task.shape_config, "task_code_sha256": code}
     return task
+
+
+def entrypoint_code_sha256(entrypoint: str) -> str | None:
+    """Import ``entrypoint``'s module (a :class:`ConfigError` line if it cannot be) and digest its code."""
+    resolve_entrypoint(entrypoint)
+    module = module_of(entrypoint)
+    return task_code_sha256(module) if module is not None else None
+
+
+def checked_code_digest(task_cfg: TaskSection) -> str | None:
+    """The digest of the (imported) entrypoint's code (:mod:`p2ptrain.tasks.code_digest`); a
+    :class:`ConfigError` when ``task.code_sha256`` (an owned run's manifest) records another."""
+    module = module_of(task_cfg.entrypoint) if task_cfg.entrypoint is not None else None
+    code = task_code_sha256(module) if module is not None else None
+    expected = task_cfg.code_sha256
+    if expected is not None and code != expected:
+        found = f"has sha256 {code}" if code is not None else "has no source file to check"
+        raise ConfigError(f"task.code_sha256: the code of {task_cfg.entrypoint} on this machine {found}, the run's "
+                          f"has {expected}: install the run's version of the task")
+    return code
 
 
 def resolve_entrypoint(entrypoint: str) -> Callable[[TaskContext], Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import textwrap
 from pathlib import Path
@@ -159,7 +160,8 @@ def _entrypoint_error(entrypoint: str) -> str:
 def test_good_user_module_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     name = _module(tmp_path, monkeypatch, GOOD_BODY)
     task = build_task(TaskSection(entrypoint=f"{name}:build"), TrainingSection(), 0)
-    assert isinstance(task, Task) and task.shape_config == {"kind": "tiny"}
+    code = hashlib.sha256(f"{name}.py\0{len(GOOD_BODY)}\0{GOOD_BODY}".encode()).hexdigest()
+    assert isinstance(task, Task) and task.shape_config == {"kind": "tiny", "task_code_sha256": code}
 
 
 @pytest.mark.parametrize(
