@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_file_flags(sample)
     sample.set_defaults(handler=_lazy("p2ptrain.cli.tryit:sample_command"))
 
-    evaluate = sub.add_parser("eval", help="validation loss, bits per byte and perplexity of a trained model")
+    evaluate = sub.add_parser("eval", help="validation loss and perplexity of a trained model (bits per byte too "
+                                           "for the byte-level one)")
     evaluate.add_argument("model", metavar="MODEL", help=model_help)
     _add_config_flag(evaluate)
     evaluate.add_argument("--data", metavar="PATH",

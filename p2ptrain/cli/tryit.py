@@ -113,17 +113,17 @@ def measured_card(loaded: LoadedModel, say: Any) -> CardInfo:
 
     A checkpoint carries the node's last validation, which can be epochs older than the checkpoint and,
     in DiLoCo mode, is of the node's local model while an export holds the swarm's outer parameters.
-    For the built-in task, scoring the weights costs one validation (``task.validation_batches``
+    For the built-in tasks, scoring the weights costs one validation (``task.validation_batches``
     batches of the held-out text, read from local files or the download cache), so the card's figure
     is exactly what ``p2ptrain eval`` reports.  Nothing is downloaded for it and no user code is run:
     then the card keeps the node's figure, labelled as the node's measurement of its epoch.
     """
     card = loaded.card
-    if loaded.task.entrypoint is not None or loaded.task.kind == "hf_causal_lm":  # only bytelm is scored here
+    if loaded.task.entrypoint is not None:  # only the built-in tasks are scored here: no user code is run
         return card
     try:
         metrics = _held_out_metrics(loaded, offline=True)
-    except (ConfigError, NotDownloaded, OSError) as error:
+    except (ConfigError, ModelError, NotDownloaded, OSError) as error:
         kept = ("no validation loss" if card.val_loss is None else
                 f"the node's last validation loss ({card.val_loss:.4f}, "
                 f"{'epoch ?' if card.val_epoch is None else f'epoch {card.val_epoch}'}), labelled as the node's")
@@ -234,7 +234,11 @@ def eval_command(args: argparse.Namespace) -> int:
         say(f"cannot read {args.data}: {error.strerror or error}")
         return EX_FAILURE
     where = "the held-out split" if args.data is None else str(args.data)
-    if "loss" in metrics and "bits_per_byte" in metrics:
+    if "loss" in metrics and "tokens" in metrics:
+        print(f"{loaded.source} on {where} ({int(metrics['tokens']):,} tokens scored):")
+        print(f"  validation loss  {metrics['loss']:.4f} nats/token")
+        print(f"  perplexity       {metrics['perplexity']:.3f}")
+    elif "loss" in metrics and "bits_per_byte" in metrics:
         print(f"{loaded.source} on {where} ({int(metrics.get('bytes', 0)):,} bytes scored):")
         print(f"  validation loss  {metrics['loss']:.4f} nats/byte")
         print(f"  bits per byte    {metrics['bits_per_byte']:.4f}")
@@ -262,17 +266,15 @@ def _sample_hook(loaded: LoadedModel) -> Any:
 
 
 def _evaluate_hook(loaded: LoadedModel, say: Any) -> Any:
-    """bytelm: the held-out split built as the nodes build it (same batches), or the text at ``--data``
-    read as ``task.data_path`` is (files, directories, globs; text, JSONL, Parquet), its first 4 MiB."""
+    """Built-in tasks: the held-out split built as the nodes build it (same batches), or the text at
+    ``--data`` read as ``task.data_path`` is (files, directories, globs; text, JSONL, Parquet), its first
+    4 MiB; a user task: its own hook."""
     if loaded.task.entrypoint is not None:
         return _user_task(loaded).evaluate
-    if loaded.task.kind == "hf_causal_lm":
-        raise ModelError("p2ptrain eval does not score hf_causal_lm models yet: the nodes' validation loss is in "
-                         "p2ptrain status and the model card")
     from p2ptrain.data.text import SCORE_MAX_BYTES, make_fetcher, text_batches
-    from p2ptrain.tasks.generate import lm_metrics
 
-    cfg, batch_size = loaded.task, int(loaded.training.get("batch_size", 8))
+    cfg, score = _scoring(loaded)
+    batch_size = int(loaded.training.get("batch_size", 8))
 
     def evaluate(model: Any, data_path: str | None) -> dict[str, float]:
         if data_path is None:
@@ -293,25 +295,44 @@ def _evaluate_hook(loaded: LoadedModel, say: Any) -> Any:
         if scored.failed_records:
             say(f"--data: {scored.failed_records} record(s) skipped, they do not decode: {scored.first_failure}")
         if not scored.batches:
+            needs = (f"task.seq_len = {cfg.seq_len} bytes" if cfg is loaded.task else
+                     f"{cfg.seq_len} bytes for its task.seq_len = {loaded.task.seq_len} tokens")
             raise ModelError(f"--data {data_path} holds {scored.text_bytes:,} bytes of text: too little to score "
-                             f"(the model needs more than task.seq_len = {cfg.seq_len} bytes)")
+                             f"(the model needs more than {needs})")
         if scored.truncated:
             say(f"--data: scoring the first {SCORE_MAX_BYTES:,} bytes of its text")
-        return lm_metrics(model, scored.batches)
+        return score(model, scored.batches)
 
     return evaluate
 
 
-def _held_out_metrics(loaded: LoadedModel, *, offline: bool = False) -> dict[str, float]:
-    """bytelm's metrics on the run's held-out split, built exactly as the nodes build their validation
-    batches; ``offline``: from local files and the download cache only (NotDownloaded otherwise)."""
-    from p2ptrain.data.text import build_text_data, make_fetcher
-    from p2ptrain.tasks.generate import lm_metrics
+def _scoring(loaded: LoadedModel) -> tuple[Any, Any]:
+    """A built-in task's ``[task]`` for reading text in windows, and its ``score(model, windows)``: bytelm's
+    metrics a byte, or a Hugging Face model's a token (its tokenizer from the model's directory)."""
+    if loaded.task.kind != "hf_causal_lm":
+        from p2ptrain.tasks.generate import lm_metrics
 
-    cfg, batch_size = loaded.task, int(loaded.training.get("batch_size", 8))
+        return loaded.task, lm_metrics
+    from p2ptrain.tasks import hf
+
+    try:
+        tokenizer = hf.load_tokenizer(loaded.task)
+    except hf.ModelDirRefused as error:
+        raise ModelError(str(error)) from None
+    seq_len = loaded.task.seq_len
+    return hf.byte_config(loaded.task), lambda model, windows: hf.token_metrics(model, tokenizer, seq_len, windows)
+
+
+def _held_out_metrics(loaded: LoadedModel, *, offline: bool = False) -> dict[str, float]:
+    """A built-in task's metrics on the run's held-out split, built exactly as the nodes build their
+    validation batches; ``offline``: from local files and the download cache only (NotDownloaded otherwise)."""
+    from p2ptrain.data.text import build_text_data, make_fetcher
+
+    cfg, score = _scoring(loaded)
+    batch_size = int(loaded.training.get("batch_size", 8))
     data = build_text_data(cfg, batch_size=batch_size, peer_seed=0, peer_id="eval", live_peers=lambda: ["eval"],
                            fetcher=make_fetcher(cfg, loaded.cache_dir, offline=offline))
-    return lm_metrics(loaded.model, data.validation)
+    return dict(score(loaded.model, data.validation))
 
 
 def _user_task(loaded: LoadedModel) -> Any:

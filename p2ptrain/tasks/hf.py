@@ -16,6 +16,8 @@ here and only when this task is used, so ``bytelm`` needs none of it.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from p2ptrain.config.schema import ConfigError
-from p2ptrain.data.text import build_text_data
+from p2ptrain.data.text import build_text_data, make_fetcher, text_batches
 from p2ptrain.tasks.base import SampleFn, SampleRequest, Task, TaskContext
 
 if TYPE_CHECKING:
@@ -171,6 +173,31 @@ class TokenStream:
         return self._stream.coverage()
 
 
+def byte_config(task: TaskSection) -> TaskSection:
+    """The ``[task]`` the byte stream is read with: windows of ``BYTES_PER_TOKEN`` bytes a token."""
+    return task.model_copy(update={"seq_len": task.seq_len * BYTES_PER_TOKEN})
+
+
+@torch.no_grad()
+def token_metrics(model: nn.Module, tokenizer: Any, seq_len: int, windows: Iterable[torch.Tensor]) -> dict[str, float]:
+    """Next-token loss (nats a token, padding left out) over byte ``windows`` tokenised as training
+    tokenises them, its perplexity, and the tokens scored."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    try:
+        for window in windows:
+            batch = tokenise(tokenizer, window, seq_len)
+            count = int((batch.labels != IGNORE).sum())
+            if count:
+                total += float(causal_lm_loss(model, batch)) * count
+                tokens += count
+    finally:
+        model.train(was_training)
+    loss = total / tokens if tokens else math.nan
+    return {"loss": loss, "perplexity": math.exp(loss) if tokens else math.nan, "tokens": float(tokens)}
+
+
 def causal_lm_loss(model: nn.Module, batch: TokenBatch) -> torch.Tensor:
     """Next-token cross-entropy (nats per token), padding left out."""
     logits = model(input_ids=batch.input_ids).logits
@@ -227,10 +254,17 @@ def build_hf_task(context: TaskContext) -> Task:
     except ModelDirRefused as exc:
         raise ConfigError(str(exc)) from None
     assert context.live_peers is not None  # TaskContext fills it in
-    byte_cfg = cfg.model_copy(update={"seq_len": cfg.seq_len * BYTES_PER_TOKEN})
+    byte_cfg = byte_config(cfg)
     data = build_text_data(byte_cfg, batch_size=context.batch_size, peer_seed=context.peer_seed,
                            peer_id=context.peer_id, live_peers=context.live_peers, cache_dir=context.cache_dir)
     fixed = [tokenise(tokenizer, window, cfg.seq_len) for window in data.validation]
+
+    def evaluate(model: nn.Module, data_path: str | None) -> dict[str, float]:
+        if data_path is None:
+            return token_metrics(model, tokenizer, cfg.seq_len, data.validation)
+        scored = text_batches(data_path, byte_cfg, context.batch_size, make_fetcher(byte_cfg, context.cache_dir),
+                              label="data")
+        return token_metrics(model, tokenizer, cfg.seq_len, scored.batches)
 
     return Task(
         model=model,
@@ -239,4 +273,5 @@ def build_hf_task(context: TaskContext) -> Task:
         validation_batches=lambda: iter(fixed),
         shape_config=shape,
         sample=make_sampler(tokenizer, cfg.seq_len),
+        evaluate=evaluate,
     )

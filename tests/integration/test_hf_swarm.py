@@ -1,7 +1,9 @@
-"""A Hugging Face causal LM trained by a real two-node swarm, exported, and loaded back with ``transformers``."""
+"""A Hugging Face causal LM trained by a real two-node swarm on a gzip and zstd corpus, exported, and loaded
+back with ``transformers``."""
 
 from __future__ import annotations
 
+import gzip
 import signal
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
+zstandard = pytest.importorskip("zstandard")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
@@ -30,8 +33,12 @@ def test_two_nodes_train_an_hf_model_whose_export_transformers_loads(make_node, 
     model_dir = make_model_dir(tmp_path / "tiny-gpt2", [corpus_text(i) for i in range(200)])
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for i in range(8):
-        (corpus / f"f{i}.py").write_text("".join(corpus_text(i * 40 + j) for j in range(40)))
+    for i in range(8):  # the corpus as it is often kept: compressed, half gzip and half zstd
+        text = "".join(corpus_text(i * 40 + j) for j in range(40)).encode()
+        if i % 2:
+            (corpus / f"f{i}.py.gz").write_bytes(gzip.compress(text))
+        else:
+            (corpus / f"f{i}.py.zst").write_bytes(zstandard.ZstdCompressor().compress(text))
     task = {"kind": "hf_causal_lm", "model_config": str(model_dir), "data_path": str(corpus), "seq_len": 16,
             "validation_batches": 2}
     training = {"matchmaking_time": 0.5, "averaging_timeout": 10.0}
@@ -49,6 +56,8 @@ def test_two_nodes_train_an_hf_model_whose_export_transformers_loads(make_node, 
         node.signal(signal.SIGHUP)
     for node in (a, b):
         assert node.wait(60) == 0, node.log_tail()
+        # Each node read its shards through decompressed copies (as text: tests/unit/test_compressed_data.py).
+        assert list((node.state_dir / "data-cache").rglob("plain-*")), node.log_tail()
     states = [CheckpointStore(node.state_dir / "checkpoints", keep=100).load_latest() for node in (a, b)]
     assert all(s is not None and s.state["epoch"] == stop_epoch for s in states), [s and s.state["epoch"]
                                                                                   for s in states]

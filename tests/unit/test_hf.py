@@ -178,3 +178,40 @@ def test_export_push_to_hub_says_what_happened_in_one_line(tmp_path: Path, capsy
     assert push_command(tmp_path, "me/m", lines.append, upload=refused, token="t") == 1
     assert lines[-1] == ("--push-to-hub me/m: upload failed (PermissionError: 401 Unauthorized); "
                          f"the export is in {tmp_path}")
+
+
+def test_eval_scores_an_hf_export_a_token_at_a_time(setup: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """p2ptrain eval on a Hugging Face export: the held-out split tokenised as the nodes tokenise it, or
+    --data; the trained model scores better than its initialisation, and the figure is token_metrics'."""
+    from p2ptrain.data.text import build_text_data
+    from p2ptrain.tasks.hf import byte_config, load_tokenizer, token_metrics
+
+    config = _config(setup)
+    task = build_task(config.task, config.training, peer_seed=0)
+    initial = {name: value.clone() for name, value in task.model.state_dict().items()}
+    optimizer = torch.optim.AdamW(task.model.parameters(), lr=1e-2)
+    for _ in range(8):
+        task.loss_fn(task.model, task.train_batches.next()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    fingerprint = model_fingerprint(task.model, task.shape_config)
+    out = write_export(task.model, config.task, fingerprint, CardInfo("run@z", epoch=1), tmp_path / "hf-model",
+                       shape_config=task.shape_config, training={"batch_size": 4, "seed": 5})
+    assert cli.main(["eval", str(out)]) == 0
+    printed = capsys.readouterr().out
+    loss = float(printed.split("validation loss")[1].split()[0])
+    assert "tokens scored" in printed and "nats/token" in printed and "perplexity" in printed
+    held_out = build_text_data(byte_config(config.task), batch_size=4, peer_seed=0, peer_id="eval",
+                               live_peers=lambda: ["eval"]).validation
+    tokenizer = load_tokenizer(config.task)
+    assert loss == pytest.approx(token_metrics(task.model, tokenizer, 16, held_out)["loss"], abs=1e-4)
+    task.model.load_state_dict(initial)
+    assert token_metrics(task.model, tokenizer, 16, held_out)["loss"] > loss  # training lowered it
+
+    text = tmp_path / "other.txt"
+    text.write_text("".join(corpus_text(900 + i) for i in range(40)))
+    assert cli.main(["eval", str(out), "--data", str(text)]) == 0
+    assert f"on {text} (" in capsys.readouterr().out
+    (tmp_path / "tiny.txt").write_text("x")
+    assert cli.main(["eval", str(out), "--data", str(tmp_path / "tiny.txt")]) == 1
+    assert "too little to score" in capsys.readouterr().err
