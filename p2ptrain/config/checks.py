@@ -27,7 +27,12 @@ _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
 _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
 #: What can only have been meant as an IPv4 address (a host name never consists of digits only).
 _DOTTED_NUMBERS = re.compile(r"[0-9.]+")
-_URL_SCHEMES = ("http://", "https://")
+#: Object stores ``task.data_path`` may name, read through fsspec (``p2ptrain[cloud]``): Amazon S3 and
+#: compatible stores, Google Cloud Storage, Hugging Face dataset repositories, Azure Blob Storage.
+OBJECT_STORE_SCHEMES = ("s3", "gs", "gcs", "hf", "az", "abfs")
+#: Every scheme of a URL ``task.data_path`` (or a shard index line) may name.
+DATA_URL_SCHEMES = ("http", "https", *OBJECT_STORE_SCHEMES)
+_URL_SCHEMES = tuple(f"{scheme}://" for scheme in DATA_URL_SCHEMES)
 _GLOB_CHARACTERS = frozenset("*?[")
 
 
@@ -111,11 +116,18 @@ def data_path_shape(value: str | None) -> str | None:
     if value is None:
         return None
     if not value.strip() or "\x00" in value:
-        raise ValueError("must be a path, a glob or an http(s):// URL")
-    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", value)
-    if scheme and scheme[1].lower() not in ("http", "https"):
-        raise ValueError(f"only http:// and https:// URLs can be read, got a {scheme[1]}:// URL")
+        raise ValueError("must be a path, a glob or a URL (http(s)://, or an object store's)")
+    scheme = url_scheme(value)
+    if scheme and scheme not in DATA_URL_SCHEMES:
+        known = ", ".join(f"{name}://" for name in DATA_URL_SCHEMES)
+        raise ValueError(f"cannot read a {scheme}:// URL (these can be read: {known})")
     return value
+
+
+def url_scheme(text: str) -> str:
+    """The lowercase scheme of ``text`` if it is a URL (``scheme://...``), else ""."""
+    found = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    return found[1].lower() if found else ""
 
 
 def sha256_hex(value: str | None) -> str | None:

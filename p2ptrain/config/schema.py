@@ -178,7 +178,8 @@ class TaskSection(_Section):
     data_path: str | None = None
     """Training data, read as a stream of shards (never whole): a text file, a directory or a glob
     ("/data/**/*.jsonl") of text, .jsonl and .parquet files; an http(s):// URL of one shard file (add
-    "#sha256=<hex>" to check it); or a shard index, a file named SHA256SUMS or *.sha256 (local or a URL)
+    "#sha256=<hex>" to check it), or an object store's (s3://, gs://, hf://datasets/..., az://: pip install
+    'p2ptrain[cloud]'); or a shard index, a file named SHA256SUMS or *.sha256 (local or a URL)
     listing "<sha256>  <file name or URL>" per line, names relative to the index. Shards are shared out
     among the live peers, so each node reads only part of the data per pass. Default: the .py files of
     this Python's standard library."""

@@ -1,4 +1,4 @@
-"""Shards at http(s) URLs: download once into a local cache, check the sha256, retry with backoff.
+"""Shards at http(s) and object-store URLs: download once into a local cache, check the sha256, retry with backoff.
 
 A shard is downloaded to a temp file beside the cache, hashed while it streams in, and renamed
 into place only when complete and matching its checksum, so a file in the cache is always a
@@ -33,11 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.config.checks import OBJECT_STORE_SCHEMES, url_scheme
 from p2ptrain.config.schema import ConfigError
 from p2ptrain.data.addresses import PUBLIC, AddressPolicy, Refused
 from p2ptrain.data.blocks import ShardUnreadable
 from p2ptrain.data.compressed import decompress_to, plain_name
 from p2ptrain.data.guarded_http import Chain, open_url
+from p2ptrain.data.object_store import ObjectUnavailable, open_object
 from p2ptrain.data.sources import ShardRef
 from p2ptrain.waiting import BACKOFF, Backoff, GaveUp, retry
 
@@ -82,14 +84,14 @@ class ShardFetcher:
         max_cache_bytes: int = 0,
         backoff: Backoff = BACKOFF,
         sleep: Callable[[float], None] = time.sleep,
-        opener: Callable[..., Any] = open_url,
+        opener: Callable[..., Any] | None = None,
         offline: bool = False,
         max_shard_bytes: int = MAX_SHARD_BYTES,
         policy: AddressPolicy | None = None,
     ) -> None:
         self.cache_dir, self.attempts, self.timeout = Path(cache_dir), attempts, timeout
         self.max_cache_bytes, self.backoff = max_cache_bytes, backoff
-        self._sleep, self._open = sleep, opener
+        self._sleep, self._open = sleep, opener or open_remote
         #: Only what the cache holds: nothing is downloaded (:class:`NotDownloaded` instead).
         self.offline = offline
         self.max_shard_bytes = max_shard_bytes
@@ -202,6 +204,8 @@ class ShardFetcher:
                     response = self._open(url, timeout=self.timeout, chain=chain)
                 except Refused as exc:
                     raise self._refuse(url, f"refused: {exc}") from None
+                except ObjectUnavailable as exc:
+                    raise _Permanent(str(exc)) from None
                 except urllib.error.HTTPError as exc:
                     if exc.code in _PERMANENT_STATUS:
                         raise _Permanent(f"HTTP {exc.code} {exc.reason}") from None
@@ -237,7 +241,7 @@ class ShardFetcher:
     def _origin_reach(self, origin: str) -> str | None:
         """Where a download listed by ``origin`` (an index URL; empty: none) starts: what that index's
         download reached, or its host's class; an origin whose address is unknown counts as public."""
-        if not origin:
+        if not origin or url_scheme(origin) in OBJECT_STORE_SCHEMES:  # a store's index: no host of anyone's
             return None
         if origin in self._reach:
             return self._reach[origin]
@@ -264,6 +268,13 @@ class ShardFetcher:
                 break
             entry.unlink(missing_ok=True)
             total -= size
+
+
+def open_remote(url: str, *, timeout: float, chain: Chain) -> Any:
+    """GET ``url``: an object store's through its fsspec client, an http(s) URL under the address rules."""
+    if url_scheme(url) in OBJECT_STORE_SCHEMES:
+        return open_object(url)
+    return open_url(url, timeout=timeout, chain=chain)
 
 
 def _content_length(response: Any) -> int | None:

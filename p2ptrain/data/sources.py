@@ -11,7 +11,8 @@ every node derives the same IDs, the same validation split and the same assignme
 * an index (``SHA256SUMS`` or ``*.sha256``, local or remote): one shard per listed file or URL;
   a remote index is checked against ``#sha256=<hex>`` if given, and any index against the digest
   a run's manifest recorded (``task.data_index_sha256``);
-* an ``http(s)://`` URL of a data file: one shard, checked against ``#sha256=<hex>`` if given.
+* an ``http(s)://`` URL of a data file: one shard, checked against ``#sha256=<hex>`` if given; the
+  same for an object store's URL (``s3://``, ``gs://``, ``hf://``...: :mod:`p2ptrain.data.object_store`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import posixpath
 import sysconfig
 import urllib.parse
 from collections.abc import Callable
@@ -26,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from p2ptrain.config.checks import DATA_URL_SCHEMES, OBJECT_STORE_SCHEMES, url_scheme
 from p2ptrain.config.schema import ConfigError
 from p2ptrain.data.compressed import compression_of, require_codec, without_suffix
+from p2ptrain.data.object_store import require_store
 from p2ptrain.errors import printable
 
 Kind = Literal["text", "jsonl", "parquet"]
@@ -91,7 +95,20 @@ def kind_of(name: str, data_format: str) -> Kind:
 
 
 def is_url(text: str) -> bool:
-    return text.lower().startswith(("http://", "https://"))
+    """Whether ``text`` is a URL of data this node reads remotely: http(s), or an object store's."""
+    return url_scheme(text) in DATA_URL_SCHEMES
+
+
+def join_url(base: str, name: str) -> str:
+    """``name`` (a URL, or a name relative to the index at ``base``) as a URL; relative names stay within
+    an object store's bucket (``urljoin`` knows only web schemes)."""
+    if url_scheme(name) or url_scheme(base) in ("http", "https"):
+        return urllib.parse.urljoin(base, name)
+    parts = urllib.parse.urlsplit(base)
+    path = posixpath.normpath(posixpath.join(posixpath.dirname(parts.path) or "/", name))
+    if not path.startswith("/") or path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    return urllib.parse.urlunsplit(parts._replace(path=path, query="", fragment=""))
 
 
 def is_index(name: str) -> bool:
@@ -134,6 +151,8 @@ def _discover(data_path: str | None, data_format: str, seq_len: int, read_index:
         root = Path(sysconfig.get_paths()["stdlib"])
         return ShardSet(tuple(stdlib_shards(root, STDLIB_MAX_BYTES)), f"stdlib {root}")
     if is_url(data_path):
+        if url_scheme(data_path) in OBJECT_STORE_SCHEMES:
+            require_store(data_path)
         if is_index(urllib.parse.urlsplit(data_path).path):
             bare, pin = split_pin(data_path)
             listing = read_index(bare, pin)
@@ -334,11 +353,14 @@ def index_shards(listing: str, location: str, data_format: str, compression: str
         else:
             digest, name = "", line
         if remote or is_url(name):
-            target = urllib.parse.urljoin(location, name)
+            target = join_url(location, name)
             if not is_url(target):
-                raise ConfigError(
-                    f"task.data_path: {printable(location)} line {number}: only http(s) URLs can be read, got {name!r}"
-                )
+                raise ConfigError(f"task.data_path: {printable(location)} line {number}: only http(s) and object "
+                                  f"store URLs can be read, got {name!r}")
+            if remote and not _within_reach(location, target):
+                raise ConfigError(f"task.data_path: {printable(location)} line {number}: {printable(target[:120])} "
+                                  "is out of this index's reach (an http(s) index lists http(s) URLs, a store's "
+                                  "index objects of its own bucket)")
             target_path = urllib.parse.urlsplit(target).path
             shard = ShardRef(name, kind_of(target_path, data_format), url=target, sha256=digest.lower(),
                              origin=location if remote else "", compression=compression_of(target_path, compression))
@@ -354,6 +376,17 @@ def index_shards(listing: str, location: str, data_format: str, compression: str
     if not shards:
         raise ConfigError(f"task.data_path: the index {printable(location)} lists no shards")
     return sorted(shards.values(), key=lambda shard: shard.id)
+
+
+def _within_reach(index: str, target: str) -> bool:
+    """Whether an index at ``index`` may list ``target``: an object store is read with this machine's own
+    credentials, so only the owner's data path may name one, not a line of a web server's index, and a
+    store's index names objects of its own bucket only."""
+    index_scheme, target_scheme = url_scheme(index), url_scheme(target)
+    if index_scheme in OBJECT_STORE_SCHEMES or target_scheme in OBJECT_STORE_SCHEMES:
+        return (index_scheme, urllib.parse.urlsplit(index).netloc) == (target_scheme,
+                                                                       urllib.parse.urlsplit(target).netloc)
+    return True
 
 
 def _is_sha256(text: str) -> bool:

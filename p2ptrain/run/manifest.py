@@ -1,7 +1,7 @@
 """The run manifest: what every peer of a run must share, signed by the run's owner.
 
 A manifest holds what is trained and on which data (the run-wide part of ``[task]``: the model,
-the tokenizer, ``seq_len``, the dataset when it lives at http(s) URLs, or the fact that each node
+the tokenizer, ``seq_len``, the dataset when it lives at a URL (http(s), an object store), or the fact that each node
 brings its own copy), the run-wide part of ``[training]``, the admission policy (``open`` or
 ``invite``) with banned and revoked peer IDs, a strictly increasing version, the model
 fingerprint once known, and the owner's public key. The owner signs a canonical JSON
@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from p2ptrain.config.checks import DATA_URL_SCHEMES, url_scheme
 from p2ptrain.config.schema import TaskSection, TrainingSection
 from p2ptrain.config.tomlwrite import toml_table, toml_value
 from p2ptrain.errors import ConfigError
@@ -57,8 +58,8 @@ RUN_WIDE_TRAINING: tuple[str, ...] = (
 )
 LOCAL_TRAINING: tuple[str, ...] = tuple(n for n in TrainingSection.model_fields if n not in RUN_WIDE_TRAINING)
 #: [task] fields every peer of a run must share: the model, how text becomes tokens, and the
-#: dataset's identity. ``data_path`` is among them only as an http(s) URL (a shard or a shard
-#: index): a local path means nothing on another machine, so a run on local data records
+#: dataset's identity. ``data_path`` is among them only as a URL, http(s) or an object store's (a shard
+#: or a shard index): a local path means nothing on another machine, so a run on local data records
 #: ``local_data = true`` instead, and each node names its own copy in its config.
 #: ``data_index_sha256``: the digest of the shard index the run was created with (URL or local), so a
 #: node whose index differs, served by the data host or copied by the volunteer, is refused.
@@ -462,15 +463,16 @@ def read_manifest_file(path: Path, ref: RunRef | None = None, *, any_form: bool 
 
 
 def is_data_url(data_path: str | None) -> bool:
-    """Whether ``data_path`` names data at an http(s) URL (the same for every node), not a local path."""
-    return data_path is not None and data_path.lower().startswith(("http://", "https://"))
+    """Whether ``data_path`` names data at a URL, http(s) or an object store's (the same for every node),
+    not a local path."""
+    return data_path is not None and url_scheme(data_path) in DATA_URL_SCHEMES
 
 
 def data_problem(data_path: str | None, local_data: bool) -> str | None:
     """Why a manifest's data setting is not one a run can share, or None."""
     if data_path is not None and not is_data_url(data_path):
-        return ("task.data_path: a run manifest names its data only by http(s):// URL; a local path is each "
-                f"node's own (task.data_path in its config, with task.{LOCAL_DATA_KEY} = true here)")
+        return ("task.data_path: a run manifest names its data only by URL (http(s)://, s3://...); a local path is "
+                f"each node's own (task.data_path in its config, with task.{LOCAL_DATA_KEY} = true here)")
     if data_path is not None and local_data:
         return f"task.{LOCAL_DATA_KEY}: cannot be true when task.data_path names the run's data"
     return None

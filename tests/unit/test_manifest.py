@@ -180,7 +180,7 @@ def test_another_owners_manifest_for_the_same_name_is_refused(manifest):
     (lambda t: t.replace("[task]\n", '[task]\ncache_dir = "/home/owner/cache"\n'),
      r"task\.cache_dir: a setting of each node's own config"),
     (lambda t: t.replace("[task]\n", '[task]\ndata_path = "/home/owner/corpus"\n'),
-     r"task\.data_path: a run manifest names its data only by http\(s\):// URL"),
+     r"task\.data_path: a run manifest names its data only by URL \(http\(s\)://, s3://\.\.\.\)"),
     (lambda t: t.replace("[task]\n", '[task]\nlocal_data = "yes"\n'), r"task\.local_data: must be true or false"),
     (lambda t: t.replace("[task]\n", '[task]\nlocal_data = true\ndata_path = "https://x.org/a.txt"\n'),
      r"task\.local_data: cannot be true when task\.data_path names the run's data"),

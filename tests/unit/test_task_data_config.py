@@ -20,9 +20,9 @@ def test_data_path_accepts_paths_globs_and_http_urls() -> None:
 @pytest.mark.parametrize(
     ("task", "expected"),
     [
-        ({"data_path": "s3://bucket/data"},
-         "task.data_path: only http:// and https:// URLs can be read, got a s3:// URL"),
-        ({"data_path": "  "}, "task.data_path: must be a path, a glob or an http(s):// URL"),
+        ({"data_path": "file:///srv/data"},
+         "task.data_path: cannot read a file:// URL (these can be read: http://, https://, s3://"),
+        ({"data_path": "  "}, "task.data_path: must be a path, a glob or a URL (http(s)://, or an object store's)"),
         ({"data_format": "csv"}, "task.data_format: Input should be 'auto', 'text', 'jsonl' or 'parquet'"),
         ({"text_field": ""}, "task.text_field: String should have at least 1 character"),
         ({"buffer_mb": 0}, "task.buffer_mb: Input should be greater than or equal to 1"),
