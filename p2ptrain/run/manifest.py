@@ -54,8 +54,13 @@ RUN_WIDE_TRAINING: tuple[str, ...] = (
     "mode", "batch_size", "target_batch_size", "lr", "weight_decay", "warmup_epochs", "total_epochs",
     "max_grad_norm", "seed", "matchmaking_time", "averaging_timeout", "grad_compression",
     "state_compression", "overlap", "average_state_every", "inner_steps", "inner_batch_size", "outer_lr",
-    "outer_momentum", "outer_nesterov",
+    "outer_momentum", "outer_nesterov", "outer_compression", "outer_topk_density", "outer_value_bits",
 )
+#: Run-wide [training] fields a manifest leaves out while they hold their defaults: they came after
+#: manifests were first signed, so a manifest of a run that does not use them is, byte for byte, what
+#: an older p2ptrain signed (its signature still verifies), and one that does use them is refused by
+#: an older p2ptrain, which could not train that way.
+OPTIONAL_TRAINING: tuple[str, ...] = ("outer_compression", "outer_topk_density", "outer_value_bits")
 LOCAL_TRAINING: tuple[str, ...] = tuple(n for n in TrainingSection.model_fields if n not in RUN_WIDE_TRAINING)
 #: [task] fields every peer of a run must share: the model, how text becomes tokens, and the
 #: dataset's identity. ``data_path`` is among them only as a URL, http(s) or an object store's (a shard
@@ -170,7 +175,8 @@ class Manifest:
                           "revoked": sorted(set(self.revoked))},
             "task": {k: v for k, v in self.task.items() if v is not None}
             | ({LOCAL_DATA_KEY: True} if self.local_data else {}),
-            "training": dict(self.training),
+            "training": {k: v for k, v in self.training.items()
+                         if k not in OPTIONAL_TRAINING or v != TrainingSection.model_fields[k].default},
         }
 
     def signing_bytes(self) -> bytes:
@@ -369,8 +375,8 @@ def parse_manifest(text: str, origin: str = "manifest") -> Manifest:
     task_required = tuple(n for n in RUN_WIDE_TASK if n not in OPTIONAL_TASK)
     _check_keys(task_data, task_required, RUN_WIDE_TASK, origin, "task", local=LOCAL_TASK)
     training_data = _section(data, "training", origin)
-    _check_keys(training_data, RUN_WIDE_TRAINING, RUN_WIDE_TRAINING, origin, "training",
-                local=LOCAL_TRAINING)
+    training_required = tuple(n for n in RUN_WIDE_TRAINING if n not in OPTIONAL_TRAINING)
+    _check_keys(training_data, training_required, RUN_WIDE_TRAINING, origin, "training", local=LOCAL_TRAINING)
     try:
         task_all = TaskSection.model_validate(task_data).model_dump(mode="json")
     except ValidationError as error:

@@ -327,3 +327,22 @@ def test_a_config_with_a_non_finite_number_makes_no_manifest(key, options):
     """JSON conversion would quietly turn nan and inf into nothing: refused first, by name."""
     with pytest.raises(ManifestError, match=r"^task\.options\.x.*: -?(nan|inf) is not a finite number"):
         new_manifest(key, "demo-run", TaskSection(options=options), TrainingSection())
+
+
+def test_the_outer_compression_is_run_wide_and_written_only_when_a_run_uses_it(key, manifest):
+    from p2ptrain.config.schema import parse_config
+    from p2ptrain.run.runconfig import merge_manifest
+
+    assert {"outer_compression", "outer_topk_density", "outer_value_bits"} <= set(RUN_WIDE_TRAINING)
+    plain = manifest.to_toml()
+    assert "outer_compression" not in plain and "outer_value_bits" not in plain  # as an older p2ptrain signed it
+    assert load_manifest(plain).training["outer_compression"] == "none"
+    sparse = new_manifest(key, "sparse-run", TaskSection(d_model=32, n_heads=2),
+                          TrainingSection(mode="diloco", outer_compression="topk", outer_value_bits=4), clock=CLOCK)
+    text = sparse.to_toml()
+    assert 'outer_compression = "topk"' in text and "outer_value_bits = 4" in text
+    assert "outer_topk_density" not in text  # at its default
+    volunteer = merge_manifest(parse_config({}, "node.toml"), load_manifest(text))
+    assert (volunteer.training.outer_compression, volunteer.training.outer_value_bits) == ("topk", 4)
+    with pytest.raises(ConfigError, match=r"^training\.outer_compression: .* says 'int8' but .* says 'topk'"):
+        merge_manifest(parse_config({"training": {"outer_compression": "int8"}}, "node.toml"), load_manifest(text))
