@@ -87,9 +87,12 @@ def state_averager_prefix(prefix: str) -> str:
     return f"{prefix}_state_averager"
 
 
-def diloco_outer_prefix(prefix: str, outer_compression: str) -> str:
-    """The prefix of DiLoCo's clock and averager for one outer_compression: peers that average
-    parameters and peers that average compressed pseudo-gradients never meet in a round or a download."""
+def diloco_outer_prefix(prefix: str, outer_compression: str, value_bits: int = 2, density: float = 0.02) -> str:
+    """The prefix of DiLoCo's clock and averager for one outer step's wire format: peers that average
+    parameters, int8 pseudo-gradients, or top-k ones of another density or width never meet in a round
+    or a download (their parts would not add up)."""
+    if outer_compression == "topk":
+        return f"{prefix}_topk_{value_bits}bit_{density:g}"
     return prefix if outer_compression == "none" else f"{prefix}_{outer_compression}"
 
 

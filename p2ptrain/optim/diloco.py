@@ -150,7 +150,7 @@ class DiLoCoOptimizer(DiLoCoState):
         per_peer = cfg.inner_steps * self._accumulate * cfg.batch_size
         logger.info("DiLoCo: a round ends when the swarm has trained %d sequences per peer of its fastest peer's "
                     "speed (%d inner steps of %d)", per_peer, cfg.inner_steps, self._accumulate * cfg.batch_size)
-        run_id = diloco_outer_prefix(run_id, cfg.outer_compression)
+        run_id = diloco_outer_prefix(run_id, cfg.outer_compression, cfg.outer_value_bits, cfg.outer_topk_density)
         #: Where the averager reports each round (how much it really averaged), checks on or off.
         self._rounds = defences.rounds if defences is not None else RoundReports()
         checks: dict[str, Any] = dict(round_reports=self._rounds, admission=admission, peer_checks=defences is not None)

@@ -192,11 +192,12 @@ def test_the_settings_are_checked() -> None:
             TrainingSection(**bad)
 
 
-def test_peers_of_different_outer_compressions_never_share_a_clock_or_an_averager() -> None:
+def test_peers_of_different_outer_wire_formats_never_share_a_clock_or_an_averager() -> None:
     from p2ptrain.dhtkeys import diloco_averager_prefix, diloco_outer_prefix
 
-    prefixes = {diloco_averager_prefix(diloco_outer_prefix("run", mode)) for mode in ("none", "int8", "topk")}
-    assert len(prefixes) == 3 and diloco_outer_prefix("run", "none") == "run"  # today's keys unchanged
+    formats = [("none", 2, 0.02), ("int8", 2, 0.02), ("topk", 2, 0.02), ("topk", 4, 0.02), ("topk", 2, 0.05)]
+    prefixes = {diloco_averager_prefix(diloco_outer_prefix("run", *wire)) for wire in formats}
+    assert len(prefixes) == len(formats) and diloco_outer_prefix("run", "none") == "run"  # today's keys unchanged
 
 
 def test_an_overlapped_topk_round_lands_one_round_late_keeping_the_progress_made_meanwhile(monkeypatch) -> None:
