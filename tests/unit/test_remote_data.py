@@ -199,7 +199,7 @@ def test_unreachable_index_is_a_config_error_unless_cached(server: Server, tmp_p
     ("listing", "message"),
     [
         ("", "lists no shards"),
-        ("file:///etc/passwd\n", r"line 1: only http\(s\) URLs can be read, got .file:///etc/passwd."),
+        ("file:///etc/passwd\n", r"line 1: only http\(s\) and object store URLs can be read, got .file:///etc/passwd."),
     ],
 )
 def test_bad_index_is_one_config_error(listing: str, message: str) -> None:
