@@ -91,8 +91,8 @@ def diloco_outer_prefix(prefix: str, outer_compression: str, value_bits: int = 2
     """The prefix of DiLoCo's clock and averager for one outer step's wire format: peers that average
     parameters, int8 pseudo-gradients, or top-k ones of another density or width never meet in a round
     or a download (their parts would not add up)."""
-    if outer_compression == "topk":
-        return f"{prefix}_topk_{value_bits}bit_{density:g}"
+    if outer_compression == "topk":  # hivemind refuses a "." in an averager's prefix: 0.02 is written 0p02
+        return f"{prefix}_topk_{value_bits}bit_{density:g}".replace(".", "p")
     return prefix if outer_compression == "none" else f"{prefix}_{outer_compression}"
 
 

@@ -94,7 +94,9 @@ def test_the_sparse_outer_mode_averages_rounds_and_sends_a_fraction_of_diloco_s_
            "--inner-steps", "15", "--max-train-seconds", "12", "--mode-timeout", "75", "--overhead-repeats", "0"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
-    [row] = json.loads((out / "results.json").read_text())["loopback"]
+    rows = json.loads((out / "results.json").read_text())["loopback"]
+    assert len(rows) == 1, done.stdout[-3000:]  # a failed mode says why in the run's output
+    [row] = rows
     rounds = row["rounds_ok"] + row["rounds_partial"]  # summed over the peers, as bytes_sent is
     assert rounds >= 1, done.stdout[-2000:]
     assert math.isfinite(row["final_val_loss"]) and row["final_val_loss"] < row["curve"][0][2]

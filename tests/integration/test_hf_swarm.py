@@ -48,22 +48,17 @@ def test_two_nodes_train_an_hf_model_whose_export_transformers_loads(make_node, 
     for node in (a, b):
         node.wait_for(lambda s: s.averaging_rounds_ok_total >= 1 and s.last_round_group_size == 2, 90,
                       "a round averaged by both nodes")
-    # Both stop after the next epoch (max_epochs raised at run time), with a final checkpoint.
-    stop_epoch = max(a.status().local_epoch, b.status().local_epoch) + 1
+    # A clean stop (SIGTERM): each node writes its final checkpoint.  Not a common max_epochs: a node
+    # still catching up when its peer stops would have to reach that epoch alone, an averaging timeout
+    # an epoch (the exact-epoch stop is tests/integration/test_node_swarm.py's business).
     for node in (a, b):
-        node.overrides = {**node.overrides, "training": {**node.overrides["training"], "max_epochs": stop_epoch}}
-        node.write_config()
-        node.signal(signal.SIGHUP)
+        node.signal(signal.SIGTERM)
     for node in (a, b):
         assert node.wait(60) == 0, node.log_tail()
         # Each node read its shards through decompressed copies (as text: tests/unit/test_compressed_data.py).
         assert list((node.state_dir / "data-cache").rglob("plain-*")), node.log_tail()
     states = [CheckpointStore(node.state_dir / "checkpoints", keep=100).load_latest() for node in (a, b)]
-    # Within one epoch of the stop: the two do not always end on the same one, and this test is about the
-    # export (the exact-epoch stop is tests/integration/test_node_swarm.py's business).
-    assert all(s is not None and abs(s.state["epoch"] - stop_epoch) <= 1 for s in states), (
-        f"stop epoch {stop_epoch}, final checkpoints {[s and s.state['epoch'] for s in states]}\n"
-        f"{a.log_tail(40)}\n---\n{b.log_tail(40)}")
+    assert all(s is not None and s.state["epoch"] >= 1 for s in states), f"{a.log_tail(40)}\n---\n{b.log_tail(40)}"
     out = tmp_path / "export"
     assert cli.main(["export", "-c", str(a.config_path), str(out)]) == 0
     ours = resolve(a.config_path, None, print).model.eval()  # the node's checkpoint, as p2ptrain loads it

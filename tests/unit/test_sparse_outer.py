@@ -198,6 +198,7 @@ def test_peers_of_different_outer_wire_formats_never_share_a_clock_or_an_average
     formats = [("none", 2, 0.02), ("int8", 2, 0.02), ("topk", 2, 0.02), ("topk", 4, 0.02), ("topk", 2, 0.05)]
     prefixes = {diloco_averager_prefix(diloco_outer_prefix("run", *wire)) for wire in formats}
     assert len(prefixes) == len(formats) and diloco_outer_prefix("run", "none") == "run"  # today's keys unchanged
+    assert not any("." in prefix for prefix in prefixes)  # hivemind's averager refuses a "." in its prefix
 
 
 def test_an_overlapped_topk_round_lands_one_round_late_keeping_the_progress_made_meanwhile(monkeypatch) -> None:
