@@ -6,7 +6,7 @@ a byte is read), the cache, the retries.  This module only opens the object as a
 reads a chunk at a time, and turns whatever the store's client raises into what the fetcher knows: a
 missing object or a refused credential is :class:`ObjectUnavailable` (not asked again), anything else
 an ``OSError`` (weather: retried).  The store's client (``s3fs``, ``gcsfs``, ``huggingface_hub``, ``adlfs``)
-reaches the store's own endpoints with the credentials of its usual environment; the address rules of
+reaches the store's own endpoints with the credentials and timeouts of its usual environment; the address rules of
 :mod:`p2ptrain.data.addresses` are for http(s) URLs, whose host anyone may choose.
 
 fsspec and the clients come with ``pip install 'p2ptrain[cloud]'``; :func:`require_store` says, in one

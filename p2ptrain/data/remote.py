@@ -241,7 +241,7 @@ class ShardFetcher:
     def _origin_reach(self, origin: str) -> str | None:
         """Where a download listed by ``origin`` (an index URL; empty: none) starts: what that index's
         download reached, or its host's class; an origin whose address is unknown counts as public."""
-        if not origin or url_scheme(origin) in OBJECT_STORE_SCHEMES:  # a store's index: no host of anyone's
+        if not origin or url_scheme(origin) in OBJECT_STORE_SCHEMES:  # a store's index lists objects, no hosts
             return None
         if origin in self._reach:
             return self._reach[origin]

@@ -266,7 +266,7 @@ def _origin(run: Mapping[str, Any]) -> str:
     return f"| checkpoint | {run.get('checkpoint') or 'not recorded'}, saved {_when(run.get('saved_at'))} |\n"
 
 
-def _validation(run: Mapping[str, Any], name: str, bytelm: bool) -> str:
+def _validation(run: Mapping[str, Any], name: str, bytelm: bool, causal_lm: bool) -> str:
     """The card's validation loss, saying what it was measured on: this model, or the node's parameters then."""
     val = run.get("val_loss")
     if val is None:
@@ -274,6 +274,8 @@ def _validation(run: Mapping[str, Any], name: str, bytelm: bool) -> str:
     figure = f"{val:.6g} (the task's loss)"
     if bytelm:
         figure = f"{val:.4f} nats/byte ({val / math.log(2):.3f} bits per byte)"
+    elif causal_lm:
+        figure = f"{val:.4f} nats/token"
     at = "at an unrecorded epoch" if run.get("val_epoch") is None else f"at epoch {run['val_epoch']}"
     if run.get("val_of") == VAL_OF_EXPORT:
         return f"{figure} {at}: this model on the run's held-out split"
@@ -314,6 +316,7 @@ def render_card(config: Mapping[str, Any], name: str) -> str:
     """The model card: what was trained, how far, and the lines that load it."""
     run, task = config["run"], config["task"]
     bytelm = config.get("model_class") == BYTELM_CLASS
+    causal_lm = task.get("kind") == "hf_causal_lm" and not task.get("entrypoint")
     with_transformers = (
         "```python\n"
         "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
@@ -346,7 +349,7 @@ def render_card(config: Mapping[str, Any], name: str) -> str:
         f"| run | {run['run_ref']} |\n"
         f"| optimizer epochs | {_or_unknown(run.get('epoch'))} |\n"
         f"{_credit(run)}"
-        f"| validation loss | {_validation(run, name, bytelm)} |\n"
+        f"| validation loss | {_validation(run, name, bytelm, causal_lm)} |\n"
         f"{_origin(run)}"
         f"| exported | {config['exported_at']} |\n"
         f"| model fingerprint | {config['fingerprint']} |\n"
