@@ -129,10 +129,9 @@ def _task_code_problems(check: ConfigCheck) -> list[str]:
     assert config is not None
     if config.task.entrypoint is None:
         return []
-    from p2ptrain.tasks.loader import checked_code_digest, resolve_entrypoint  # torch: only for a user task
+    from p2ptrain.tasks.loader import checked_code_digest  # torch: only for a user task
 
     try:
-        resolve_entrypoint(config.task.entrypoint)
         checked_code_digest(config.task)
     except ConfigError as error:
         return list(error.problems)

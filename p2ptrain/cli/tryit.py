@@ -273,13 +273,14 @@ def _evaluate_hook(loaded: LoadedModel, say: Any) -> Any:
         return _user_task(loaded).evaluate
     from p2ptrain.data.text import SCORE_MAX_BYTES, make_fetcher, text_batches
 
-    cfg, score = _scoring(loaded)
+    scoring = _scoring(loaded)
+    cfg, score = scoring
     batch_size = int(loaded.training.get("batch_size", 8))
 
     def evaluate(model: Any, data_path: str | None) -> dict[str, float]:
         if data_path is None:
             try:
-                return _held_out_metrics(loaded)
+                return _held_out_metrics(loaded, scoring=scoring)
             except ConfigError as error:  # only here is the run's data needed: say what else would do
                 raise ConfigError(f"{error} (the held-out split needs the run's data here; or pass --data PATH)"
                                   ) from None
@@ -295,8 +296,8 @@ def _evaluate_hook(loaded: LoadedModel, say: Any) -> Any:
         if scored.failed_records:
             say(f"--data: {scored.failed_records} record(s) skipped, they do not decode: {scored.first_failure}")
         if not scored.batches:
-            needs = (f"task.seq_len = {cfg.seq_len} bytes" if cfg is loaded.task else
-                     f"{cfg.seq_len} bytes for its task.seq_len = {loaded.task.seq_len} tokens")
+            needs = (f"{cfg.seq_len} bytes for its task.seq_len = {loaded.task.seq_len} tokens"
+                     if loaded.task.kind == "hf_causal_lm" else f"task.seq_len = {cfg.seq_len} bytes")
             raise ModelError(f"--data {data_path} holds {scored.text_bytes:,} bytes of text: too little to score "
                              f"(the model needs more than {needs})")
         if scored.truncated:
@@ -323,12 +324,14 @@ def _scoring(loaded: LoadedModel) -> tuple[Any, Any]:
     return hf.byte_config(loaded.task), lambda model, windows: hf.token_metrics(model, tokenizer, seq_len, windows)
 
 
-def _held_out_metrics(loaded: LoadedModel, *, offline: bool = False) -> dict[str, float]:
+def _held_out_metrics(loaded: LoadedModel, *, offline: bool = False,
+                      scoring: tuple[Any, Any] | None = None) -> dict[str, float]:
     """A built-in task's metrics on the run's held-out split, built exactly as the nodes build their
-    validation batches; ``offline``: from local files and the download cache only (NotDownloaded otherwise)."""
+    validation batches; ``offline``: from local files and the download cache only (NotDownloaded otherwise);
+    ``scoring``: :func:`_scoring`'s answer when the caller has it (the tokenizer is loaded once)."""
     from p2ptrain.data.text import build_text_data, make_fetcher
 
-    cfg, score = _scoring(loaded)
+    cfg, score = scoring if scoring is not None else _scoring(loaded)
     batch_size = int(loaded.training.get("batch_size", 8))
     data = build_text_data(cfg, batch_size=batch_size, peer_seed=0, peer_id="eval", live_peers=lambda: ["eval"],
                            fetcher=make_fetcher(cfg, loaded.cache_dir, offline=offline))

@@ -32,7 +32,6 @@ _DOTTED_NUMBERS = re.compile(r"[0-9.]+")
 OBJECT_STORE_SCHEMES = ("s3", "gs", "gcs", "hf", "az", "abfs")
 #: Every scheme of a URL ``task.data_path`` (or a shard index line) may name.
 DATA_URL_SCHEMES = ("http", "https", *OBJECT_STORE_SCHEMES)
-_URL_SCHEMES = tuple(f"{scheme}://" for scheme in DATA_URL_SCHEMES)
 _GLOB_CHARACTERS = frozenset("*?[")
 
 
@@ -130,6 +129,11 @@ def url_scheme(text: str) -> str:
     return found[1].lower() if found else ""
 
 
+def is_data_url(text: str) -> bool:
+    """Whether ``text`` is a URL of data read remotely (the same for every node): http(s), or an object store's."""
+    return url_scheme(text) in DATA_URL_SCHEMES
+
+
 def sha256_hex(value: str | None) -> str | None:
     if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value):
         raise ValueError("must be a sha256 digest: 64 lowercase hex digits, as sha256sum prints them")
@@ -162,7 +166,7 @@ def check_host(value: str) -> str:
 def is_local_path(text: str) -> bool:
     """False for what names data elsewhere or many files at once (a URL, a glob): only a plain
     local path can be checked for existence before the task reads it."""
-    return not text.lower().startswith(_URL_SCHEMES) and not _GLOB_CHARACTERS & set(text)
+    return not is_data_url(text) and not _GLOB_CHARACTERS & set(text)
 
 
 def _kind(path: Path) -> str | None:

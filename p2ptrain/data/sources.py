@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from p2ptrain.config.checks import DATA_URL_SCHEMES, OBJECT_STORE_SCHEMES, url_scheme
+from p2ptrain.config.checks import OBJECT_STORE_SCHEMES, is_data_url, url_scheme
 from p2ptrain.config.schema import ConfigError
 from p2ptrain.data.compressed import compression_of, require_codec, without_suffix
 from p2ptrain.data.object_store import require_store
@@ -94,11 +94,6 @@ def kind_of(name: str, data_format: str) -> Kind:
     return "text"
 
 
-def is_url(text: str) -> bool:
-    """Whether ``text`` is a URL of data this node reads remotely: http(s), or an object store's."""
-    return url_scheme(text) in DATA_URL_SCHEMES
-
-
 def join_url(base: str, name: str) -> str:
     """``name`` (a URL, or a name relative to the index at ``base``) as a URL; relative names stay within
     an object store's bucket (``urljoin`` knows only web schemes)."""
@@ -120,7 +115,7 @@ def names_an_index(data_path: str | None) -> bool:
     """Whether ``data_path`` is a shard index (a local file or a URL), the data a digest can pin."""
     if data_path is None:
         return False
-    if is_url(data_path):
+    if is_data_url(data_path):
         return is_index(urllib.parse.urlsplit(data_path).path)
     return not glob.has_magic(data_path) and is_index(Path(os.path.expanduser(data_path)).name)
 
@@ -150,7 +145,7 @@ def _discover(data_path: str | None, data_format: str, seq_len: int, read_index:
     if data_path is None:
         root = Path(sysconfig.get_paths()["stdlib"])
         return ShardSet(tuple(stdlib_shards(root, STDLIB_MAX_BYTES)), f"stdlib {root}")
-    if is_url(data_path):
+    if is_data_url(data_path):
         if url_scheme(data_path) in OBJECT_STORE_SCHEMES:
             require_store(data_path)
         if is_index(urllib.parse.urlsplit(data_path).path):
@@ -341,7 +336,7 @@ def index_shards(listing: str, location: str, data_format: str, compression: str
     ``<name>``; names are file names or URLs, relative names are resolved against the index's own
     location; blank lines and ``#`` comments are ignored.
     """
-    remote = is_url(location)
+    remote = is_data_url(location)
     shards: dict[str, ShardRef] = {}
     for number, raw in enumerate(listing.splitlines(), start=1):
         line = raw.strip()
@@ -352,9 +347,9 @@ def index_shards(listing: str, location: str, data_format: str, compression: str
             name = rest.strip().removeprefix("*")  # sha256sum's binary-mode marker
         else:
             digest, name = "", line
-        if remote or is_url(name):
+        if remote or is_data_url(name):
             target = join_url(location, name)
-            if not is_url(target):
+            if not is_data_url(target):
                 raise ConfigError(f"task.data_path: {printable(location)} line {number}: only http(s) and object "
                                   f"store URLs can be read, got {name!r}")
             if remote and not _within_reach(location, target):

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from p2ptrain.config.checks import DATA_URL_SCHEMES, url_scheme
+from p2ptrain.config import checks
 from p2ptrain.config.schema import TaskSection, TrainingSection
 from p2ptrain.config.tomlwrite import toml_table, toml_value
 from p2ptrain.errors import ConfigError
@@ -471,7 +471,7 @@ def read_manifest_file(path: Path, ref: RunRef | None = None, *, any_form: bool 
 def is_data_url(data_path: str | None) -> bool:
     """Whether ``data_path`` names data at a URL, http(s) or an object store's (the same for every node),
     not a local path."""
-    return data_path is not None and url_scheme(data_path) in DATA_URL_SCHEMES
+    return data_path is not None and checks.is_data_url(data_path)
 
 
 def data_problem(data_path: str | None, local_data: bool) -> str | None:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from p2ptrain.config.schema import ConfigError
-from p2ptrain.data.text import build_text_data, make_fetcher, text_batches
+from p2ptrain.data.text import build_text_data
 from p2ptrain.tasks.base import SampleFn, SampleRequest, Task, TaskContext
 
 if TYPE_CHECKING:
@@ -259,13 +259,6 @@ def build_hf_task(context: TaskContext) -> Task:
                            peer_id=context.peer_id, live_peers=context.live_peers, cache_dir=context.cache_dir)
     fixed = [tokenise(tokenizer, window, cfg.seq_len) for window in data.validation]
 
-    def evaluate(model: nn.Module, data_path: str | None) -> dict[str, float]:
-        if data_path is None:
-            return token_metrics(model, tokenizer, cfg.seq_len, data.validation)
-        scored = text_batches(data_path, byte_cfg, context.batch_size, make_fetcher(byte_cfg, context.cache_dir),
-                              label="data")
-        return token_metrics(model, tokenizer, cfg.seq_len, scored.batches)
-
     return Task(
         model=model,
         loss_fn=causal_lm_loss,
@@ -273,5 +266,4 @@ def build_hf_task(context: TaskContext) -> Task:
         validation_batches=lambda: iter(fixed),
         shape_config=shape,
         sample=make_sampler(tokenizer, cfg.seq_len),
-        evaluate=evaluate,
     )

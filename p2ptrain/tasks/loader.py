@@ -80,10 +80,9 @@ def entrypoint_code_sha256(entrypoint: str) -> str | None:
 
 
 def checked_code_digest(task_cfg: TaskSection) -> str | None:
-    """The digest of the (imported) entrypoint's code (:mod:`p2ptrain.tasks.code_digest`); a
+    """The digest of the entrypoint's code (:mod:`p2ptrain.tasks.code_digest`), importing it if need be; a
     :class:`ConfigError` when ``task.code_sha256`` (an owned run's manifest) records another."""
-    module = module_of(task_cfg.entrypoint) if task_cfg.entrypoint is not None else None
-    code = task_code_sha256(module) if module is not None else None
+    code = entrypoint_code_sha256(task_cfg.entrypoint) if task_cfg.entrypoint is not None else None
     expected = task_cfg.code_sha256
     if expected is not None and code != expected:
         found = f"has sha256 {code}" if code is not None else "has no source file to check"
