@@ -12,9 +12,10 @@ time and rate, so a report a second old costs the round clock nothing.
 (:class:`p2ptrain.averaging.progress.SwarmProgressTracker`) holds the reporter's wake-ups
 (:class:`HeldWakeups`) otherwise: the local bookkeeping (samples, rate, our own view of the swarm's
 samples) is updated on every call as before; the reporter is woken every ``report_period`` seconds,
-or when an eighth of the round's samples have come since the last report (whichever is first), and
-at once when the epoch changes, when the first samples of an epoch come, or when the samples go back
-(a reset, a rejoin after a pause).  No hivemind here.
+or when an eighth of the round's samples have come since the last report but no sooner than
+``MIN_REPORT_GAP`` after it (a small target batch filled by fast micro-batches would otherwise mean a
+store every few of them), and at once when the epoch changes, when the first samples of an epoch
+come, or when the samples go back (a reset, a rejoin after a pause).  No hivemind here.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ REPORT_PERIOD = 1.0
 #: rounds far shorter than the period (gradient mode with a small target batch) are reported as
 #: often as hivemind would report them.
 REPORTS_PER_ROUND = 8
+#: The shortest time between two reports of a peer that is only adding samples.
+MIN_REPORT_GAP = 0.25
 
 
 class HeldWakeups(threading.Event):
@@ -61,7 +64,7 @@ class ReportPacing:
 
     def __init__(self, report_period: float = REPORT_PERIOD) -> None:
         self.report_period = report_period
-        self._next_report = -math.inf
+        self._next_report = self._last_report = -math.inf
         self._reported_samples = 0
 
     def due(self, epoch: int, samples: int, previous_epoch: int, previous_samples: int, target: int,
@@ -70,7 +73,7 @@ class ReportPacing:
         round's target and the time (monotonic); a due report is taken as made."""
         due = self._due(epoch, samples, previous_epoch, previous_samples, target, now)
         if due:
-            self._next_report, self._reported_samples = now + self.report_period, samples
+            self._last_report, self._next_report, self._reported_samples = now, now + self.report_period, samples
         return due
 
     def _due(self, epoch: int, samples: int, previous_epoch: int, previous_samples: int, target: int,
@@ -81,4 +84,5 @@ class ReportPacing:
         # zero samples, so the first samples of an epoch are reported at once, however short it is.
         if previous_samples == 0 or now >= self._next_report:
             return True
-        return samples - self._reported_samples >= target / REPORTS_PER_ROUND
+        return (samples - self._reported_samples >= target / REPORTS_PER_ROUND
+                and now - self._last_report >= min(MIN_REPORT_GAP, self.report_period))

@@ -56,11 +56,22 @@ def test_a_burst_of_micro_batches_wakes_the_reporter_once_per_period(clock: Manu
 def test_a_round_far_shorter_than_the_period_is_reported_as_it_fills(clock: ManualClock) -> None:
     tracker = _tracker(target=256)  # gradient mode, a small target batch: an eighth is 32 samples
     wakes = []
-    for step in range(1, 9):  # all within the period (the fake clock stands still)
+    for step in range(1, 9):  # all within the period, a micro-batch every 0.1 s
         tracker.report_local_progress(0, 8 * step)
         if _woken(tracker):
             wakes.append(step)
+        clock.now += 0.1
     assert wakes == [1, 5]  # the first samples, then 32 more (hivemind: every one)
+
+
+def test_fast_micro_batches_on_a_small_target_are_reported_at_most_every_gap(clock: ManualClock) -> None:
+    tracker = _tracker(target=192)  # an eighth is 24 samples: three micro-batches
+    wakes = 0
+    for step in range(1, 101):  # a micro-batch every 10 ms: 1 s
+        tracker.report_local_progress(0, 8 * step)
+        wakes += _woken(tracker)
+        clock.now += 0.01
+    assert wakes == 4  # at 0, 0.25, 0.5 and 0.75 s (an eighth alone: 33; hivemind: 100)
 
 
 def test_a_new_epoch_a_reset_or_a_rejoin_is_reported_at_once(clock: ManualClock) -> None:
