@@ -15,18 +15,18 @@ import os
 import resource
 import signal
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from p2ptrain.config.schema import ConfigError, NodeConfig, load_config, parse_multiaddr
 from p2ptrain.daemon.children import tie_children_to_this_process
 from p2ptrain.daemon.control import Command, ControlRequest
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.logsetup import configure_logging
-from p2ptrain.daemon.node import Node
-from p2ptrain.daemon.service import ServiceHooks
-from p2ptrain.daemon.shutdown import end_process
 from p2ptrain.daemon.systemd import SystemdNotifier
 from p2ptrain.swarm.ownedrun import apply_run_flags
+
+if TYPE_CHECKING:
+    from p2ptrain.daemon.node import Node
 
 logger = logging.getLogger("p2ptrain.daemon")
 
@@ -71,6 +71,12 @@ def run_node(args: argparse.Namespace) -> NoReturn:
             parse_multiaddr(addr, need_peer_id=True)
         except ValueError as exc:
             raise ConfigError(f"--join: {exc}") from None
+    # The node's modules load torch and hivemind (seconds of CPU): only once the config has passed, so
+    # that a bad one is refused at once, and a restart loop on it costs nothing.
+    from p2ptrain.daemon.node import Node
+    from p2ptrain.daemon.service import ServiceHooks
+    from p2ptrain.daemon.shutdown import end_process
+
     log_ring = LogRing()
     configure_logging(config.node.log_level, config.node.log_format, [log_ring])
     before, after = raise_open_files_limit()
