@@ -35,19 +35,19 @@ system-deps:
 	.ci/install-system-deps.sh
 
 # Three phases.  Unit and TUI tests run in two processes, a file per process at a time (the TUI
-# snapshots serve a fixed port).  The integration tests then run two at a time: they wait for
-# rounds and events, not for throughput, and their nodes train within a share of the machine
-# (tests/integration/conftest.py).  Last, one at a time with the machine to themselves, the fault
-# scenarios (marker chaos: their nodes train at full speed, as they measure how fast a swarm
-# recovers) and anything else marked `alone` (a CPU share, a shaped link).  PYTEST_ARGS runs just
-# those arguments instead.  pytest's exit code 5 (no tests collected) is a failure here, not a pass.
+# snapshots serve a fixed port).  The integration tests and the fault scenarios then run three at a
+# time: they wait for rounds and events, not for throughput, and their nodes train within a share of
+# the machine (tests/integration/conftest.py, tests/chaos/conftest.py).  Last, one at a time with the
+# machine to themselves, the tests marked `alone` (a CPU share they measure, a shaped link).
+# PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests collected) is a
+# failure here, not a pass.
 test: venv system-deps
 	@run() { $(PY) -m pytest "$$@"; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; [ $$rc -eq 0 ]; }; \
 	if [ -n "$(PYTEST_ARGS)" ]; then run $(PYTEST_ARGS); \
 	else run -n 2 --dist loadfile tests/unit tests/tui \
-	  && run -n 2 --dist loadfile -m "not soak and not chaos and not alone" tests/integration tests/chaos \
-	  && run -m "not soak and (chaos or alone)" tests/integration tests/chaos; fi
+	  && run -n 3 --dist loadfile -m "not soak and not alone" tests/integration tests/chaos \
+	  && run -m "not soak and alone" tests/integration tests/chaos; fi
 
 lint: venv
 	$(VENV)/bin/ruff check p2ptrain daemon tui tests benchmarks

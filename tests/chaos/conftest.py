@@ -31,6 +31,10 @@ CHAOS_TRAINING = {"target_batch_size": 192, "batch_size": 8, "validate_every": 6
                   "averaging_timeout": 10.0, "load_state_timeout": 10.0, "load_state_attempts": 2,
                   "warmup_epochs": 1, "inner_batch_size": 8}
 AVERAGING_TIMEOUT = CHAOS_TRAINING["averaging_timeout"]
+#: Scenario nodes train within a quarter of the machine: what they measure is counted in rounds and
+#: averaging timeouts, and three tests run side by side (see the Makefile).  A scenario that needs a
+#: peer at full speed says so (``volunteer={"max_cpu_percent": 0.0}``) and is marked ``alone``.
+CHAOS_VOLUNTEER = {"max_cpu_percent": 25.0}
 
 NodeFactory = Callable[..., LocalNode]
 
@@ -84,7 +88,8 @@ def node_factory(base: Path) -> Iterator[NodeFactory]:
     def factory(name: str | None = None, run_id: str | None = None, env: Mapping[str, str] | None = None,
                 **sections: Mapping[str, Any]) -> LocalNode:
         overrides: dict[str, dict[str, Any]] = {"task": dict(TINY_TASK), "training": dict(CHAOS_TRAINING),
-                                                "checkpoint": {"interval": 600.0, "keep": 3}}
+                                                "checkpoint": {"interval": 600.0, "keep": 3},
+                                                "volunteer": dict(CHAOS_VOLUNTEER)}
         for section, values in sections.items():
             overrides.setdefault(section, {}).update(values)
         node_name = name or f"node{next(counter)}"
