@@ -37,6 +37,15 @@ LOOPBACK_TRAINING: dict[str, Any] = {
 }
 
 
+def _read_in_namespace(netns: str, url: str, timeout: float) -> Any:
+    try:
+        done = subprocess.run(["ip", "netns", "exec", netns, "curl", "-sf", "-m", str(timeout), url],
+                              capture_output=True, timeout=timeout + 5)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError):
+        return None
+
+
 def local_node_config(state_dir: Path, run_id: str | None,
                       overrides: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """TOML for a loopback node tuned for a small machine; ``overrides`` patch sections/keys.
@@ -79,8 +88,11 @@ class LocalNode:
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
-    #: A wrapper the node runs under (``["unshare", "-m", ...]``, ``["ip", "netns", "exec", ns]``).
+    #: A wrapper the node runs under (``["unshare", "-m", ...]``).
     command_prefix: Sequence[str] = ()
+    #: A network namespace the node runs in (``ip netns exec``); its API, on loopback there, is then
+    #: read with ``curl`` inside the namespace.
+    netns: str | None = None
     args: tuple[str, ...] = ()
     """More ``p2ptrain run`` flags (``--run REF``, ``--manifest FILE``)."""
 
@@ -107,7 +119,8 @@ class LocalNode:
         if not self.config_path.exists():
             self.write_config()
         (self.state_dir / "api.url").unlink(missing_ok=True)
-        command = [*self.command_prefix, sys.executable, "-m", "p2ptrain.cli", "run", "--config",
+        inside = ("ip", "netns", "exec", self.netns) if self.netns else ()
+        command = [*self.command_prefix, *inside, sys.executable, "-m", "p2ptrain.cli", "run", "--config",
                    str(self.config_path), *self.args]
         for addr in join:
             command += ["--join", addr]
@@ -136,6 +149,8 @@ class LocalNode:
         url = self.api_url()
         if url is None or not self.running:
             return None
+        if self.netns is not None:
+            return _read_in_namespace(self.netns, url + path, timeout)
         try:
             return NodeClient(url, None, timeout).get_json(path)
         except NodeError:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from p2ptrain.local.swarm import LocalNode
 from p2ptrain.status import StatusSnapshot
@@ -48,24 +45,3 @@ def log_text(node: LocalNode) -> str:
         return node.log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-
-
-class WrappedNode(LocalNode):
-    """A node started through a wrapper command (``command_prefix``: ``unshare``, ``ip netns exec``),
-    optionally reached through ``ip netns exec <netns> curl`` because its API lives inside a
-    network namespace."""
-
-    netns: str | None = None
-
-    def _read(self, path: str, timeout: float) -> Any:
-        if self.netns is None:
-            return super()._read(path, timeout)
-        url = self.api_url()
-        if url is None or not self.running:
-            return None
-        try:
-            done = subprocess.run(["ip", "netns", "exec", self.netns, "curl", "-sf", "-m", str(timeout), url + path],
-                                  capture_output=True, timeout=timeout + 5)
-            return json.loads(done.stdout) if done.returncode == 0 else None
-        except (subprocess.TimeoutExpired, ValueError):
-            return None

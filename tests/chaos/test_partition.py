@@ -13,9 +13,10 @@ import time
 
 import pytest
 
+from p2ptrain.local.swarm import LocalNode
 from p2ptrain.waiting import wait_until
 from tests.chaos.conftest import AVERAGING_TIMEOUT
-from tests.chaos.helpers import WrappedNode, training
+from tests.chaos.helpers import training
 
 #: ``alone``: rounds over a 1 Mbit/s link and a healing bound measured on a machine nothing else loads.
 pytestmark = [pytest.mark.chaos, pytest.mark.alone, pytest.mark.timeout(360)]
@@ -63,10 +64,9 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, timeout=20)
 
 
-def _netns_node(make_node, name: str, netns: str, addr: str) -> WrappedNode:
-    base = make_node(name, swarm={"listen_addrs": [f"/ip4/{addr}/tcp/0"]})
-    node = WrappedNode(base.name, base.workdir, base.run_id, base.overrides)
-    node.command_prefix, node.netns = ("ip", "netns", "exec", netns), netns
+def _netns_node(make_node, name: str, netns: str, addr: str) -> LocalNode:
+    node = make_node(name, swarm={"listen_addrs": [f"/ip4/{addr}/tcp/0"]})
+    node.netns = netns
     return node
 
 

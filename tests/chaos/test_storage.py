@@ -15,7 +15,8 @@ import time
 import pytest
 import torch
 
-from tests.chaos.helpers import WrappedNode, training
+from p2ptrain.local.swarm import LocalNode
+from tests.chaos.helpers import training
 from tests.support.nodeapi import node_client
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
@@ -26,14 +27,14 @@ needs_namespaces = pytest.mark.skipif(
     reason="needs unshare -m / nsenter (root or user namespaces) to mount a private tmpfs")
 
 
-def _in_ns(node: WrappedNode, *command: str) -> subprocess.CompletedProcess[bytes]:
+def _in_ns(node: LocalNode, *command: str) -> subprocess.CompletedProcess[bytes]:
     assert node.process is not None
     return subprocess.run(["nsenter", "-t", str(node.process.pid), "-m", *command], capture_output=True, timeout=30)
 
 
-def _storage_node(make_node, name: str, tmp_path) -> WrappedNode:
+def _storage_node(make_node, name: str, tmp_path) -> LocalNode:
     base = make_node(name, checkpoint={"interval": 2.0, "keep": 2})
-    node = WrappedNode(base.name, base.workdir, base.run_id + name, base.overrides)
+    node = LocalNode(base.name, base.workdir, base.run_id + name, base.overrides)
     ckpt = node.state_dir / "checkpoints"
     ckpt.mkdir(parents=True)
     node.command_prefix = ("unshare", "-m", "--propagation", "private", "sh", "-c",
