@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.config.schema import ConfigError, NodeConfig
+from p2ptrain.config.schema import ConfigError, NodeConfig, SwarmSection
 from p2ptrain.daemon.checkpointer import Checkpointer
 from p2ptrain.daemon.faults import with_faults
 from p2ptrain.daemon.stopper import Stopper
@@ -41,6 +41,7 @@ from p2ptrain.swarm.dht import (
     stop_stale_daemons,
     visible_maddrs,
 )
+from p2ptrain.swarm.dialback import Dialback, ask_dialback, serve_dialback
 from p2ptrain.swarm.identity import identity_path
 from p2ptrain.swarm.manifest_source import fetch_before_join
 from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan, fetch_readmitting, prepare_run, settle
@@ -71,6 +72,14 @@ class JoinedSwarm:
 
     trusted: tuple[str, ...] = ()
     """Peer IDs whose records vouch for the run's model: the initial peers this node joined through."""
+
+    dialback: Dialback | None = None
+    """What the initial peers found when asked to dial this node back (None: not asked)."""
+
+    @property
+    def undialable(self) -> bool:
+        """Whether a peer answered that it could not connect to this node (it then averages as a client)."""
+        return self.dialback is not None and self.dialback.dialable is False
 
     def refresh_fingerprint(self, run_id: str, fingerprint: str, met: Collection[str] = ()) -> None:
         """Republish our fingerprint; raises :class:`FingerprintMismatch` when the run's peers now show
@@ -158,16 +167,33 @@ class NodeBuilder:
         options = plan.dht_kwargs() if plan is not None else {}
         if plan is not None:
             validators = [*validators, *plan.validators]
-        try:
-            dht = start_dht(config.swarm, state_dir, list(initial_peers()), validators, stopper, **options)
-        except PeersRefused as error:
-            if plan is None or config.swarm.invite is not None:
-                raise
-            raise PeersRefused(f"{error}{invite_only_hint(plan.ref)}") from None
+
+        def start(section: SwarmSection) -> Any:
+            try:
+                return start_dht(section, state_dir, list(initial_peers()), validators, stopper, **options)
+            except PeersRefused as error:
+                if plan is None or config.swarm.invite is not None:
+                    raise
+                raise PeersRefused(f"{error}{invite_only_hint(plan.ref)}") from None
+
+        dht = start(config.swarm)
+        trusted = tuple(peer_ids_of(list(initial_peers())))
+        dialback = None
+        if not config.swarm.client_mode:
+            serve_dialback(dht)  # peers that join through this node may ask whether they can be dialled
+            if config.swarm.check_reachability and trusted:
+                dialback = ask_dialback(dht, trusted, visible_maddrs(dht))
+            if dialback is not None and dialback.dialable is False:
+                # A DHT server nobody can dial slows every peer that tries it, and hivemind's averagers
+                # take their client mode from the DHT's: start it again as a client.
+                logger.info("no peer can connect to this node: joining again as a client")
+                dht.shutdown()
+                stop_stale_daemons(identity_path(state_dir))
+                dht = start(config.swarm.model_copy(update={"client_mode": True}))
         if plan is not None:
             keep_newest_versions(dht)  # the run's manifest key: one entry per version, the newest few
         swarm = JoinedSwarm(dht, str(dht.peer_id), visible_maddrs(dht), state_dir, first_seen=wall_clock(),
-                            trusted=tuple(peer_ids_of(list(initial_peers()))))
+                            trusted=trusted, dialback=dialback)
         swarm.rejoiner = Rejoiner(dht, lambda: list(initial_peers()))
         swarm.rejoiner.start()
         return swarm
@@ -261,7 +287,7 @@ def _optimizer(config: NodeConfig, swarm: JoinedSwarm, task: Task, fingerprint: 
     """The swarm optimizer for ``task``'s model, averaging under the run's id and model fingerprint
     (``wait``: the pause between state-download attempts, the node's stop event's wait)."""
     return build_optimizer(task.model, swarm.dht, averaging_prefix(config.swarm.run_id, fingerprint), config.training,
-                           client_mode=config.swarm.client_mode, stats=stats,
+                           client_mode=config.swarm.client_mode or swarm.undialable, stats=stats,
                            bandwidth=bandwidth_hint(config.volunteer.upload_kbps, config.volunteer.download_kbps),
                            admission=run.plan.gate if run is not None else None,
                            defences=defences, evaluate=evaluate_fn(task, placement), wait=wait)

@@ -23,7 +23,8 @@ from p2ptrain.daemon.stopper import Stopper
 from p2ptrain.optim.protocol import SwarmOptimizer
 from p2ptrain.optim.round_stats import RoundStats
 from p2ptrain.optim.trainer import StepStats
-from p2ptrain.status import NodeState, PauseReason
+from p2ptrain.status import NodeState, PauseReason, Reachability
+from p2ptrain.swarm.reach import ReachablePeerWatch
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class TrainingLoop:
         self._poll_run = poll_run
         self._manual_pause_until: float | None = None
         self._next_step_aside = 0.0
+        self._reachable_peers = ReachablePeerWatch()
         #: The last validation as the model card needs it: the loss, the epoch, and which parameters.
         self._validation: dict[str, object] = {}
 
@@ -114,6 +116,7 @@ class TrainingLoop:
             now = self.clock()
             if now >= next_snapshot:
                 self.board.publish()
+                self._watch_reachable_peers(now)
                 next_snapshot = now + SNAPSHOT_EVERY
             if now >= next_validation:
                 self.validate()
@@ -131,6 +134,19 @@ class TrainingLoop:
             if max_epochs and self.parts.trainer.epoch >= max_epochs:
                 logger.info("reached training.max_epochs=%d", max_epochs)
                 self.stopper.request("max_epochs reached")
+
+    def _watch_reachable_peers(self, now: float) -> None:
+        """A client averages only through peers that others can dial: say when none is training, and
+        when one is back (from the swarm view, whose records say how each peer is reached)."""
+        if self.board.identity.reachability() is not Reachability.CLIENT:
+            return
+        own = self.board.identity.peer_id
+        others = [peer for peer in self.board.latest.swarm().peers
+                  if peer.state == NodeState.TRAINING and peer.peer_id != own]
+        reachable = sum(peer.reachability != Reachability.CLIENT.value for peer in others)
+        line = self._reachable_peers.observe(reachable, 1 + len(others), now)
+        if line is not None:
+            logger.log(logging.INFO if reachable else logging.WARNING, "%s", line)
 
     def checkpoint(self) -> bool:
         """A checkpoint with the run facts an export's model card shows (an owned run by its reference,

@@ -53,7 +53,7 @@ from p2ptrain.status import LatestSnapshot, NodeState, SwarmView
 from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, SwarmError
 from p2ptrain.swarm.manifest_source import SourceUnavailable
 from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan
-from p2ptrain.swarm.reach import decide, missing_announced
+from p2ptrain.swarm.reach import missing_announced
 from p2ptrain.trust.swarm_credit import epoch_samples_bound
 
 logger = logging.getLogger(__name__)
@@ -213,10 +213,12 @@ class Node:
 
         self.board.set_state(NodeState.JOINING)
         swarm = self.session.join()
-        self.board.identity = NodeIdentity(cfg.swarm.run_id, swarm.peer_id, tuple(swarm.maddrs),
-                                           client_mode=cfg.swarm.client_mode, announce=tuple(cfg.swarm.announce_addrs))
-        reach = decide(swarm.maddrs, client_mode=cfg.swarm.client_mode, announce=cfg.swarm.announce_addrs)
-        logger.info("%s", reach.line())
+        asked = swarm.dialback
+        self.board.identity = identity = NodeIdentity(
+            cfg.swarm.run_id, swarm.peer_id, tuple(swarm.maddrs), client_mode=cfg.swarm.client_mode,
+            announce=tuple(cfg.swarm.announce_addrs), dialable=asked.dialable if asked else None,
+            dialed=asked.address if asked else "")
+        logger.info("%s", identity.reach().line())
         unannounced = missing_announced(swarm.maddrs, cfg.swarm.announce_addrs)
         if unannounced:
             logger.warning("swarm.announce_addrs: libp2p does not announce %s; check the address and that this node "

@@ -22,7 +22,7 @@ from p2ptrain.optim.protocol import GlobalProgress
 from p2ptrain.optim.round_stats import RoundFigures
 from p2ptrain.optim.swarm_stats import SwarmStatsView
 from p2ptrain.status import LatestSnapshot, NodeState, PauseReason, Reachability, StatusSnapshot, SwarmView
-from p2ptrain.swarm.reach import decide
+from p2ptrain.swarm.reach import Reach, decide
 from p2ptrain.trust.credit import CreditFigures
 from p2ptrain.trust.peergate import OffenceFigures, no_offences
 from p2ptrain.trust.swarm_credit import credited_view
@@ -42,9 +42,17 @@ class NodeIdentity:
     fingerprint: str = ""
     client_mode: bool = False
     announce: tuple[str, ...] = ()
+    dialable: bool | None = None
+    """What a peer asked to dial this node back found (None: none asked, or none answered)."""
+    dialed: str = ""
+    """Where that peer connected (``ip:port``), or the IP it could not connect to."""
+
+    def reach(self) -> Reach:
+        return decide(self.maddrs, client_mode=self.client_mode, announce=self.announce, dialable=self.dialable,
+                      dialed=self.dialed)
 
     def reachability(self) -> Reachability:
-        return decide(self.maddrs, client_mode=self.client_mode, announce=self.announce).state
+        return self.reach().state
 
 
 @dataclass(frozen=True)

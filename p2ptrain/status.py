@@ -57,12 +57,15 @@ class PauseReason(enum.StrEnum):
 
 
 class Reachability(enum.StrEnum):
-    #: Dialled at an announced address (a public IP or a forwarded port).
+    #: Dialled at an announced address (a public IP or a forwarded port), or a peer connected back to it.
     PUBLIC = "public"
     #: Older nodes' word for an address seen, not checked; never reported by this version.
     DIRECT = "direct"
+    #: Reached through a circuit relay on a public peer.
     RELAYED = "relayed"
+    #: Dials out only (set so, or a peer could not connect back): averages through peers others can dial.
     CLIENT = "client"
+    #: Nothing has shown either way.
     UNKNOWN = "unknown"
 
 

@@ -247,6 +247,12 @@ def check_port(config: Any, machine: Machine, probe: Any | None, node_running: b
         return Check("port", "ok", f"{local}; not checked from the swarm (give --join ADDR)")
     if probe.error:
         return Check("port", "warn", f"{local}; {probe.error}", "run doctor again while the node is stopped")
+    if probe.dialback.dialable:
+        return Check("port", "ok", f"{local}; a peer connected to it at {probe.dialback.address}")
+    if probe.dialback.dialable is False:
+        return Check("port", "problem", f"{local}; a peer could not connect to it at {probe.dialback.address}",
+                     f"forward TCP {port} to this machine (and allow it in the firewall); until then the node "
+                     "averages as a client, through peers that can be dialled")
     dialled = [answer for answer in probe.answered if answer.dialled_back]
     if dialled:
         return Check("port", "ok", f"{local}; {len(dialled)} of {len(probe.answers)} peer(s) dialled back")

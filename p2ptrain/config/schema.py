@@ -96,6 +96,12 @@ class SwarmSection(_Section):
     client_mode: bool = False
     """Client mode: dial out only, accept no connections (for nodes behind NAT without port forwarding)."""
 
+    check_reachability: bool = True
+    """At start, ask the peers this node joins through to open a connection back to its listening port.
+    When one answers and none can connect (a home router without a forwarded port), the node averages as a
+    client, through peers that can be dialled, instead of failing the rounds that wait for connections to it.
+    Off: rely on swarm.client_mode and swarm.announce_addrs alone."""
+
     nat_port_map: bool = True
     """Ask the LAN router for a port mapping (UPnP / NAT-PMP). Turn off on loopback and in tests."""
 

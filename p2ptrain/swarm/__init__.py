@@ -2,6 +2,7 @@
 
 - ``dht``              builds the DHT: identity, addresses, bootstrap, fingerprint, NAT settings
 - ``identity``         the libp2p identity key as a signer, bound to a peer ID
+- ``dialback``         asks a peer to connect back (can this node be dialled?), and answers peers that ask
 - ``reach``            how peers reach this node (public, relayed, client, unknown) and the line that says it
 - ``records``          signed per-peer records: publish our own, read and validate everyone's
 - ``recordcheck``      what one record must be to enter a swarm view

@@ -6,9 +6,9 @@ and sends each peer one hivemind DHT ping with ``validate``: the reply carries t
 (``get_dht_time``, its wall clock), and ``validate`` makes the peer ping the sender back before it
 answers.  The clock offset is the peer's time minus the middle of our request's round trip, so it
 is good to half the round trip.  A peer that dials back over the connection our ping opened proves
-that our DHT answers, not that a new connection from outside would get through a NAT: the swarm's
-own reachability detection decides that; this is the bounded check a volunteer can run before a
-node starts.
+only that our DHT answers; the peers that answered are then asked to open a new connection to the
+probe's port (:mod:`p2ptrain.swarm.dialback`, the check a node makes at start), which is what a home
+router without a forwarded port drops.
 
 The DHT's creation does not ping the peers itself (hivemind would refuse to start with a clock
 that is off by more than :data:`MAX_CLOCK_OFFSET`, which is what this probe is there to report).
@@ -29,6 +29,8 @@ from hivemind.proto import dht_pb2
 from hivemind.utils import get_dht_time
 from hivemind.utils.timed_storage import MAX_DHT_TIME_DISCREPANCY_SECONDS
 from multiaddr import Multiaddr
+
+from p2ptrain.swarm.dialback import Dialback, ask_dialback
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,8 @@ class SwarmProbe:
     answers: tuple[PeerAnswer, ...] = ()
     listen: tuple[str, ...] = ()
     error: str = ""
+    dialback: Dialback = Dialback(None)
+    """Whether a peer that answered could open a new connection to the probe's port (None: none could say)."""
 
     @property
     def answered(self) -> list[PeerAnswer]:
@@ -109,6 +113,8 @@ def probe_swarm(peers: Sequence[str], listen: Sequence[str], *, timeout: float =
     try:
         listening = tuple(str(addr) for addr in dht.get_visible_maddrs())
         replies = dht.run_coroutine(functools.partial(_ping_peers, named, timeout)) if named else []
+        answered = [reply[0] for reply in replies if reply[1] is not None]
+        dialback = ask_dialback(dht, answered, listening) if answered else Dialback(None)
     except Exception as exc:
         return SwarmProbe(error=f"the probe's DHT failed: {str(exc).splitlines()[-1][:200]}")
     finally:
@@ -121,4 +127,4 @@ def probe_swarm(peers: Sequence[str], listen: Sequence[str], *, timeout: float =
             continue
         _, offset, round_trip, dialled_back, error = by_id[peer_id]
         answers.append(PeerAnswer(maddr, offset, round_trip, dialled_back, error))
-    return SwarmProbe(tuple(answers), listening)
+    return SwarmProbe(tuple(answers), listening, dialback=dialback)

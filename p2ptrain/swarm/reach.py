@@ -1,11 +1,13 @@
-"""How other peers reach this node: the decision from what libp2p reports, and the one line that says it.
+"""How other peers reach this node: the decision from what libp2p reports and what a peer found when
+it dialled back, and the lines that say it.
 
-The decision used to be guessed from address strings in the daemon, and every node with an address
-claimed to be dialled directly, NATed or not.  Here a node is ``public`` only when an address it
-announces (``swarm.announce_addrs``, e.g. a forwarded port) is among the addresses libp2p listens on
-and announces, ``relayed`` when libp2p holds a circuit relay reservation (an address through
-``/p2p-circuit``), ``client`` in client mode (dials out, accepts nothing) and ``unknown`` otherwise:
-nothing has shown that a peer can dial it.
+A node is ``public`` when an address it announces (``swarm.announce_addrs``, e.g. a forwarded port)
+is among the addresses libp2p listens on and announces, or when a peer it joined through opened a
+connection to it (:mod:`p2ptrain.swarm.dialback`); ``client`` in client mode, and when the peers it
+asked could not connect: it then averages as a client, through peers that can be dialled;
+``relayed`` when libp2p holds a circuit relay reservation (an address through ``/p2p-circuit``);
+``unknown`` when nothing has shown either way.  A client swarm needs at least one peer others can
+dial: :class:`ReachablePeerWatch` says so, once, when none is online.
 """
 
 from __future__ import annotations
@@ -32,24 +34,68 @@ class Reach:
         if self.state == Reachability.RELAYED:
             return f"reachability: relayed; peers dial {self.address} (through a relay on a public peer)"
         if self.state == Reachability.CLIENT:
-            return "reachability: client; this node dials out only and averages through reachable peers"
+            tried = f" (a peer could not connect to {self.address})" if self.address else ""
+            return (f"reachability: client{tried}; this node dials out only and averages through peers that "
+                    "can be dialled; to accept connections, forward its TCP port to this machine and set "
+                    "swarm.announce_addrs")
         where = f" (listening on {self.address})" if self.address else ""
         return (f"reachability: unknown{where}; if peers cannot dial this node, forward its port and set "
                 "swarm.announce_addrs, or set swarm.client_mode")
 
 
-def decide(maddrs: Sequence[str], *, client_mode: bool, announce: Sequence[str] = ()) -> Reach:
-    """What ``maddrs`` (the node's visible multiaddrs) and its settings say about its reachability."""
-    if client_mode:
-        return Reach(Reachability.CLIENT)
+def decide(maddrs: Sequence[str], *, client_mode: bool, announce: Sequence[str] = (),
+           dialable: bool | None = None, dialed: str = "") -> Reach:
+    """What ``maddrs`` (the node's visible multiaddrs), its settings and a peer's dial-back (``dialable``,
+    at ``dialed``: the ``ip:port`` a peer connected to or the IP it tried) say about its reachability."""
+    if client_mode or dialable is False:
+        return Reach(Reachability.CLIENT, dialed)
     relayed = [addr for addr in maddrs if "/p2p-circuit" in addr]
     announced = [addr for addr in maddrs if announce and any(addr.startswith(a.rstrip("/")) for a in announce)]
     if announced:
         return Reach(Reachability.PUBLIC, announced[0])
+    if dialable and dialed:
+        return Reach(Reachability.PUBLIC, _as_multiaddr(dialed))
     if relayed:
         return Reach(Reachability.RELAYED, relayed[0])
     direct = [addr for addr in maddrs if not addr.startswith(_LOOPBACK)] or list(maddrs)
     return Reach(Reachability.UNKNOWN, direct[0] if direct else "")
+
+
+def _as_multiaddr(address: str) -> str:
+    host, _, port = address.rpartition(":")
+    return f"/{'ip6' if ':' in host else 'ip4'}/{host}/tcp/{port}"
+
+
+class ReachablePeerWatch:
+    """Says, once, that a client node's rounds cannot happen: no peer that others can dial is training
+    (an averaging group needs one to connect its clients), and once again when one is back.
+
+    The first line waits for ``grace`` seconds of that state: a public peer's record missing from one
+    read of the swarm view, or not yet published at start, is weather, not news.
+    """
+
+    def __init__(self, grace: float = 10.0) -> None:
+        self._grace = grace
+        self._since: float | None = None
+        self._said = False
+
+    def observe(self, reachable: int, training: int, now: float) -> str | None:
+        """The line to log when the state changes (None: nothing to say).  ``reachable``: peers training
+        that others can dial; ``training``: peers training, this node included; ``now``: a monotonic clock."""
+        if reachable > 0:
+            self._since = None
+            if not self._said:
+                return None
+            self._said = False
+            return f"a peer that others can dial is training again ({reachable} of {training}): averaging resumes"
+        if self._since is None:
+            self._since = now
+        if self._said or now - self._since < self._grace:
+            return None
+        self._said = True
+        return (f"no peer that others can dial is training (of {training} seen training, all clients): averaging "
+                "needs at least one reachable peer in the run (a public machine, or a forwarded port with "
+                "swarm.announce_addrs); training goes on locally until one joins")
 
 
 def missing_announced(maddrs: Sequence[str], announce: Sequence[str]) -> list[str]:

@@ -1,5 +1,5 @@
 """``p2ptrain doctor`` against a real DHT peer on 127.0.0.1: the clock offset it measures through the
-DHT's ping, the dial-back, and a peer that does not answer."""
+DHT's ping, the dial-back (a new connection to the probe's port), and a peer that does not answer."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import hivemind
 import pytest
 
+from p2ptrain.swarm.dialback import serve_dialback
 from p2ptrain.swarm.probe import probe_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -22,7 +23,9 @@ LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[str]:
+    """A node of the swarm: it answers pings and dial-back checks."""
     dht = hivemind.DHT(host_maddrs=[LOOPBACK], start=True, nat_port_map=False, auto_nat=False)
+    serve_dialback(dht)
     try:
         yield str(dht.get_visible_maddrs()[0])
     finally:
@@ -50,6 +53,8 @@ def test_probe_measures_the_clock_and_is_dialled_back(peer: str) -> None:
     live, gone = probe.answers
     assert live.offset is not None and abs(live.offset) < 1.0, live  # the same clock, half a round trip off
     assert live.dialled_back is True
+    port = probe.listen[0].split("/")[4]
+    assert (probe.dialback.dialable, probe.dialback.address) == (True, f"127.0.0.1:{port}")  # a new connection
     assert gone.offset is None and gone.error
 
 
@@ -62,5 +67,6 @@ def test_doctor_command_joins_a_peer_and_reports_json(peer: str, tmp_path: Path)
     checks = {check["name"]: check for check in json.loads(done.stdout)["checks"]}
     assert checks["clock"]["status"] == "ok", checks["clock"]
     assert "against 1 peer" in checks["clock"]["found"]
-    assert checks["port"]["status"] == "ok" and "dialled back" in checks["port"]["found"], checks["port"]
+    port = checks["port"]
+    assert port["status"] == "ok" and "connected to it at 127.0.0.1:" in port["found"], port
     assert done.returncode == 0, done.stderr

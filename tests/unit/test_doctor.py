@@ -14,6 +14,7 @@ import pytest
 from p2ptrain.cli import doctor
 from p2ptrain.cli.doctor import ClockReading, Machine
 from p2ptrain.cli.main import build_parser, main
+from p2ptrain.swarm.dialback import Dialback
 from p2ptrain.swarm.probe import MAX_CLOCK_OFFSET, PeerAnswer, SwarmProbe
 
 PEER = "/ip4/127.0.0.1/tcp/41999/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
@@ -104,6 +105,24 @@ def test_the_four_faults_each_fail_in_one_line(tmp_path: Path, capsys: pytest.Ca
     assert "training.lr" in failed["config"]
     assert lines[-1] == "4 problem(s)"
     assert code == 1
+
+
+def test_the_port_check_goes_by_a_new_connection_from_a_peer(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ping's dial-back reuses the probe's own connection (a NAT lets it through): when a peer was
+    asked to open a new one, its answer decides."""
+    def answered_with(dialback: Dialback):
+        def probe(peers: Sequence[str], listen: Sequence[str], timeout: float) -> SwarmProbe:
+            return SwarmProbe(tuple(PeerAnswer(peer, 0.01, 0.002, True) for peer in peers), dialback=dialback)
+        return probe
+
+    assert run(config, healthy(probe=answered_with(Dialback(False, "198.51.100.7", "QmPeer"))), "--join", PEER) == 1
+    port = next(line for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == ["port"])
+    assert port.startswith("FAIL") and "could not connect to it at 198.51.100.7" in port, port
+    assert "forward TCP 41400" in port and "averages as a client" in port
+    assert run(config, healthy(probe=answered_with(Dialback(True, "198.51.100.7:41400", "QmPeer"))),
+               "--join", PEER) == 0
+    port = next(line for line in capsys.readouterr().out.splitlines() if line.split()[1:2] == ["port"])
+    assert port.startswith("ok") and "connected to it at 198.51.100.7:41400" in port, port
 
 
 def test_json_has_every_check_and_the_verdict(config: Path, capsys: pytest.CaptureFixture[str]) -> None:

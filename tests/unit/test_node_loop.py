@@ -6,6 +6,7 @@ watchdog while a step is stuck, and the exit code of every way a node can end.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.optim.trainer import StepStats
 from p2ptrain.status import PauseReason
 from p2ptrain.swarm.dht import FingerprintMismatch, IdentityInUse, IdentityLock, SwarmError
+from p2ptrain.swarm.dialback import Dialback
 from tests.support.clock import ManualClock
 
 STEPS_PER_EPOCH = 4
@@ -145,10 +147,11 @@ class FakeBuilder:
     """The builder's methods with fakes; an owned run's plan and keeper are whatever a test sets."""
 
     def __init__(self, clock: ManualClock, *, swarm_epoch: int = 0, fail_join: Exception | None = None,
-                 fail_build: Exception | None = None, on_step: Any = None) -> None:
+                 fail_build: Exception | None = None, on_step: Any = None, dialback: Dialback | None = None) -> None:
         self.optimizer = FakeOptimizer(swarm_epoch)
         self.parts = FakeParts(FakeTrainer(self.optimizer, clock, on_step), self.optimizer)
         self.fail_join, self.fail_build = fail_join, fail_build
+        self.dialback = dialback
         self.swarm: FakeSwarm | None = None
         self.plan: Any = None
         self.keeper: Any = None
@@ -166,7 +169,7 @@ class FakeBuilder:
         if self.fail_join is not None:
             raise self.fail_join
         self.swarm = FakeSwarm(dht=None, peer_id="12D3KooWFake", maddrs=["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWFake"],
-                               state_dir=state_dir)
+                               state_dir=state_dir, dialback=self.dialback)
         return self.swarm
 
     def follow_run(self, plan: Any, swarm: JoinedSwarm) -> Any:
@@ -251,6 +254,28 @@ def test_trains_until_max_epochs_then_stops_cleanly_with_a_final_checkpoint(tmp_
     assert hooks.calls[0] == "starting" and hooks.calls[1] == "ready:12D3KooWFake" and hooks.calls[-1] == "stopping"
     assert node.stopper.reason == "max_epochs reached"
     assert node.latest.status().state == "stopped" and node.latest.status().samples_processed_total == 96
+
+
+def test_a_node_no_peer_could_dial_is_a_client_and_says_once_that_no_reachable_peer_trains(tmp_path, caplog):
+    caplog.set_level("INFO")
+    # 40 epochs of 0.4 s on the fake clock: past the 10 s the watch waits before it speaks
+    refused = Dialback(False, "198.51.100.7", "QmPeer")
+    node, _, _, _ = _node(tmp_path, max_epochs=40, builder_kwargs={"dialback": refused})
+    assert node.run() == 0
+    assert node.latest.status().reachability == "client"
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(m.startswith("reachability: client (a peer could not connect to 198.51.100.7)") for m in messages)
+    stranded = [r for r in caplog.records if "no peer that others can dial is training" in r.getMessage()]
+    assert len(stranded) == 1 and stranded[0].levelno == logging.WARNING, messages  # nobody else in its view
+
+
+def test_a_node_a_peer_dialled_back_is_public_and_says_nothing_of_reachable_peers(tmp_path, caplog):
+    caplog.set_level("INFO")
+    dialled = Dialback(True, "198.51.100.7:41400", "QmPeer")
+    node, _, _, _ = _node(tmp_path, max_epochs=40, builder_kwargs={"dialback": dialled})
+    assert node.run() == 0
+    assert node.latest.status().reachability == "public"
+    assert not any("reachable peer" in record.getMessage() for record in caplog.records)
 
 
 def test_pause_steps_aside_then_resume_rejoins_then_leave_stops(tmp_path):

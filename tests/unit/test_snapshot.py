@@ -107,7 +107,7 @@ def test_traffic_cpu_and_checkpoint_figures() -> None:
     assert (snap.last_checkpoint_time, snap.last_checkpoint_error) == (1.7e9 - 5, "disk full")
 
 
-def test_reachability_follows_the_addresses() -> None:
+def test_reachability_follows_the_addresses_and_the_dial_back() -> None:
     assert _snapshot(identity=NodeIdentity(client_mode=True)).reachability == "client"
     relayed = NodeIdentity(maddrs=("/ip4/127.0.0.1/tcp/1/p2p/R/p2p-circuit/p2p/" + PEER,))
     assert _snapshot(identity=relayed).reachability == "relayed"
@@ -115,6 +115,8 @@ def test_reachability_follows_the_addresses() -> None:
     public = "/ip4/203.0.113.9/tcp/41400"
     announced = NodeIdentity(maddrs=(f"{public}/p2p/{PEER}",), announce=(public,))
     assert _snapshot(identity=announced).reachability == "public"
+    assert _snapshot(identity=NodeIdentity(dialable=True, dialed="198.51.100.7:41400")).reachability == "public"
+    assert _snapshot(identity=NodeIdentity(dialable=False, dialed="198.51.100.7")).reachability == "client"
 
 
 def test_the_snapshot_round_trips_through_its_dict() -> None:
