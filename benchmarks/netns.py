@@ -83,3 +83,103 @@ def shaped_network(peers: int, rate: str = "20mbit") -> Iterator[ShapedNet]:
     finally:
         for ns in reversed(created):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+NAT_PREFIX = "p2pnat"
+#: The "internet" between the public peer and the routers' WAN sides.
+WAN_SUBNET = "10.214.0"
+
+
+@dataclass(frozen=True)
+class NatNet:
+    """One public peer and volunteers each behind its own NAT router (all in namespaces made here).
+
+    ``public_ns``/``public_address``: the public peer, dialable at its address.  ``homes[i]``: the
+    namespace a volunteer runs in, ``home_addresses[i]`` its private address, ``router_addresses[i]``
+    the WAN address its router masquerades it as.  Routers drop every connection opened from the WAN.
+    """
+
+    public_ns: str
+    public_address: str
+    homes: list[str]
+    home_addresses: list[str]
+    routers: list[str]
+    router_addresses: list[str]
+
+    def exec_prefix(self, ns: str) -> list[str]:
+        return ["ip", "netns", "exec", ns]
+
+
+def nat_unavailable() -> str | None:
+    """None when NAT routers can be built here (namespaces and iptables), else why not."""
+    reason = netns_unavailable()
+    if reason is not None:
+        return reason
+    try:
+        subprocess.run(["iptables", "--version"], capture_output=True, check=True, timeout=10)
+    except (FileNotFoundError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        return "iptables is not installed (make test installs it as root)"
+    return None
+
+
+def _veth(ns_a: str, dev_a: str, ns_b: str, dev_b: str) -> None:
+    _ip("ip", "link", "add", dev_a, "netns", ns_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
+    _ip("ip", "-n", ns_a, "link", "set", dev_a, "up")
+    _ip("ip", "-n", ns_b, "link", "set", dev_b, "up")
+
+
+@contextlib.contextmanager
+def nat_network(volunteers: int = 2, rate: str | None = None, forward: int | None = None) -> Iterator[NatNet]:
+    """A public peer and ``volunteers`` homes, each behind a MASQUERADE router that drops inbound
+    connections (a home router without forwarded ports).  ``rate``: every WAN link tbf-shaped.
+    ``forward``: a TCP port each router forwards to its home (the same port inside), as a volunteer
+    who set up port forwarding has it."""
+    wan, public = f"{NAT_PREFIX}-wan", f"{NAT_PREFIX}-pub"
+    homes = [f"{NAT_PREFIX}-home{i}" for i in range(volunteers)]
+    routers = [f"{NAT_PREFIX}-rtr{i}" for i in range(volunteers)]
+    created: list[str] = []
+    try:
+        for ns in [wan, public, *routers, *homes]:
+            _ip("ip", "netns", "add", ns)
+            created.append(ns)
+            _ip("ip", "-n", ns, "link", "set", "lo", "up")
+        _ip("ip", "-n", wan, "link", "add", "br0", "type", "bridge")
+        _ip("ip", "-n", wan, "link", "set", "br0", "up")
+        wan_links = [(public, "wan0", f"{WAN_SUBNET}.1")]
+        wan_links += [(router, "wan0", f"{WAN_SUBNET}.{10 + i}") for i, router in enumerate(routers)]
+        for i, (ns, dev, address) in enumerate(wan_links):
+            _veth(ns, dev, wan, f"port{i}")
+            _ip("ip", "-n", wan, "link", "set", f"port{i}", "master", "br0")
+            _ip("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", dev)
+            if rate:
+                for where, link in ((ns, dev), (wan, f"port{i}")):
+                    _ip("tc", "-n", where, "qdisc", "add", "dev", link, "root", "tbf", "rate", rate,
+                        "burst", "64kb", "latency", "100ms")
+        home_addresses = []
+        for i, (router, home) in enumerate(zip(routers, homes, strict=True)):
+            lan = f"192.168.{10 + i}"
+            _veth(router, "lan0", home, "eth0")
+            _ip("ip", "-n", router, "addr", "add", f"{lan}.1/24", "dev", "lan0")
+            _ip("ip", "-n", home, "addr", "add", f"{lan}.2/24", "dev", "eth0")
+            _ip("ip", "-n", home, "route", "add", "default", "via", f"{lan}.1")
+            home_addresses.append(f"{lan}.2")
+            router_cmd = ["ip", "netns", "exec", router]
+            _ip(*router_cmd, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            _ip(*router_cmd, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "wan0", "-j", "MASQUERADE")
+            _ip(*router_cmd, "iptables", "-A", "FORWARD", "-i", "wan0", "-o", "lan0", "-m", "conntrack",
+                "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+            if forward is not None:
+                _ip(*router_cmd, "iptables", "-t", "nat", "-A", "PREROUTING", "-i", "wan0", "-p", "tcp", "--dport",
+                    str(forward), "-j", "DNAT", "--to-destination", f"{lan}.2:{forward}")
+                _ip(*router_cmd, "iptables", "-A", "FORWARD", "-i", "wan0", "-p", "tcp", "-d", f"{lan}.2",
+                    "--dport", str(forward), "-j", "ACCEPT")
+            _ip(*router_cmd, "iptables", "-A", "FORWARD", "-i", "wan0", "-j", "DROP")
+            # Nothing on the WAN may open a connection to the router itself either.
+            _ip(*router_cmd, "iptables", "-A", "INPUT", "-i", "wan0", "-m", "conntrack",
+                "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+            _ip(*router_cmd, "iptables", "-A", "INPUT", "-i", "wan0", "-j", "DROP")
+        yield NatNet(public, f"{WAN_SUBNET}.1", homes, home_addresses, routers,
+                     [f"{WAN_SUBNET}.{10 + i}" for i in range(volunteers)])
+    finally:
+        for ns in reversed(created):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
