@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the test suite uses as real tools: tmux (the TUI in a real terminal),
 # systemd (systemd-analyze verify/security on the unit files), iproute2 (network namespaces and tbf
-# for the partition and bandwidth tests), iptables (NAT routers in namespaces), curl (reaches a node's API inside its namespace), and
-# Prometheus' own binaries (unpacked, service not started).
+# for the partition and bandwidth tests), iptables (the NAT routers of the volunteers-at-home test),
+# curl (reaches a node's API inside its namespace), and Prometheus' own binaries (unpacked, service
+# not started).
 # Needs root; without root it only says what is missing (those tests then skip outside CI).
 set -euo pipefail
 
