@@ -38,7 +38,8 @@ system-deps:
 # snapshots serve a fixed port).  The integration tests and the fault scenarios then run three at a
 # time: they wait for rounds and events, not for throughput, and their nodes train within a share of
 # the machine (tests/integration/conftest.py, tests/chaos/conftest.py).  Last, one at a time with the
-# machine to themselves, the tests marked `alone` (a CPU share they measure, a shaped link).
+# machine to themselves, the tests marked `alone` (a CPU share they measure, a shaped link, a share of
+# full rounds).
 # PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests collected) is a
 # failure here, not a pass.
 test: venv system-deps
