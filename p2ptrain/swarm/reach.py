@@ -54,7 +54,7 @@ def decide(maddrs: Sequence[str], *, client_mode: bool, announce: Sequence[str] 
     if announced:
         return Reach(Reachability.PUBLIC, announced[0])
     if dialable and dialed:
-        return Reach(Reachability.PUBLIC, _as_multiaddr(dialed))
+        return Reach(Reachability.PUBLIC, _as_multiaddr(dialed) + _peer_suffix(maddrs))
     if relayed:
         return Reach(Reachability.RELAYED, relayed[0])
     direct = [addr for addr in maddrs if not addr.startswith(_LOOPBACK)] or list(maddrs)
@@ -64,6 +64,12 @@ def decide(maddrs: Sequence[str], *, client_mode: bool, announce: Sequence[str] 
 def _as_multiaddr(address: str) -> str:
     host, _, port = address.rpartition(":")
     return f"/{'ip6' if ':' in host else 'ip4'}/{host}/tcp/{port}"
+
+
+def _peer_suffix(maddrs: Sequence[str]) -> str:
+    """``/p2p/<peer id>`` as the visible addresses end (so the address shown is one to join with), or ""."""
+    direct = [addr for addr in maddrs if "/p2p-circuit" not in addr and "/p2p/" in addr]
+    return direct[0][direct[0].rindex("/p2p/"):] if direct else ""
 
 
 class ReachablePeerWatch:

@@ -61,6 +61,8 @@ def test_relays_must_name_their_peer() -> None:
 def test_a_peer_that_connected_back_makes_the_node_public_at_the_address_it_dialled() -> None:
     reach = decide([LAN], client_mode=False, dialable=True, dialed="198.51.100.7:41400")
     assert (reach.state, reach.address) == (Reachability.PUBLIC, "/ip4/198.51.100.7/tcp/41400")
+    joinable = decide([CIRCUIT + PEER, LAN + PEER], client_mode=False, dialable=True, dialed="198.51.100.7:41400")
+    assert joinable.address == "/ip4/198.51.100.7/tcp/41400" + PEER  # an address to join with
 
 
 def test_a_peer_that_could_not_connect_makes_the_node_a_client_even_with_a_relay_address() -> None:
