@@ -67,9 +67,18 @@ class RecordPublisher:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread, then publish a last record: the node is leaving (its state says so), and its
+        peers' views show that at their next read instead of a training peer until the record's TTL.
+        The store is not waited for: a DHT that is slow now must not hold the node's exit up."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self._period + 5)
+        status = self._latest.status()
+        if status.peer_id and self._started is not None:
+            try:
+                self._book.publish(PeerRecord.from_status(status), status.model_fingerprint)
+            except Exception as exc:  # leaving goes on whatever the DHT says
+                logger.debug("last peer record not published: %r", exc)
 
     def _run(self) -> None:
         while not self._stop.wait(self.tick()):

@@ -22,10 +22,12 @@ class FakeBook:
         self.bound_keys: dict[bytes, str] = {}
         self.dht_peers: frozenset[str] = frozenset()
         self.polled = threading.Event()
+        self.last_state = ""
 
     def publish(self, record: PeerRecord, fingerprint: str = "") -> None:
         with self.lock:
             self.publishes += 1
+            self.last_state = record.state
 
     def poll(self) -> SwarmView:
         with self.lock:
@@ -96,4 +98,22 @@ def test_the_thread_runs_the_passes_and_a_stop_ends_its_wait_at_once() -> None:
     finally:
         records.stop()  # joins for up to period + 5 s if the stop did not end the wait
     assert not records._thread.is_alive()
-    assert book.publishes == 1 and evidence.records_seen.is_set()
+    assert book.publishes == 2 and evidence.records_seen.is_set()  # the pass, and the last record on leaving
+
+
+def test_a_leaving_node_publishes_a_last_record_that_says_so() -> None:
+    """Its peers see it leave at their next read, not a training peer until the record's TTL."""
+    book, clock = FakeBook(empty_polls=0), ManualClock(1000.0)
+    records, _ = publisher(book, period=5.0, clock=clock)
+    records.tick()
+    assert (book.publishes, book.last_state) == (1, "starting")
+    records._latest.publish(StatusSnapshot(peer_id="QmSelf", state="stopping"))
+    records.stop()
+    assert (book.publishes, book.last_state) == (2, "stopping")
+
+
+def test_a_node_that_never_published_says_nothing_when_it_stops() -> None:
+    book = FakeBook(empty_polls=0)
+    records, _ = publisher(book, period=5.0, clock=ManualClock(1000.0))
+    records.stop()
+    assert book.publishes == 0
