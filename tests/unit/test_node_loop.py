@@ -256,26 +256,22 @@ def test_trains_until_max_epochs_then_stops_cleanly_with_a_final_checkpoint(tmp_
     assert node.latest.status().state == "stopped" and node.latest.status().samples_processed_total == 96
 
 
-def test_a_node_no_peer_could_dial_is_a_client_and_says_once_that_no_reachable_peer_trains(tmp_path, caplog):
+@pytest.mark.parametrize(("dialback", "reachability", "lines"), [
+    (Dialback(False, "198.51.100.7", "QmPeer"), "client",
+     ["reachability: client (a peer could not connect to 198.51.100.7)", "no peer that others can dial is training"]),
+    (Dialback(True, "198.51.100.7:41400", "QmPeer"), "public", ["reachability: public; peers dial /ip4/198.51.100.7"]),
+])
+def test_what_a_peer_found_dialling_back_decides_reachability_and_the_reachable_peer_line(
+        tmp_path, caplog, dialback: Dialback, reachability: str, lines: list[str]) -> None:
+    """A client with nobody in its swarm view says once, at WARNING, that no reachable peer trains (after the
+    watch's 10 s: 40 epochs of 0.4 s on the fake clock); a public node never speaks of reachable peers."""
     caplog.set_level("INFO")
-    # 40 epochs of 0.4 s on the fake clock: past the 10 s the watch waits before it speaks
-    refused = Dialback(False, "198.51.100.7", "QmPeer")
-    node, _, _, _ = _node(tmp_path, max_epochs=40, builder_kwargs={"dialback": refused})
+    node, _, _, _ = _node(tmp_path, max_epochs=40, builder_kwargs={"dialback": dialback})
     assert node.run() == 0
-    assert node.latest.status().reachability == "client"
-    messages = [record.getMessage() for record in caplog.records]
-    assert any(m.startswith("reachability: client (a peer could not connect to 198.51.100.7)") for m in messages)
-    stranded = [r for r in caplog.records if "no peer that others can dial is training" in r.getMessage()]
-    assert len(stranded) == 1 and stranded[0].levelno == logging.WARNING, messages  # nobody else in its view
-
-
-def test_a_node_a_peer_dialled_back_is_public_and_says_nothing_of_reachable_peers(tmp_path, caplog):
-    caplog.set_level("INFO")
-    dialled = Dialback(True, "198.51.100.7:41400", "QmPeer")
-    node, _, _, _ = _node(tmp_path, max_epochs=40, builder_kwargs={"dialback": dialled})
-    assert node.run() == 0
-    assert node.latest.status().reachability == "public"
-    assert not any("reachable peer" in record.getMessage() for record in caplog.records)
+    assert node.latest.status().reachability == reachability
+    spoken = [record for record in caplog.records if "reachab" in record.getMessage()]
+    assert [r.getMessage()[:len(line)] for r, line in zip(spoken, lines, strict=False)] == lines, spoken
+    assert len(spoken) == len(lines) and all(r.levelno == logging.WARNING for r in spoken[1:])
 
 
 def test_pause_steps_aside_then_resume_rejoins_then_leave_stops(tmp_path):
