@@ -65,22 +65,31 @@ def parse_request(line: bytes) -> list[int] | None:
     word, _, rest = text.partition(" ")
     if word != "dialback" or not rest:
         return None
-    ports: list[int] = []
-    for item in rest.split(",")[:MAX_PORTS]:
-        if not item.isdigit() or not 0 < int(item) < 65536:
-            return None
-        ports.append(int(item))
-    return ports
+    ports = [_port_or_none(item) for item in rest.split(",")[:MAX_PORTS]]
+    return None if None in ports else [port for port in ports if port is not None]
 
 
 def parse_answer(line: bytes) -> tuple[bool | None, str]:
-    """(connected, address) from an answer line; (None, "") for ``busy`` or anything else."""
+    """(connected, address) from an answer line; (None, "") for ``busy`` or anything else.  The address
+    is shown in the node's log and status, so it must be an IP address (and a port), nothing else."""
     words = line.decode("ascii", errors="replace").split()
-    if len(words) == 3 and words[0] == "ok":
-        return True, f"{words[1]}:{words[2]}"
-    if len(words) == 2 and words[0] == "no":
-        return False, words[1]
+    ip = _ip_or_none(words[1]) if len(words) in (2, 3) else None
+    if ip is not None and len(words) == 3 and words[0] == "ok" and _port_or_none(words[2]) is not None:
+        return True, f"{ip}:{int(words[2])}"
+    if ip is not None and len(words) == 2 and words[0] == "no":
+        return False, ip
     return None, ""
+
+
+def _ip_or_none(text: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
+def _port_or_none(text: str) -> int | None:
+    return int(text) if text.isdigit() and 0 < int(text) < 65536 else None
 
 
 def observed_ip(addr: Multiaddr) -> str | None:
@@ -89,12 +98,7 @@ def observed_ip(addr: Multiaddr) -> str | None:
     if "/p2p-circuit" in text:
         return None
     parts = text.split("/")
-    if len(parts) >= 3 and parts[1] in ("ip4", "ip6"):
-        try:
-            return str(ipaddress.ip_address(parts[2]))
-        except ValueError:
-            return None
-    return None
+    return _ip_or_none(parts[2]) if len(parts) >= 3 and parts[1] in ("ip4", "ip6") else None
 
 
 async def _read_line(reader: asyncio.StreamReader, timeout: float) -> bytes:
@@ -144,8 +148,8 @@ class DialbackService:
             writer.write(answer + b"\n")
             async with asyncio.timeout(DIAL_TIMEOUT):
                 await writer.drain()
-        except (OSError, TimeoutError, asyncio.IncompleteReadError):
-            pass  # the requester went away: nothing to answer
+        except Exception as error:  # the requester went away, or sent what no check allows: never raise here
+            logger.debug("dial-back check for %s not answered: %r", getattr(info, "peer_id", "?"), error)
         finally:
             writer.close()
 

@@ -31,6 +31,10 @@ def test_answers_parse_and_anything_else_is_no_answer() -> None:
     assert parse_answer(b"no 198.51.100.7") == (False, "198.51.100.7")
     assert parse_answer(b"busy") == (None, "")
     assert parse_answer(b"ok") == (None, "")
+    # What a peer answers ends up in the log and the status: only an IP address and a port get through.
+    for hostile in (b"ok \x1b[31mred 41400", b"ok 198.51.100.7 99999", b"ok 198.51.100.7 x", b"no evil.example",
+                    b"no 198.51.100.7 41400 extra", b"ok 198.51.100.7 41400 extra"):
+        assert parse_answer(hostile) == (None, ""), hostile
 
 
 def test_the_observed_ip_is_taken_only_from_a_direct_ip_address() -> None:
