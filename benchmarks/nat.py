@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.netns import NatNet, nat_network, nat_unavailable
+from benchmarks.netns import nat_network, nat_unavailable
 from p2ptrain.local.swarm import LocalNode
 from p2ptrain.status import StatusSnapshot
 
@@ -51,16 +50,6 @@ def _node(base: Path, name: str, run_id: str, netns: str, **swarm: object) -> Lo
     node = LocalNode(name, base / name, run_id, overrides)
     node.netns = netns
     return node
-
-
-def _wan_bytes(net: NatNet) -> int:
-    """Bytes sent so far on every WAN link (the public node's and each router's)."""
-    total = 0
-    for ns in (net.public_ns, *net.routers):
-        done = subprocess.run(["ip", "netns", "exec", ns, "cat", "/sys/class/net/wan0/statistics/tx_bytes"],
-                              capture_output=True, text=True, check=True, timeout=10)
-        total += int(done.stdout.strip())
-    return total
 
 
 def _statuses(nodes: list[LocalNode]) -> list[StatusSnapshot]:
@@ -86,9 +75,9 @@ def run_topology(topology: str, seconds: float, rate: str | None, base: Path) ->
                 volunteer.start(join=join)
             for node in nodes:
                 node.wait_for(lambda s: s.state == "training" and s.peers_online == 3, 180, "three peers training")
-            first, wan_first, started = _statuses(nodes), _wan_bytes(net), time.monotonic()
+            first, wan_first, started = _statuses(nodes), net.wan_tx_bytes(), time.monotonic()
             time.sleep(seconds)
-            last, wan_last, window = _statuses(nodes), _wan_bytes(net), time.monotonic() - started
+            last, wan_last, window = _statuses(nodes), net.wan_tx_bytes(), time.monotonic() - started
         finally:
             LocalNode.stop_all(nodes, timeout=20)
     samples = sum(b.samples_processed_total - a.samples_processed_total for a, b in zip(first, last, strict=True))

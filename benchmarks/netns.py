@@ -27,12 +27,14 @@ class ShapedNet:
 
     def tx_bytes(self) -> int:
         """Bytes the peers have sent on their links so far (their upload, protocol overhead included)."""
-        total = 0
-        for ns, dev in zip(self.namespaces, self.interfaces, strict=True):
-            out = subprocess.run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{dev}/statistics/tx_bytes"],
-                                 capture_output=True, text=True, check=True, timeout=10)
-            total += int(out.stdout.strip())
-        return total
+        return sum(_tx_bytes(ns, dev) for ns, dev in zip(self.namespaces, self.interfaces, strict=True))
+
+
+def _tx_bytes(ns: str, dev: str) -> int:
+    """Bytes sent so far on interface ``dev`` of namespace ``ns``."""
+    out = subprocess.run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{dev}/statistics/tx_bytes"],
+                         capture_output=True, text=True, check=True, timeout=10)
+    return int(out.stdout.strip())
 
 
 def _ip(*args: str) -> None:
@@ -95,19 +97,19 @@ class NatNet:
     """One public peer and volunteers each behind its own NAT router (all in namespaces made here).
 
     ``public_ns``/``public_address``: the public peer, dialable at its address.  ``homes[i]``: the
-    namespace a volunteer runs in, ``home_addresses[i]`` its private address, ``router_addresses[i]``
-    the WAN address its router masquerades it as.  Routers drop every connection opened from the WAN.
+    namespace a volunteer runs in, ``router_addresses[i]`` the WAN address its router masquerades it
+    as.  Routers drop every connection opened from the WAN (unless they forward a port).
     """
 
     public_ns: str
     public_address: str
     homes: list[str]
-    home_addresses: list[str]
     routers: list[str]
     router_addresses: list[str]
 
-    def exec_prefix(self, ns: str) -> list[str]:
-        return ["ip", "netns", "exec", ns]
+    def wan_tx_bytes(self) -> int:
+        """Bytes sent so far on every WAN link (the public peer's and each router's)."""
+        return sum(_tx_bytes(ns, "wan0") for ns in (self.public_ns, *self.routers))
 
 
 def nat_unavailable() -> str | None:
@@ -155,14 +157,12 @@ def nat_network(volunteers: int = 2, rate: str | None = None, forward: int | Non
                 for where, link in ((ns, dev), (wan, f"port{i}")):
                     _ip("tc", "-n", where, "qdisc", "add", "dev", link, "root", "tbf", "rate", rate,
                         "burst", "64kb", "latency", "100ms")
-        home_addresses = []
         for i, (router, home) in enumerate(zip(routers, homes, strict=True)):
             lan = f"192.168.{10 + i}"
             _veth(router, "lan0", home, "eth0")
             _ip("ip", "-n", router, "addr", "add", f"{lan}.1/24", "dev", "lan0")
             _ip("ip", "-n", home, "addr", "add", f"{lan}.2/24", "dev", "eth0")
             _ip("ip", "-n", home, "route", "add", "default", "via", f"{lan}.1")
-            home_addresses.append(f"{lan}.2")
             router_cmd = ["ip", "netns", "exec", router]
             _ip(*router_cmd, "sysctl", "-qw", "net.ipv4.ip_forward=1")
             _ip(*router_cmd, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "wan0", "-j", "MASQUERADE")
@@ -178,8 +178,7 @@ def nat_network(volunteers: int = 2, rate: str | None = None, forward: int | Non
             _ip(*router_cmd, "iptables", "-A", "INPUT", "-i", "wan0", "-m", "conntrack",
                 "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
             _ip(*router_cmd, "iptables", "-A", "INPUT", "-i", "wan0", "-j", "DROP")
-        yield NatNet(public, f"{WAN_SUBNET}.1", homes, home_addresses, routers,
-                     [f"{WAN_SUBNET}.{10 + i}" for i in range(volunteers)])
+        yield NatNet(public, f"{WAN_SUBNET}.1", homes, routers, [f"{WAN_SUBNET}.{10 + i}" for i in range(volunteers)])
     finally:
         for ns in reversed(created):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
