@@ -1,11 +1,15 @@
 """The distribution's metadata: every package and every file a command reads is in the wheel, a
-headless install stays small, and the test tools' extra brings what the tests exercise."""
+headless install stays small, the test tools' extra brings what the tests exercise, and the floors of
+torch and pyarrow leave out the versions that run code from a file they read."""
 
 from __future__ import annotations
 
 import fnmatch
+import re
 import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -46,6 +50,24 @@ def test_a_headless_install_needs_neither_textual_nor_pyarrow() -> None:
     # The tests exercise every extra but gpu and cloud (whose store clients they stand in for; fsspec comes with torch).
     assert "p2ptrain[tui,parquet,zstd,hf]" in extras["dev"] and "fsspec" in extras["cloud"][0]
     assert "gpu" in extras
+
+
+def _requirement(name: str, requirements: list[str]) -> Requirement:
+    [found] = [Requirement(r) for r in requirements if re.match(rf"{name}\b", r)]
+    return found
+
+
+def test_pyarrow_floor_excludes_the_parquet_code_execution_bug() -> None:
+    # CVE-2023-47248: pyarrow 0.14.0 to 14.0.0 unpickle code from a Parquet file's metadata.
+    spec = _requirement("pyarrow", PROJECT["project"]["optional-dependencies"]["parquet"]).specifier
+    assert not spec.contains("14.0.0") and spec.contains("14.0.1"), spec
+
+
+def test_torch_floor_has_the_weights_only_fixes() -> None:
+    # torch.load(weights_only=True) keeps a checkpoint from running code only from 2.10 on
+    # (CVE-2025-32434, fixed in 2.6; CVE-2026-24747, fixed in 2.10).  2.13.0 is the CPU build CI installs.
+    spec = _requirement("torch", PROJECT["project"]["dependencies"]).specifier
+    assert not spec.contains("2.9.1") and spec.contains("2.10.0") and spec.contains("2.13.0"), spec
 
 
 def test_the_console_script_and_long_description() -> None:
