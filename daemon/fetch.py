@@ -354,10 +354,11 @@ def fetch_command(args: argparse.Namespace) -> int:
     except ExportError as error:
         return _fail(str(error), EX_FAILURE)
 
-    from p2ptrain.daemon.children import tie_children_to_this_process
+    from p2ptrain.daemon.children import share_tensors_by_descriptor, tie_children_to_this_process
     from p2ptrain.daemon.logsetup import configure_logging
 
     configure_logging(config.node.log_level, config.node.log_format)
+    share_tensors_by_descriptor()
     tie_children_to_this_process()
     state_dir, temporary = client_state_dir(config)
     fetcher = ModelFetcher(fetch_config(config, args.join, state_dir, args.timeout), timeout=args.timeout,

@@ -18,7 +18,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 from p2ptrain.config.schema import ConfigError, NodeConfig, load_config, parse_multiaddr
-from p2ptrain.daemon.children import tie_children_to_this_process
+from p2ptrain.daemon.children import share_tensors_by_descriptor, tie_children_to_this_process
 from p2ptrain.daemon.control import Command, ControlRequest
 from p2ptrain.daemon.logbuffer import LogRing
 from p2ptrain.daemon.logsetup import configure_logging
@@ -71,6 +71,7 @@ def run_node(args: argparse.Namespace) -> NoReturn:
             parse_multiaddr(addr, need_peer_id=True)
         except ValueError as exc:
             raise ConfigError(f"--join: {exc}") from None
+    share_tensors_by_descriptor()  # before hivemind is imported, which reads it
     # The node's modules load torch and hivemind (seconds of CPU): only once the config has passed, so
     # that a bad one is refused at once, and a restart loop on it costs nothing.
     from p2ptrain.daemon.node import Node
