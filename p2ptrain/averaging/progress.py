@@ -34,6 +34,14 @@ from p2ptrain.trust.verdicts import MAX_EPOCH
 
 require_hivemind(__name__)
 
+#: Seconds after which a peer's progress entry no longer counts towards the round: a peer that trains
+#: reports at least once a step and about once a second, a paused one withdraws its entry, but
+#: hivemind re-publishes its last one (with its old time and rate) every ``metadata_expiration / 2``,
+#: and a crashed peer's lives until it expires.  Extrapolated from its old time and rate, such an entry
+#: makes every peer see the round due at once: rounds start early, and the swarm's progress is read at
+#: the shortest period, over and over, while the whole swarm is paused.  Far above any step time.
+STALE_AFTER = 30.0
+
 logger = logging.getLogger(__name__)
 
 
@@ -210,7 +218,7 @@ class SwarmProgressTracker(ProgressTracker):
         local = self.local_progress
         epoch = robust_global_epoch(local.epoch, list(self.peer_epochs.values()), quorum=self._quorum,
                                     unsupported=time.monotonic() >= self._distrust_until)
-        if not others:
+        if not any(now - e.time <= STALE_AFTER for e in others):
             remaining = max(0, self.target_batch_size - local.samples_accumulated)
             return GlobalTrainingProgress(
                 epoch, local.samples_accumulated, self.target_batch_size, num_peers=len(entries), num_clients=0,
@@ -219,12 +227,14 @@ class SwarmProgressTracker(ProgressTracker):
         rate = self.performance_ema.eps
         samples = estimated = 0.0
         for entry in entries:
+            if entry.peer_id != own_id and now - entry.time > STALE_AFTER:
+                continue  # a peer that stopped adding samples: it neither brings the round closer nor speeds it
             entry_rate = min(entry.samples_per_second, self._max_rate)
             rate += entry_rate
             if entry.epoch == epoch:
                 count = min(entry.samples_accumulated, self.target_batch_size)
                 samples += count
-                estimated += count + max(0.0, min(now - entry.time, 3600.0)) * entry_rate
+                estimated += count + max(0.0, now - entry.time) * entry_rate
         eta = max(0.0, self.target_batch_size - estimated) / rate
         num_peers = len(entries)
         expected_peers = max(num_peers + self.expected_drift_peers, num_peers * (1 + self.expected_drift_rate))

@@ -11,10 +11,11 @@ import pytest
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import PeerID
+from hivemind.utils import get_dht_time
 
 from p2ptrain.averaging.diloco import DiLoCoAverager
 from p2ptrain.averaging.hardened import HardenedAverager, HardenedGradientAverager
-from p2ptrain.averaging.progress import SwarmProgressTracker
+from p2ptrain.averaging.progress import STALE_AFTER, SwarmProgressTracker
 from p2ptrain.averaging.state_download import SafeTrainingStateAverager
 from p2ptrain.trust.peergate import PeerGate
 
@@ -64,9 +65,9 @@ class _FakeDht:
         return None
 
 
-def _entry(peer: int, epoch: int, samples: int = 10, rate: float = 5.0, client: bool = False):
+def _entry(peer: int, epoch: int, samples: int = 10, rate: float = 5.0, client: bool = False, time: float = 1.0e12):
     return SimpleNamespace(value={"peer_id": _peer(peer), "epoch": epoch, "samples_accumulated": samples,
-                                  "samples_per_second": rate, "time": 1.0e12, "client_mode": client})
+                                  "samples_per_second": rate, "time": time, "client_mode": client})
 
 
 def _tracker(gate: PeerGate | None = None) -> SwarmProgressTracker:
@@ -83,6 +84,23 @@ def test_one_peer_claiming_a_huge_epoch_moves_nothing_and_claims_are_bounded():
     assert progress.samples_accumulated == 30 + 100  # peer 4's claim counts at most one target batch
     assert progress.num_peers == 3  # the out-of-range entry is dropped
     assert tracker.peer_epochs == {str(PeerID(_peer(n))): e for n, e in ((1, 10), (2, 11), (4, 11))}
+
+
+def test_an_entry_not_refreshed_for_a_while_does_not_make_the_round_due():
+    # A paused peer's entry, re-published by hivemind with its old time and rate, or a crashed peer's:
+    # extrapolated over minutes it would fill the round, so every peer would average at once and read
+    # the swarm's progress at the shortest period.
+    tracker = _tracker()
+    tracker.local_progress = tracker._get_local_progress(3, 0)
+    now = get_dht_time()
+    stale = {b"a": _entry(1, 3, samples=20, rate=50.0, time=now - STALE_AFTER - 60),
+             b"b": _entry(2, 3, samples=20, rate=50.0, time=now - STALE_AFTER - 60)}
+    progress = tracker._parse_swarm_progress_data(stale)
+    assert progress.eta_next_epoch > now + 1 and progress.next_fetch_time >= now + tracker.default_refresh_period - 1
+    fresh = {**stale, b"c": _entry(3, 3, samples=20, rate=10.0, time=now - 1)}
+    progress = tracker._parse_swarm_progress_data(fresh)
+    assert progress.samples_accumulated == 20  # only the peer that still reports
+    assert now + 4 < progress.eta_next_epoch < now + 8  # (100 - 20 - 10 x 1 s) at 10/s, not "due now"
 
 
 def test_a_ban_takes_effect_without_waiting_for_the_next_fetch():
