@@ -9,7 +9,7 @@ from typing import Any
 
 from hivemind.averaging.key_manager import GroupKeyManager
 
-from p2ptrain.averaging.matchmaking import pace_group_polls
+from p2ptrain.averaging.matchmaking import POLL_INTERVAL, pace_group_polls, poll_interval
 
 
 class _Keys:
@@ -37,6 +37,18 @@ def test_reads_in_a_tight_loop_are_spaced_by_the_interval() -> None:
     assert answers == [[("peer-of-run.0b", 1.0)]] * 4
     gaps = [b - a for a, b in zip(keys.read_at, keys.read_at[1:], strict=False)]
     assert len(gaps) == 3 and min(gaps) >= 0.045
+
+
+def test_reads_are_a_tenth_of_the_matchmaking_time_apart_by_default() -> None:
+    # A follower learns of a leader at most a tenth of the leader's wait late; the swarm's DHT answers
+    # ten reads per round and seeker, not one every 0.1 s (50 a round at the shipped 5 s).
+    keys = _Keys()
+    matchmaking = SimpleNamespace(group_key_manager=keys, min_matchmaking_time=0.6)
+    pace_group_polls(matchmaking)
+    _read(matchmaking, 3)
+    gaps = [b - a for a, b in zip(keys.read_at, keys.read_at[1:], strict=False)]
+    assert min(gaps) >= 0.055
+    assert poll_interval(5.0) == 0.5 and poll_interval(0.2) == POLL_INTERVAL
 
 
 def test_the_first_read_is_not_delayed() -> None:
