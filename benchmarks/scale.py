@@ -17,7 +17,9 @@ They join one after another through the first node.  Reported per N:
   L2 distance), and the spread of the validation losses the nodes last reported.
 
 ``--against DIR`` runs every N with another checkout's code as well (same interpreter and packages,
-:mod:`benchmarks.checkout`), in alternating order, for a before/after side by side.  ``--link RATE``
+:mod:`benchmarks.startup`), in alternating order, for a before/after side by side.  ``--count-dht``
+also counts every node's DHT operations by key (:mod:`benchmarks.dht_ops`): per node and second,
+over the window and while paused.  ``--link RATE``
 puts each node in its own network namespace behind a tbf-shaped link (root; 10.213.0.x addresses
 made here and deleted after).
 Before each N the harness checks the machine's available memory against what the nodes measured so
@@ -38,15 +40,17 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.checkout import checkout_environment
+from benchmarks.dht_ops import read_counts
 from benchmarks.footprint import ROLES, TreeSample, cpu_percent, sample_tree
 from benchmarks.netns import ShapedNet, netns_unavailable, shaped_network
+from benchmarks.startup import node_environment
 from p2ptrain.averaging.progress import STALE_AFTER
 from p2ptrain.client.http import NodeClient, NodeError
 from p2ptrain.config.schema import TrainingSection
@@ -200,7 +204,7 @@ def _make_node(base: Path, i: int, run_id: str, args: argparse.Namespace, checko
     overrides = {"task": TASK, "training": training_overrides(), "swarm": swarm,
                  "volunteer": {"max_cpu_percent": args.train_percent / (os.cpu_count() or 1)},
                  "checkpoint": {"interval": 3600.0, "keep": 1}}
-    env = checkout_environment(checkout, base / "checkout") if checkout is not None else {}
+    env = node_environment(base / "site", checkout, base / "dht" if args.count_dht else None, run_id)
     return LocalNode(f"n{i}", base / f"n{i}", run_id, overrides, env=env,
                      netns=net.namespaces[i] if net is not None else None)
 
@@ -235,17 +239,21 @@ def _measure(nodes: list[LocalNode], watcher: Watcher, args: argparse.Namespace)
     watcher.poll()
     first = [t.last or StatusSnapshot() for t in traces]
     rounds_before = [len(t.rounds) for t in traces]
+    dht = nodes[0].workdir.parent / "dht"
+    ops0 = read_counts(dht)
     trees0, window_began = [sample_tree(node.process.pid) for node in nodes if node.process], time.monotonic()
     time.sleep(args.seconds)
     watcher.poll()
     window = time.monotonic() - window_began
+    ops1 = read_counts(dht)
     trees1 = [sample_tree(node.process.pid, memory=True) for node in nodes if node.process]
     last = [t.last or StatusSnapshot() for t in traces]
     result = {"nodes": n, "averaged": len(joins), "join_to_round_p50": percentile(joins, 0.5),
               "join_to_round_p95": percentile(joins, 0.95), "window_seconds": window,
               **_rounds(first, last, [t.rounds[k:] for t, k in zip(traces, rounds_before, strict=True)]),
               **_busy(trees0, trees1, first, last, window), **_memory(trees1)}
-    result.update(_idle(nodes, watcher, args.idle_seconds))
+    result.update(_idle(nodes, watcher, args.idle_seconds, dht))
+    result["dht_ops_busy"] = _rates(ops0, ops1, window * n)
     losses = [s.val_loss for s in last if s.val_loss is not None]
     result["val_loss_spread"] = max(losses) - min(losses) if len(losses) > 1 else None
     result["val_loss_median"] = statistics.median(losses) if losses else None
@@ -297,7 +305,13 @@ def _memory(trees: list[TreeSample]) -> dict[str, Any]:
             "open_files_per_node": statistics.median(t.open_files for t in trees)}
 
 
-def _idle(nodes: list[LocalNode], watcher: Watcher, seconds: float) -> dict[str, Any]:
+def _rates(before: Counter[str], after: Counter[str], node_seconds: float) -> dict[str, float]:
+    """Operations per node and second between two readings of the counters, most frequent first."""
+    rates = {kind: (after[kind] - before[kind]) / node_seconds for kind in after}
+    return dict(sorted(((k, v) for k, v in rates.items() if v > 0), key=lambda item: -item[1]))
+
+
+def _idle(nodes: list[LocalNode], watcher: Watcher, seconds: float, dht: Path) -> dict[str, Any]:
     """Pause every node, wait until the last round ended and the last training progress no longer
     counts (a pause of minutes, as users pause), then read each node's CPU over ``seconds``."""
     paused = sum(_control(node, "pause") for node in nodes)
@@ -309,12 +323,15 @@ def _idle(nodes: list[LocalNode], watcher: Watcher, seconds: float) -> dict[str,
             break
         time.sleep(1.0)
     time.sleep(STALE_AFTER + 5.0)  # until the entries of the last training steps no longer count
+    ops0 = read_counts(dht)
     before, began = [sample_tree(node.process.pid) for node in nodes if node.process], time.monotonic()
     time.sleep(seconds)
     after = [sample_tree(node.process.pid) for node in nodes if node.process]
-    idle = [cpu_percent(a, b, time.monotonic() - began) for a, b in zip(before, after, strict=True)]
+    elapsed = time.monotonic() - began
+    idle = [cpu_percent(a, b, elapsed) for a, b in zip(before, after, strict=True)]
     totals = [sum(i.values()) for i in idle]
     return {"paused": paused, "idle_cpu_median": statistics.median(totals), "idle_cpu_max": max(totals),
+            "dht_ops_idle": _rates(ops0, read_counts(dht), elapsed * len(nodes)),
             **{f"idle_cpu_{role}": statistics.median(i[role] for i in idle) for role in ROLES}}
 
 
@@ -360,6 +377,12 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
             f"{_fmt(r['pss_mib_p2pd'], '.0f')}) | "
             f"{_fmt(r['processes_per_node'], '.0f')} | {_fmt(r['param_spread_max'], '.4f')} | "
             f"{_fmt(r['val_loss_spread'], '.3f')} |")
+    for r in rows:
+        for phase in ("busy", "idle"):
+            ops = r.get(f"dht_ops_{phase}")
+            if ops:
+                top = ", ".join(f"{kind} {rate:.2f}" for kind, rate in list(ops.items())[:10])
+                lines.append(f"\nDHT operations per node and second, {r['code']}, N={r['nodes']}, {phase}: {top}")
     return "\n".join(lines) + "\n"
 
 
@@ -374,6 +397,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--join-timeout", type=float, default=300.0,
                         help="how long the swarm may take until every node averaged (default 300)")
     parser.add_argument("--link", default=None, help="tbf rate of each node's link, e.g. 50mbit (namespaces; root)")
+    parser.add_argument("--count-dht", action="store_true",
+                        help="count each node's DHT operations by key (over the window and while paused)")
     parser.add_argument("--against", type=Path, default=None, help="another checkout's root, run side by side")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="where scale.json and scale.md go")
     args = parser.parse_args(argv)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import scale
-from benchmarks.checkout import checkout_environment, package_folders
+from benchmarks.dht_ops import key_kind, read_counts
 from benchmarks.footprint import TreeSample, cpu_percent, role_of, sample_tree
+from benchmarks.startup import node_environment, package_folders
 from p2ptrain.status import StatusSnapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,9 +79,22 @@ def test_another_checkout_s_code_is_what_its_nodes_import(tmp_path: Path) -> Non
         (other / package / "__init__.py").write_text(f"WHERE = 'other {package}'\n")
     (other / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
     assert package_folders(other)["p2ptrain.daemon"] == str(other / "daemon")
-    env = {**os.environ, **checkout_environment(other, tmp_path / "site")}
+    env = {**os.environ, **node_environment(tmp_path / "site", checkout=other)}
     code = ("import p2ptrain, p2ptrain.daemon, p2ptrain.tui; "
             "print(p2ptrain.WHERE, p2ptrain.daemon.WHERE, p2ptrain.tui.WHERE)")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
                           cwd=ROOT)  # even from this checkout's root
     assert done.stdout.strip() == "other p2ptrain other daemon other tui", done.stderr
+
+
+def test_dht_keys_are_named_by_kind_and_counts_add_up(tmp_path: Path) -> None:
+    run = "scale-1234abcd"
+    assert key_kind(f"{run}_peers", run) == "peers"
+    assert key_kind(f"{run}_0cb0614e4a822253_progress", run) == "progress"
+    assert key_kind(f"{run}_0cb0614e4a822253_grad_averager.0b0110", run) == "grad_averager.<group>"
+    assert key_kind(f"{run}_0cb0614e4a822253_state_averager.all_averagers", run) == "state_averager.all_averagers"
+    (tmp_path / "1.json").write_text('{"get peers": 2}')
+    (tmp_path / "2.json").write_text('{"get peers": 3, "answered find": 7}')
+    (tmp_path / "3.json").write_text("half written")
+    assert read_counts(tmp_path) == {"get peers": 5, "answered find": 7}
+    assert node_environment(tmp_path / "nothing") == {}
