@@ -87,6 +87,16 @@ class IdentityLock:
             self._fd = None
 
 
+#: Kademlia's k: contacts per routing-table bucket, and how many of the nodes nearest to a key a
+#: search visits.  hivemind's default is 20; every search for a key of the run (the records, the
+#: progress entries, the averagers' groups, and the search that precedes each store) then visits
+#: every node of a swarm of up to 20, so each node's share of the answering grows with the swarm:
+#: 25 answers a second per paused node at 16 nodes, against 8 with k = 8 (docs/benchmarks.md,
+#: ``benchmarks.scale``).  Values are stored on the 5 nodes nearest to their key (hivemind's
+#: ``num_replicas``), all within any search of 8; BitTorrent's DHT runs on k = 8 at any size.
+DHT_BUCKET_SIZE = 8
+
+
 def dht_kwargs(cfg: SwarmSection, identity_path: Path, initial_peers: Sequence[str]) -> dict[str, Any]:
     """Everything hivemind.DHT / P2P.create needs from config; loopback-safe when config says so."""
     kwargs: dict[str, Any] = dict(
@@ -102,6 +112,7 @@ def dht_kwargs(cfg: SwarmSection, identity_path: Path, initial_peers: Sequence[s
         # A fresh identity cannot be taken; an old one is protected by IdentityLock locally, and the
         # remote check costs seconds on every start.
         check_if_identity_free=False,
+        bucket_size=DHT_BUCKET_SIZE,
     )
     if cfg.announce_addrs:
         kwargs["announce_maddrs"] = list(cfg.announce_addrs)

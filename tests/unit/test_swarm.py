@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import hivemind.dht.node
 import pytest
 from hivemind.p2p import P2PDaemonError, PeerID
 
@@ -68,6 +70,14 @@ def test_dht_kwargs_carry_loopback_safety_switches(tmp_path: Path) -> None:
     assert kwargs["identity_path"] == str(tmp_path / "identity.key")
     assert kwargs["initial_peers"] == [PEER]
     assert "trusted_relays" not in kwargs and kwargs["use_auto_relay"] is True
+
+
+def test_a_search_of_k_nodes_reaches_every_replica_of_a_value(tmp_path: Path) -> None:
+    # The DHT's k (bucket_size) bounds how many nodes a search visits; values live on hivemind's
+    # num_replicas nearest nodes, which a search must still reach, at any swarm size.
+    replicas = inspect.signature(hivemind.dht.node.DHTNode.create).parameters["num_replicas"].default
+    kwargs = dht_kwargs(SwarmSection(), tmp_path / "identity.key", [PEER])
+    assert replicas <= kwargs["bucket_size"] < 20  # below hivemind's 20: a search's cost no longer grows with the swarm
 
 
 def test_auto_relay_follows_the_relay_switch_and_relays_are_trusted(tmp_path: Path) -> None:
