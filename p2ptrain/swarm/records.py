@@ -57,6 +57,8 @@ from p2ptrain.trust.vouching import MAX_RECORD_VOUCHES
 logger = logging.getLogger(__name__)
 
 _DEDUP_CAPACITY = 4096
+#: Validators' verdicts kept per validator (:class:`_CountsRejects`): about 100 bytes each.
+_VERDICTS_KEPT = 8192
 #: Live records under the run's key a DHT node holds: four views' worth, well under hivemind's 4 MiB
 #: message limit even at the largest record size.
 MAX_SUBKEYS_HELD = 4 * MAX_RECORDS_PER_VIEW
@@ -99,17 +101,51 @@ class RejectCounter:
 
 
 class _CountsRejects:
-    """Mixin: count the records of the run's key that the wrapped hivemind validator refuses."""
+    """Mixin: count the records of the run's key that the wrapped hivemind validator refuses, and
+    remember its verdicts.
+
+    A search for a key reads the same entries from every replica it visits (up to the DHT's k), and
+    hivemind checks every copy: a signature and a schema per entry, the DHT process's main cost in a
+    large swarm.  Both checks depend on the record alone, so a verdict is kept for the record's
+    exact bytes (:data:`_VERDICTS_KEPT` of them, the oldest forgotten first).
+    """
 
     _key_id: bytes
     _counter: RejectCounter
     _reason: str
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._verdicts: collections.OrderedDict[bytes, bool] = collections.OrderedDict()
+
+    def merge_with(self, other: Any) -> bool:
+        """hivemind merges validators added later (the optimizer's schemas) into this one: what was
+        judged without them is judged again."""
+        merged = bool(super().merge_with(other))  # type: ignore[misc]
+        if merged:
+            self._verdicts.clear()
+        return merged
+
     def validate(self, record: DHTRecord) -> bool:
-        ok = super().validate(record)  # type: ignore[misc]
+        memo = _record_digest(record)
+        ok = self._verdicts.get(memo)
+        if ok is None:
+            ok = bool(super().validate(record))  # type: ignore[misc]
+            self._verdicts[memo] = ok
+            if len(self._verdicts) > _VERDICTS_KEPT:
+                self._verdicts.popitem(last=False)
         if not ok and record.key == self._key_id:
             self._counter.reject(self._reason, record.subkey, record.value)
         return ok
+
+
+def _record_digest(record: DHTRecord) -> bytes:
+    """One digest of everything a record's checks read: key, subkey, value and expiration."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (record.key, record.subkey, record.value, repr(record.expiration_time).encode()):
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.digest()
 
 
 class _CountingSignatureValidator(_CountsRejects, RSASignatureValidator):
