@@ -140,7 +140,7 @@ CALLED: tuple[str, ...] = (
 ATTRIBUTES: dict[str, tuple[str, ...]] = {
     _AVERAGER: ("_matchmaking", "_p2p", "_outer_pipe", "_running_groups", "_state_updated", "_averaging_alpha",
                 "next_chunk_timeout", "request_timeout", "serializer", "last_updated"),
-    "hivemind.averaging.matchmaking.Matchmaking": ("group_key_manager",),
+    "hivemind.averaging.matchmaking.Matchmaking": ("group_key_manager", "min_matchmaking_time"),
     _SERVICER: ("_rpc_handlers", "_stub_type"),
     _OPTIMIZER: ("_should_check_synchronization_on_update", "scheduled_grads", "scheduled_state", "grad_averager",
                  "state_averager", "tracker"),

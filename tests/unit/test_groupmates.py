@@ -26,6 +26,7 @@ class _Matchmaking:
         self.group_id = group_id
         self.found: asyncio.Event | None = None
         self.group_key_manager = SimpleNamespace(get_averagers=None)  # paced by the layer, never read here
+        self.min_matchmaking_time = 0.5
 
     async def _request_join_group(self, leader):
         return None
