@@ -218,7 +218,8 @@ class SwarmProgressTracker(ProgressTracker):
         local = self.local_progress
         epoch = robust_global_epoch(local.epoch, list(self.peer_epochs.values()), quorum=self._quorum,
                                     unsupported=time.monotonic() >= self._distrust_until)
-        if not any(now - e.time <= STALE_AFTER for e in others):
+        current = [e for e in entries if now - e.time <= STALE_AFTER]
+        if not any(e.peer_id != own_id for e in current):
             remaining = max(0, self.target_batch_size - local.samples_accumulated)
             return GlobalTrainingProgress(
                 epoch, local.samples_accumulated, self.target_batch_size, num_peers=len(entries), num_clients=0,
@@ -226,9 +227,7 @@ class SwarmProgressTracker(ProgressTracker):
                 next_fetch_time=now + self.default_refresh_period)
         rate = self.performance_ema.eps
         samples = estimated = 0.0
-        for entry in entries:
-            if entry.peer_id != own_id and now - entry.time > STALE_AFTER:
-                continue  # a peer that stopped adding samples: it neither brings the round closer nor speeds it
+        for entry in current:  # a peer that stopped adding samples neither brings the round closer nor speeds it
             entry_rate = min(entry.samples_per_second, self._max_rate)
             rate += entry_rate
             if entry.epoch == epoch:
