@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,6 @@ from benchmarks.footprint import ROLES, TreeSample, cpu_percent, sample_tree
 from benchmarks.netns import ShapedNet, netns_unavailable, shaped_network
 from benchmarks.startup import node_environment
 from p2ptrain.averaging.progress import STALE_AFTER
-from p2ptrain.client.http import NodeClient, NodeError
 from p2ptrain.config.schema import TrainingSection
 from p2ptrain.local.swarm import LocalNode
 from p2ptrain.status import NodeState, StatusSnapshot
@@ -150,17 +150,6 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def _control(node: LocalNode, command: str) -> bool:
-    url = node.api_url()
-    if url is None:
-        return False
-    try:
-        token = (node.state_dir / "api.token").read_text(encoding="utf-8").strip()
-        return bool(NodeClient(url, token, 10.0).control(command).get("accepted"))
-    except (OSError, NodeError):
-        return False
 
 
 def parameter_spread(nodes: list[LocalNode]) -> list[float]:
@@ -314,7 +303,7 @@ def _rates(before: Counter[str], after: Counter[str], node_seconds: float) -> di
 def _idle(nodes: list[LocalNode], watcher: Watcher, seconds: float, dht: Path) -> dict[str, Any]:
     """Pause every node, wait until the last round ended and the last training progress no longer
     counts (a pause of minutes, as users pause), then read each node's CPU over ``seconds``."""
-    paused = sum(_control(node, "pause") for node in nodes)
+    paused = sum(node.control("pause") for node in nodes)
     settle = time.monotonic() + 45
     while time.monotonic() < settle:
         watcher.poll()
@@ -404,6 +393,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.nodes) < 2 or args.seconds <= 0 or args.idle_seconds <= 0 or not 0 < args.train_percent <= 100:
         parser.error("--nodes must be at least 2, --seconds and --idle-seconds positive, --train-percent in (0, 100]")
+    if args.link is not None and not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", args.link):
+        parser.error(f"--link {args.link}: a tbf rate such as 50mbit (tbf shapes the rate; a delay would need netem)")
     if args.against is not None and not (args.against / "p2ptrain" / "__init__.py").is_file():
         parser.error(f"--against {args.against}: not a checkout of this project (no p2ptrain/__init__.py)")
     return args

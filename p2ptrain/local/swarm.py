@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from p2ptrain.client.discovery import TOKEN_FILE
 from p2ptrain.client.http import NodeClient, NodeError
 from p2ptrain.proc import descendants, die_with_parent, signal_all
 from p2ptrain.status import StatusSnapshot, SwarmView
@@ -41,6 +42,19 @@ def _read_in_namespace(netns: str, url: str, timeout: float) -> Any:
     try:
         done = subprocess.run(["ip", "netns", "exec", netns, "curl", "-sf", "-m", str(timeout), url],
                               capture_output=True, timeout=timeout + 5)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def _post_in_namespace(netns: str, url: str, token: str, timeout: float) -> Any:
+    """POST ``{}`` to ``url`` from inside ``netns`` with the bearer ``token`` (given to curl on its
+    stdin, not its command line); the JSON answer, or None."""
+    try:
+        done = subprocess.run(["ip", "netns", "exec", netns, "curl", "-sf", "-m", str(timeout), "-X", "POST",
+                               "-H", "@-", "-H", "Content-Type: application/json", "-d", "{}", url],
+                              input=f"Authorization: Bearer {token}\n".encode(), capture_output=True,
+                              timeout=timeout + 5)
         return json.loads(done.stdout) if done.returncode == 0 else None
     except (subprocess.TimeoutExpired, ValueError):
         return None
@@ -155,6 +169,25 @@ class LocalNode:
             return NodeClient(url, None, timeout).get_json(path)
         except NodeError:
             return None
+
+    def control(self, command: str, timeout: float = 10.0) -> bool:
+        """Send a control command (pause, resume, checkpoint, leave) with the node's own API token;
+        whether the node accepted it."""
+        url = self.api_url()
+        if url is None or not self.running:
+            return False
+        try:
+            token = (self.state_dir / TOKEN_FILE).read_text(encoding="utf-8").strip()
+        except OSError:
+            return False
+        if self.netns is not None:
+            answer = _post_in_namespace(self.netns, f"{url}/api/v1/control/{command}", token, timeout)
+        else:
+            try:
+                answer = NodeClient(url, token, timeout).control(command)
+            except NodeError:
+                return False
+        return isinstance(answer, dict) and bool(answer.get("accepted"))
 
     def status(self, timeout: float = 2.0) -> StatusSnapshot | None:
         data = self._read("/api/v1/status", timeout)

@@ -65,7 +65,8 @@ def test_a_size_that_could_not_start_is_a_row_that_says_why() -> None:
     assert "| this | 32 | not started: memory: 32 nodes x 700 MiB |" in table
 
 
-@pytest.mark.parametrize("argv", [["--nodes", "1"], ["--train-percent", "0"], ["--against", "/nonexistent"]])
+@pytest.mark.parametrize("argv", [["--nodes", "1"], ["--train-percent", "0"], ["--against", "/nonexistent"],
+                                  ["--link", "50mbit/40ms"]])
 def test_bad_arguments_are_one_line_and_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         scale.parse_args(argv)
