@@ -259,7 +259,7 @@ def _rounds(first: list[StatusSnapshot], last: list[StatusSnapshot],
     for a, b in zip(first, last, strict=True):
         counts = [_diff(b, a, f"averaging_rounds_{kind}_total") for kind in ("ok", "partial", "failed")]
         per_node.append(counts)
-    shares = [ok / sum(c) for c in per_node if sum(c) for ok in [c[0]]]
+    shares = [counts[0] / sum(counts) for counts in per_node if sum(counts)]
     groups = [size for rounds in seen for size, _ in rounds if size]
     totals = [sum(c[k] for c in per_node) for k in range(3)]
     samples = sum(_diff(b, a, "samples_processed_total") for a, b in zip(first, last, strict=True))
