@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from p2ptrain.client.discovery import TOKEN_FILE
+from p2ptrain.client.discovery import TOKEN_FILE, TokenUnavailable, read_token
 from p2ptrain.client.http import NodeClient, NodeError
 from p2ptrain.proc import descendants, die_with_parent, signal_all
 from p2ptrain.status import StatusSnapshot, SwarmView
@@ -38,23 +38,11 @@ LOOPBACK_TRAINING: dict[str, Any] = {
 }
 
 
-def _read_in_namespace(netns: str, url: str, timeout: float) -> Any:
+def _curl_in_namespace(netns: str, url: str, timeout: float, *options: str, stdin: bytes = b"") -> Any:
+    """``url``'s JSON answer fetched with curl (and ``options``) from inside ``netns``, or None."""
     try:
-        done = subprocess.run(["ip", "netns", "exec", netns, "curl", "-sf", "-m", str(timeout), url],
-                              capture_output=True, timeout=timeout + 5)
-        return json.loads(done.stdout) if done.returncode == 0 else None
-    except (subprocess.TimeoutExpired, ValueError):
-        return None
-
-
-def _post_in_namespace(netns: str, url: str, token: str, timeout: float) -> Any:
-    """POST ``{}`` to ``url`` from inside ``netns`` with the bearer ``token`` (given to curl on its
-    stdin, not its command line); the JSON answer, or None."""
-    try:
-        done = subprocess.run(["ip", "netns", "exec", netns, "curl", "-sf", "-m", str(timeout), "-X", "POST",
-                               "-H", "@-", "-H", "Content-Type: application/json", "-d", "{}", url],
-                              input=f"Authorization: Bearer {token}\n".encode(), capture_output=True,
-                              timeout=timeout + 5)
+        done = subprocess.run(["ip", "netns", "exec", netns, "curl", "-sf", "-m", str(timeout), *options, url],
+                              input=stdin, capture_output=True, timeout=timeout + 5)
         return json.loads(done.stdout) if done.returncode == 0 else None
     except (subprocess.TimeoutExpired, ValueError):
         return None
@@ -164,7 +152,7 @@ class LocalNode:
         if url is None or not self.running:
             return None
         if self.netns is not None:
-            return _read_in_namespace(self.netns, url + path, timeout)
+            return _curl_in_namespace(self.netns, url + path, timeout)
         try:
             return NodeClient(url, None, timeout).get_json(path)
         except NodeError:
@@ -177,11 +165,13 @@ class LocalNode:
         if url is None or not self.running:
             return False
         try:
-            token = (self.state_dir / TOKEN_FILE).read_text(encoding="utf-8").strip()
-        except OSError:
+            token = read_token(self.state_dir / TOKEN_FILE)
+        except TokenUnavailable:
             return False
-        if self.netns is not None:
-            answer = _post_in_namespace(self.netns, f"{url}/api/v1/control/{command}", token, timeout)
+        if self.netns is not None:  # the token goes on curl's stdin, not its command line
+            answer = _curl_in_namespace(self.netns, f"{url}/api/v1/control/{command}", timeout, "-X", "POST",
+                                        "-H", "@-", "-H", "Content-Type: application/json", "-d", "{}",
+                                        stdin=f"Authorization: Bearer {token}\n".encode())
         else:
             try:
                 answer = NodeClient(url, token, timeout).control(command)
