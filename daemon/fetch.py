@@ -360,6 +360,9 @@ def fetch_command(args: argparse.Namespace) -> int:
     configure_logging(config.node.log_level, config.node.log_format)
     share_tensors_by_descriptor()
     tie_children_to_this_process()
+    from p2ptrain.averaging.lifecycle import report_stacks_on_timeout
+
+    report_stacks_on_timeout()
     state_dir, temporary = client_state_dir(config)
     fetcher = ModelFetcher(fetch_config(config, args.join, state_dir, args.timeout), timeout=args.timeout,
                            trust_task_code=args.trust_task_code, max_params=args.max_params)

@@ -74,6 +74,7 @@ def run_node(args: argparse.Namespace) -> NoReturn:
     share_tensors_by_descriptor()  # before hivemind is imported, which reads it
     # The node's modules load torch and hivemind (seconds of CPU): only once the config has passed, so
     # that a bad one is refused at once, and a restart loop on it costs nothing.
+    from p2ptrain.averaging.lifecycle import report_stacks_on_timeout
     from p2ptrain.daemon.node import Node
     from p2ptrain.daemon.service import ServiceHooks
     from p2ptrain.daemon.shutdown import end_process
@@ -84,6 +85,7 @@ def run_node(args: argparse.Namespace) -> NoReturn:
     if after != before:
         logger.debug("open files limit raised from %d to %d", before, after)
     tie_children_to_this_process()
+    report_stacks_on_timeout()
     hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ(os.environ), run_flags=run_flags)
     node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks,
                 trust_task_code=bool(getattr(args, "trust_task_code", False)))

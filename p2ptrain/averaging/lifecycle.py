@@ -33,6 +33,9 @@ of them has it (ours, hivemind's own inside ``hivemind.Optimizer``, a test's pla
   :class:`StartTimeout` raised.
 * ``shutdown`` is hivemind's, except that a process still alive after its grace is killed while this
   process holds the locks it shares with it (:func:`kill_holding_locks`): it cannot die holding one.
+* Where the process that forks them called :func:`report_stacks_on_timeout` (the node does), a process
+  past its start deadline first writes its threads' stacks to stderr: the log then says where it
+  hung, which no later look can.
 * The DHT's process reads its requests through :class:`RequestReader`: a request whose caller died
   before it was read is dropped with one warning line, and the DHT goes on serving.
 """
@@ -40,10 +43,14 @@ of them has it (ours, hivemind's own inside ``hivemind.Optimizer``, a test's pla
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import multiprocessing.connection
 import multiprocessing.sharedctypes
 import multiprocessing.synchronize
+import os
+import signal
+import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -67,6 +74,28 @@ DHT_START_TIMEOUT = 120.0
 #: The longest to wait for one lock before a kill.  A holder of hivemind's locks writes one message
 #: (microseconds); an averager's tensors may be held for the rest of a round it is leaving.
 LOCK_TIMEOUT = 2.0
+#: The signal that asks a forked helper for its threads' stacks (unused by hivemind and the node).
+STACK_DUMP_SIGNAL = signal.SIGUSR2
+#: How long a helper gets to write its stacks before the kill.
+STACK_DUMP_SECONDS = 1.0
+_stacks_on_timeout = False
+
+
+def report_stacks_on_timeout() -> None:
+    """Make every helper forked from now on write its threads' stacks to stderr when it misses its
+    start deadline.  The handler is the interpreter's own (:mod:`faulthandler`), installed here and
+    inherited by each fork; it runs in the signal handler itself, so a helper whose threads are all
+    blocked still answers."""
+    global _stacks_on_timeout
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+    _stacks_on_timeout = True
+
+
+def _ask_for_stacks(process: Any) -> None:
+    if _stacks_on_timeout and process.pid is not None and process.is_alive():
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, STACK_DUMP_SIGNAL)
+            time.sleep(STACK_DUMP_SECONDS)
 
 
 class StartTimeout(TimeoutError):
@@ -136,6 +165,7 @@ def _bounded_start(hivemind_start: Callable[..., None], default_timeout: Callabl
         except TimeoutError:
             what = _describe(self)
             logger.error("%s not ready within %.0f s: stopped", what, deadline)
+            _ask_for_stacks(self)
             kill_holding_locks(self, what, own_locks(self))
             if isinstance(self, DecentralizedAverager):
                 with contextlib.suppress(OSError):  # ends hivemind's thread that serves this averager's state

@@ -196,7 +196,7 @@ class LocalNode:
         def holds() -> StatusSnapshot | None:
             if not self.running:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode if self.process else None} "
-                                   f"while waiting for {what}:\n{self.log_tail()}")
+                                   f"while waiting for {what}:\n{self.log_tail(120)}")
             status = self.status()
             if status is not None:
                 last[:] = [status]

@@ -6,6 +6,7 @@ has a deadline shorter than the test's timeout, so a regression fails with a mes
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -116,6 +117,20 @@ def test_a_start_that_never_gets_ready_fails_at_its_deadline_and_leaves_no_proce
     assert not averager.is_alive()
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
     assert "not ready within 2 s" in caplog.records[0].getMessage()
+
+
+def test_a_start_past_its_deadline_logs_where_the_process_hung(dht, capfd, monkeypatch):
+    monkeypatch.setattr(lifecycle, "_stacks_on_timeout", False)
+    lifecycle.report_stacks_on_timeout()
+    try:
+        averager = _NeverReady([torch.zeros(8)], dht, prefix=f"never{uuid.uuid4().hex[:6]}", start=False)
+        with pytest.raises(StartTimeout):
+            averager.run_in_background(await_ready=True, timeout=2.0)
+    finally:
+        faulthandler.unregister(lifecycle.STACK_DUMP_SIGNAL)
+    written = capfd.readouterr().err
+    assert f'{os.path.basename(__file__)}", line' in written and "in run" in written, written[-2000:]
+    assert not averager.is_alive()
 
 
 def test_the_start_hivemind_s_constructor_asks_for_has_the_default_deadline(dht, monkeypatch):

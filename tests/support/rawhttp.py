@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from typing import NamedTuple
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
 STATUS = b"GET /api/v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
@@ -25,13 +26,20 @@ def status_of(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
 
 
-def timed_healthz(port: int) -> tuple[int, float]:
+class Probe(NamedTuple):
+    """One health check: its status (0: no answer), how long it took, and why there was no answer."""
+
+    code: int
+    seconds: float
+    error: str = ""
+
+
+def timed_healthz(port: int) -> Probe:
     started = time.monotonic()
     try:
-        code = status_of(exchange(port, HEALTHZ, timeout=3.0))
-    except OSError:
-        code = 0
-    return code, time.monotonic() - started
+        return Probe(status_of(exchange(port, HEALTHZ, timeout=3.0)), time.monotonic() - started)
+    except OSError as error:
+        return Probe(0, time.monotonic() - started, repr(error))
 
 
 async def flood(port: int, count: int) -> list[int]:
