@@ -406,7 +406,9 @@ class TrainingSection(_Section):
     values: int8 sends every value at 8 bits; topk sends only each chunk's outer_topk_density largest
     values at outer_value_bits bits with their offsets, about 50x fewer bytes than int8 at 2%.
     The swarm averages what the peers sent; the rest waits in each peer's buffer for later rounds.
-    All peers of a run must use the same setting."""
+    Averaged pseudo-gradients never pull drifted peers back together as averaged parameters do, so a
+    failed round returns its part to the buffer and steps nobody, and a peer that missed a round
+    downloads the state instead of joining the next one. All peers of a run must use the same setting."""
 
     outer_topk_density: Annotated[float, Field(gt=0, le=1)] = 0.02
     """DiLoCo mode with outer_compression "topk": the share of each chunk's values sent each round."""

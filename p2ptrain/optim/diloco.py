@@ -20,8 +20,11 @@ and the local progress made in the meantime is kept on top of the new outer para
 delayed outer update), so neither the all-reduce nor waiting for a slower peer stalls training.
 
 Elasticity: the round is bounded by ``averaging_timeout`` (a dead peer costs the others at most
-that, and then they apply their own pseudo-gradient); a newcomer downloads the outer params,
-outer momentum and round position from a peer and finishes the current round together with it.
+that, and then they apply their own pseudo-gradient, or with ``outer_compression`` keep it in their
+buffers for the next round: there the rounds average pseudo-gradients, which never close a gap
+between peers, so a failed round steps nobody and a peer that missed a round downloads); a
+newcomer downloads the outer params, outer momentum and round position from a peer and finishes
+the current round together with it.
 A downloaded state is checked before any of it is copied (:mod:`p2ptrain.averaging.state_check`); with the
 peer checks (:class:`p2ptrain.optim.defences.Defences`) the averager is hardened
 (:mod:`p2ptrain.averaging.diloco`) and the round clock believes only identity-bound peers.
@@ -315,12 +318,12 @@ class DiLoCoOptimizer(DiLoCoState):
         started = time.perf_counter()
         pseudo = self.outer.pseudo_gradients(self.params)
         if self._feedback is not None:
-            # What this peer sends is what a failed round applies; the rest stays in its buffer.
+            # What this peer sends is what a round averages; the rest stays in its buffer.
             pseudo = self._feedback.take(pseudo)
             control = self._begin_average(pseudo)
         else:
             control = self._begin_average([p.detach() for p in self.params])
-        if control is _ALONE and self.solo.ended_alone(self.local_epoch):
+        if control is _ALONE and self.solo.ended_alone(self.local_epoch, self._failed_round):
             control = None  # a failed round: reported (and its samples credited) as one
         # Credit (p2ptrain.trust.credit): this round's samples; alone in the swarm, no round will report on them.
         self.stats.epoch_closed(self.samples_this_round, round_started=control is not _ALONE, alone=control is _ALONE)
@@ -359,8 +362,7 @@ class DiLoCoOptimizer(DiLoCoState):
         except Exception as exc:  # the averager process being gone is swarm weather too
             if control is not None:
                 control.cancel()
-            logger.warning("DiLoCo round %d could not start (%r); applied the local pseudo-gradient",
-                           self.local_epoch, exc)
+            logger.warning("DiLoCo round %d could not start (%r); %s", self.local_epoch, exc, self._failed_round)
             return None
 
     def _await(self, control: Any) -> Any:
@@ -376,10 +378,9 @@ class DiLoCoOptimizer(DiLoCoState):
             pass
         except TimeoutError:
             control.cancel()
-            logger.warning("DiLoCo round %d never ended: cancelled; applied the local pseudo-gradient",
-                           self.local_epoch)
+            logger.warning("DiLoCo round %d never ended: cancelled; %s", self.local_epoch, self._failed_round)
         except Exception as exc:
-            logger.warning("DiLoCo round failed (%r); applied the local pseudo-gradient", exc)
+            logger.warning("DiLoCo round failed (%r); %s", exc, self._failed_round)
         return None
 
     def _settle_round(self, block: bool) -> None:
@@ -409,15 +410,25 @@ class DiLoCoOptimizer(DiLoCoState):
 
     def join_next_round(self, swarm_round: int) -> bool:
         """One round behind the swarm: take its round number and average with it at the end of this
-        one, without a download; False (nothing changed) when ``swarm_round`` is not just one ahead.
+        one, without a download; False (nothing changed) when ``swarm_round`` is not just one ahead,
+        or when rounds average pseudo-gradients (``outer_compression`` int8 or topk).
 
-        Safe because a round averages the peers' *parameters*: the outer step this node missed
-        leaves it where a failed round would, and averaging halves that gap every round."""
-        if swarm_round != self.local_epoch + 1:
+        Safe only where a round averages the peers' *parameters*: the outer step this node missed
+        leaves it where a failed round would, and averaging halves that gap every round.  Averaged
+        pseudo-gradients move every peer by the same step and never close a gap, so there a peer
+        that missed a round's step must download the outer parameters."""
+        if swarm_round != self.local_epoch + 1 or self._feedback is not None:
             return False
         logger.info("missed round %d: joining round %d with the swarm", self.local_epoch, swarm_round)
         self._set_epoch(swarm_round)
         return True
+
+    @property
+    def _failed_round(self) -> str:
+        """What a failed round does here, for its log line (see :meth:`_finish_round`)."""
+        if self._feedback is not None:
+            return "kept the pseudo-gradient for the next round"
+        return "applied the local pseudo-gradient"
 
     def _finish_round(self, group: Any, pseudo: list[torch.Tensor], carry: list[torch.Tensor] | None,
                       started: float) -> None:
@@ -430,6 +441,12 @@ class DiLoCoOptimizer(DiLoCoState):
                 pseudo = averages  # the average of what the peers sent
             else:
                 pseudo = [outer - average for outer, average in zip(self.outer.params, averages, strict=True)]
+        elif group is None and self._feedback is not None:
+            # A failed round with averaged pseudo-gradients: what we sent goes back into the buffer, for
+            # the next round, and the outer step takes none of it.  Every peer whose round failed does
+            # the same, so their outer parameters stay equal (own steps would set them apart for good).
+            self._feedback.give_back(pseudo)
+            pseudo = [torch.zeros_like(part) for part in pseudo]
         self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
             group_size, received = len(group or ()), None

@@ -54,6 +54,12 @@ class ErrorFeedback:
             sent.append(part.to(grad.device))
         return sent
 
+    @torch.no_grad()
+    def give_back(self, sent: list[torch.Tensor]) -> None:
+        """Return what :meth:`take` gave out to the buffers: a round that failed sent nothing."""
+        for buffer, part in zip(self.buffers, sent, strict=True):
+            buffer.add_(part.detach().float().to(buffer.device))
+
     def sent_fraction(self) -> float:
         """The share of values a round sends (1.0 in int8 mode)."""
         return 1.0 if self.mode == "int8" else min(1.0, math.ceil(self.density * CHUNK) / CHUNK)

@@ -27,14 +27,15 @@ class SoloRounds:
     def saw_company(self, round_number: int) -> None:
         self.company_round, self._training_alone = round_number, False
 
-    def ended_alone(self, round_number: int) -> bool:
-        """Round ``round_number`` ended with nobody else: True when that makes it a failed round."""
+    def ended_alone(self, round_number: int, outcome: str = "applied the local pseudo-gradient") -> bool:
+        """Round ``round_number`` ended with nobody else: True when that makes it a failed round
+        (``outcome``: what a failed round does, for its line)."""
         if self.company_round >= round_number - 1:
             self.missed += 1
             self._training_alone = False
             logger.warning("DiLoCo round %d ended alone: no other peer in the swarm's progress at its end "
-                           "(one was there in round %d); applied the local pseudo-gradient (%d such round%s so far)",
-                           round_number, self.company_round, self.missed, "s" if self.missed != 1 else "")
+                           "(one was there in round %d); %s (%d such round%s so far)",
+                           round_number, self.company_round, outcome, self.missed, "s" if self.missed != 1 else "")
             return True
         if not self._training_alone:
             self._training_alone = True

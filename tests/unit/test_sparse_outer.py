@@ -231,3 +231,32 @@ def test_an_overlapped_topk_round_lands_one_round_late_keeping_the_progress_made
     assert optimizer._in_flight is None
     assert torch.allclose(optimizer.outer.params[0], -sent / 2, atol=1e-6)  # outer_lr 1, no momentum
     assert not torch.allclose(param.detach(), optimizer.outer.params[0])  # that progress kept on top
+
+
+def test_a_failed_topk_round_keeps_what_it_sent_and_leaves_the_outer_params_where_the_swarm_s_are(
+        monkeypatch) -> None:
+    """Rounds average pseudo-gradients here, so a peer that applied its own part after a failed round
+    would sit apart from the swarm for good; instead the part goes back into its buffer."""
+    import time
+
+    optimizer, param, _ = _topk_optimizer(monkeypatch)
+    with torch.no_grad():
+        param.add_(torch.randn(param.shape))
+    pseudo = optimizer.outer.pseudo_gradients([param])
+    before = optimizer.outer.params[0].clone()
+    sent = optimizer._feedback.take(pseudo)
+    optimizer._finish_round(None, sent, None, time.perf_counter())
+    assert torch.equal(optimizer.outer.params[0], before) and torch.equal(param.detach(), before)
+    assert torch.allclose(optimizer._feedback.buffers[0], pseudo[0], atol=1e-6)  # nothing lost: sent next round
+
+
+def test_a_topk_peer_one_round_behind_downloads_instead_of_joining_the_next_round(monkeypatch) -> None:
+    """With averaged pseudo-gradients, the outer step a peer missed is a gap no later round closes."""
+    optimizer, _, _ = _topk_optimizer(monkeypatch)
+    downloads: list[int] = []
+    monkeypatch.setattr(optimizer, "load_state_from_peers", lambda: downloads.append(optimizer.local_epoch) or False)
+    optimizer.restore({"epoch": 3})
+    assert optimizer.join_next_round(4) is False and optimizer.local_epoch == 3
+    optimizer._tracker.global_epoch = 4
+    optimizer._catch_up()
+    assert downloads == [3]
