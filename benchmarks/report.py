@@ -13,6 +13,7 @@ LABELS = {
     "diloco": "p2ptrain DiLoCo",
     "diloco_int8": "p2ptrain DiLoCo, int8 pseudo-gradients + error feedback",
     "diloco_topk": "p2ptrain DiLoCo, top-k pseudo-gradients + error feedback",
+    "diloco_topk_sync": "p2ptrain DiLoCo, top-k, outer step waiting for its round (overlap off)",
 }
 
 

@@ -27,7 +27,7 @@ from benchmarks.peers import kill_group, wait_for_peers
 from benchmarks.report import add_ratios, markdown_table, summarize
 from p2ptrain.averaging.compression import wire_bytes
 
-ALL_MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco", "diloco_int8", "diloco_topk")
+ALL_MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco", "diloco_int8", "diloco_topk", "diloco_topk_sync")
 SHAPED_MODES = ("ddp", "diloco", "diloco_topk")  # add p2p_grad with --shaped-modes (about +150 s)
 WORKER_OPTS = ("sequences", "eval_every", "max_train_seconds", "micro_batch", "global_batch", "lr", "d_model",
                "n_layers", "n_heads", "val_batches", "inner_steps", "inner_batch", "matchmaking_time",

@@ -34,9 +34,11 @@ from p2ptrain.proc import cpu_seconds, descendants
 from p2ptrain.tasks.loader import build_task
 from p2ptrain.waiting import wait_until
 
-MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco", "diloco_int8", "diloco_topk")
+MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco", "diloco_int8", "diloco_topk", "diloco_topk_sync")
 #: The DiLoCo modes and what each sends a round (training.outer_compression).
-OUTER_COMPRESSION = {"diloco": "none", "diloco_int8": "int8", "diloco_topk": "topk"}
+OUTER_COMPRESSION = {"diloco": "none", "diloco_int8": "int8", "diloco_topk": "topk", "diloco_topk_sync": "topk"}
+#: DiLoCo modes whose outer step waits for its round (training.overlap off); the others apply it a round late.
+SYNCHRONOUS_OUTER = frozenset({"diloco_topk_sync"})
 BARRIER_TIMEOUT = 180.0
 
 
@@ -56,7 +58,7 @@ def training_section(args: argparse.Namespace) -> TrainingSection:
         outer_compression=OUTER_COMPRESSION.get(args.mode, "none"), outer_topk_density=args.outer_topk_density,
         outer_value_bits=args.outer_value_bits,
         grad_compression=args.compression, inner_steps=args.inner_steps, inner_batch_size=args.inner_batch,
-        matchmaking_time=args.matchmaking_time,
+        matchmaking_time=args.matchmaking_time, overlap=args.mode not in SYNCHRONOUS_OUTER,
         averaging_timeout=args.averaging_timeout, load_state_timeout=30.0, threads=1, seed=0,
     )
 

@@ -91,6 +91,13 @@ class Target:
     def diloco(self) -> bool:
         return self.cfg.training.mode == "diloco"
 
+    @property
+    def diloco_run_id(self) -> str:
+        """Where the victims' DiLoCo clock and averager live: their outer step's wire format is part of it."""
+        training = self.cfg.training
+        return dhtkeys.diloco_outer_prefix(self.averaging_run_id, training.outer_compression,
+                                           training.outer_value_bits, training.outer_topk_density)
+
 
 def load_target(config_path: Path) -> Target:
     cfg = load_config(config_path, environ={})
@@ -138,7 +145,7 @@ def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.E
         return tensors[:-1] if state == "short" else tensors
 
     if target.diloco:
-        tracker = ProgressTracker(dht, dhtkeys.diloco_clock_prefix(target.averaging_run_id),
+        tracker = ProgressTracker(dht, dhtkeys.diloco_clock_prefix(target.diloco_run_id),
                                   training.inner_steps * training.batch_size, start=True)
         served = spoil([p.detach().clone() for p in params] + [torch.zeros_like(p) for p in params])
 
@@ -147,7 +154,7 @@ def claim_state(dht: hivemind.DHT, target: Target, epoch: int, stop: threading.E
                 return dict(epoch=claimed[0], inner_step=inner_step), served, None
 
         averager = Donor([torch.zeros_like(p) for p in params], dht,
-                         prefix=dhtkeys.diloco_averager_prefix(target.averaging_run_id), **common)
+                         prefix=dhtkeys.diloco_averager_prefix(target.diloco_run_id), **common)
     else:
         tracker = ProgressTracker(dht, target.averaging_run_id, training.target_batch_size, start=True)
 
@@ -190,7 +197,7 @@ def honest_epochs(dht: hivemind.DHT, target: Target, own: int | None = None) -> 
     """The epochs the run's progress entries report (what an honest donor's priority would be): all but
     ``own`` (this hostile's claim) and those beyond the first gap of over 1,000 epochs (other hostiles'
     claims: honest peers of these runs are within a few hundred epochs of each other)."""
-    tracker = dhtkeys.diloco_clock_prefix(target.averaging_run_id) if target.diloco else target.averaging_run_id
+    tracker = dhtkeys.diloco_clock_prefix(target.diloco_run_id) if target.diloco else target.averaging_run_id
     key = dhtkeys.progress_key(tracker)
     found = dht.get(key, latest=True)
     entries = found.value if found is not None and isinstance(found.value, dict) else {}
@@ -231,11 +238,11 @@ def poison_rounds(dht: hivemind.DHT, target: Target, attack: str, stop: threadin
     weight = 1e6 if attack == "scaled" else float(training.batch_size)
     common = _averager_options(target)
     if target.diloco:
-        tracker = ProgressTracker(dht, dhtkeys.diloco_clock_prefix(target.averaging_run_id),
+        tracker = ProgressTracker(dht, dhtkeys.diloco_clock_prefix(target.diloco_run_id),
                                   training.inner_steps * training.batch_size, start=True)
         averager = _plain(hivemind.DecentralizedAverager, "_DiLoCoAverager")(
             [torch.zeros_like(p) for p in model.parameters()], dht,
-            prefix=dhtkeys.diloco_averager_prefix(target.averaging_run_id), **common)
+            prefix=dhtkeys.diloco_averager_prefix(target.diloco_run_id), **common)
     else:
         tracker = ProgressTracker(dht, target.averaging_run_id, training.target_batch_size, start=True)
         averager = _plain(GradientAverager, "GradientAverager")(

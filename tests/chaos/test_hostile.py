@@ -188,9 +188,10 @@ def final_val_loss(node: LocalNode) -> tuple[int, float]:
     return int(state.state.get("epoch", 0)), round(validation_loss(task), 4)
 
 
-def test_state_attacks_in_diloco_mode(make_node, hostile, chaos_report):
+@pytest.mark.parametrize("outer_compression", ["none", "topk"])
+def test_state_attacks_in_diloco_mode(make_node, hostile, chaos_report, outer_compression):
     began = time.monotonic()
-    diloco = {"mode": "diloco", "inner_steps": 8}
+    diloco = {"mode": "diloco", "inner_steps": 8, "outer_compression": outer_compression}
     a = make_node("a", training=diloco)
     a.start()
     a.wait_for(lambda s: s.state == "training" and s.local_epoch >= 2, 120, "a few rounds")
@@ -236,7 +237,8 @@ def test_state_attacks_in_diloco_mode(make_node, hostile, chaos_report):
     assert max(took.values()) <= STOP_BOUND, took
     losses = {n.name: final_val_loss(n) for n in (a, b)}  # finite parameters, asserted there
     chaos_report.record(
-        "11_hostile_diloco", seconds=round(time.monotonic() - began, 1), joiner_round=synced.local_epoch,
+        f"11_hostile_diloco_{outer_compression}", seconds=round(time.monotonic() - began, 1),
+        joiner_round=synced.local_epoch,
         joiner_loaded=loaded, attackers_named=attackers_named, sigterm_exit_seconds=took,
         val_loss={k: v[1] for k, v in losses.items()},
     )

@@ -260,3 +260,38 @@ def test_a_topk_peer_one_round_behind_downloads_instead_of_joining_the_next_roun
     optimizer._tracker.global_epoch = 4
     optimizer._catch_up()
     assert downloads == [3]
+
+
+def test_the_all_reduce_names_the_sender_of_a_malformed_sparse_part_and_reads_no_further() -> None:
+    """The stream check of a round (``RobustAllReduceRunner._screened``) on a sender's sparse parts: the
+    good one passes, the malformed one is refused before hivemind decodes it, its sender named."""
+    import asyncio
+
+    from hivemind.averaging.allreduce import AllreduceException
+    from hivemind.proto import averaging_pb2
+
+    from p2ptrain.averaging.allreduce import RobustAllReduceRunner
+
+    numel = 2 * CHUNK
+    good = _encode(chunk_topk(torch.randn(numel), 0.01, 4), 4)
+    bad = type(good)()
+    bad.CopyFrom(good)
+    bad.buffer = _corrupt(good.buffer, 4, np.array([np.inf], "<f4").tobytes())  # chunk 0's scale
+    named: list[tuple[str, str, str]] = []
+    runner = SimpleNamespace(tensor_part_reducer=SimpleNamespace(part_shapes=[torch.Size([numel])] * 2),
+                             sender_peer_ids=["QmHonest", "QmLiar"],
+                             _offend=lambda peer, kind, reason: named.append((peer, kind, reason)))
+
+    async def stream():
+        for part in (good, bad):
+            yield averaging_pb2.AveragingData(tensor_part=part)
+
+    async def read() -> list[object]:
+        passed: list[object] = []
+        with pytest.raises(AllreduceException, match="part 1: chunk 0 has scale inf"):
+            async for message in RobustAllReduceRunner._screened(runner, stream(), 1):
+                passed.append(message)
+        return passed
+
+    passed = asyncio.run(read())
+    assert len(passed) == 1 and named == [("QmLiar", "malformed_part", "part 1: chunk 0 has scale inf")]
