@@ -184,6 +184,10 @@ class TrainingLoop:
             except Exception as exc:  # the DHT being slow must not break the pause
                 logger.warning("could not withdraw from averaging while paused: %r", exc)
             self._next_step_aside = self.clock() + STEP_ASIDE_EVERY
+        try:
+            self.parts.optimizer.settle()
+        except Exception as exc:  # a round that broke while landing is swarm weather, as in training
+            logger.warning("could not apply the averaging round that landed while paused: %r", exc)
         self.board.set_state(NodeState.PAUSED)
         self.hooks.idle()
         self.stopper.wait_for_work(self._paused_wait)  # a control request (ControlQueue's wake) ends it

@@ -123,6 +123,9 @@ class HardenedOptimizer(hivemind.Optimizer):
         super().load_state_from_peers(**kwargs)
         return self._adopted
 
+    def settle(self) -> None:
+        """Nothing to apply here: hivemind applies a landed background step by itself."""
+
     def step_aside(self) -> None:
         """Finish any round already scheduled with zero weight (so its partners are not left
         waiting) and withdraw this peer's progress record."""

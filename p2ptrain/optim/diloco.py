@@ -213,6 +213,12 @@ class DiLoCoOptimizer(DiLoCoState):
         :meth:`p2ptrain.averaging.progress.SwarmProgressTracker.withdraw`)."""
         self._tracker.withdraw()
 
+    def settle(self) -> None:
+        """Paused: apply the round in flight if it has landed.  A paused node still serves its state,
+        and :meth:`served_state` waits for that round: only the training thread applies it, and a
+        paused loop calls this instead of training.  No download while paused."""
+        self._settle_round(block=False, catch_up=False)
+
     def rejoin(self) -> None:
         self._tracker.report_local_progress(self.local_epoch, self.samples_this_round)
 
@@ -383,8 +389,9 @@ class DiLoCoOptimizer(DiLoCoState):
             logger.warning("DiLoCo round failed (%r); %s", exc, self._failed_round)
         return None
 
-    def _settle_round(self, block: bool) -> None:
-        """Apply the round in flight once its all-reduce has landed (or, with ``block``, wait for it)."""
+    def _settle_round(self, block: bool, catch_up: bool = True) -> None:
+        """Apply the round in flight once its all-reduce has landed (or, with ``block``, wait for it);
+        then, with ``catch_up``, rejoin a swarm that has moved on (a download, when far behind)."""
         flight = self._in_flight
         if flight is None:
             return
@@ -397,7 +404,7 @@ class DiLoCoOptimizer(DiLoCoState):
         self.round_settled.set()
         if self.local_epoch == flight.epoch + 1 and met_the_next_round(group, self._peer_id, flight.epoch):
             self._set_epoch(flight.epoch + 2)  # the swarm has ended the round we counted as in progress
-        if self._tracker.global_epoch > self.local_epoch + 1:  # one behind, our round is over by the clock:
+        if catch_up and self._tracker.global_epoch > self.local_epoch + 1:  # one behind, our round is over:
             self._catch_up()  # it ends now, in the swarm's group for it (the swarm waits for our part)
 
     def _catch_up(self) -> None:

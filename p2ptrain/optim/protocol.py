@@ -87,6 +87,11 @@ class SwarmOptimizer(Protocol):
         """Paused: make sure no peer waits for this node in a round."""
         ...
 
+    def settle(self) -> None:
+        """Paused, on each pass of the paused loop: apply averaging that has already landed, without
+        waiting for any (a paused node still serves its state)."""
+        ...
+
     def rejoin(self) -> None:
         """Resumed after a pause: be counted in the swarm's rounds again."""
         ...

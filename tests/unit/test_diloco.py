@@ -651,3 +651,28 @@ def test_at_a_stop_a_round_still_looking_for_its_group_gets_two_matchmaking_wind
     monkeypatch.setattr(second, "result", lambda timeout=None: {None: 0, "peer-b": 0}, raising=False)
     optimizer.flush()
     assert optimizer.round_settled.is_set() and optimizer.stats.rounds.figures().rounds_ok == 1
+
+
+def test_a_paused_peer_applies_the_round_that_landed_and_serves_its_state_at_once(monkeypatch) -> None:
+    """A peer paused with a round in flight (overlap) no longer trains, and only the training thread
+    applies a round: without the paused loop's ``settle``, a newcomer's download would wait the whole
+    averaging timeout for that round, and give up on this donor first."""
+    import time
+
+    from hivemind.averaging.control import AveragingStage
+
+    optimizer, averagers, micro_batch = _two_peer_optimizer(monkeypatch)
+    micro_batch()
+    [control] = averagers[0].controls
+    control.stage = AveragingStage.AWAITING_TRIGGER
+    micro_batch()  # the round ends: its all-reduce in flight; then the node pauses
+    assert optimizer._in_flight is not None
+    optimizer.settle()  # a paused pass before the round lands: nothing to apply, nothing waited for
+    assert optimizer._in_flight is not None and not optimizer.round_settled.is_set()
+    control.done = lambda: True  # type: ignore[method-assign]
+    control.result = lambda timeout=None: {"QmMe": None, "QmPeer": None}  # type: ignore[attr-defined]
+    optimizer.settle()
+    assert optimizer._in_flight is None and optimizer.round_settled.is_set()
+    started = time.monotonic()
+    metadata, _ = optimizer.served_state()
+    assert time.monotonic() - started < 1.0 and metadata["epoch"] == optimizer.local_epoch

@@ -42,7 +42,7 @@ class FakeOptimizer:
         self.stats = SwarmStats()
         self.epoch = 0
         self.swarm_epoch = swarm_epoch
-        self.downloads = self.step_asides = self.rejoins = 0
+        self.downloads = self.step_asides = self.settles = self.rejoins = 0
         self.applied: list[Any] = []
 
     @property
@@ -67,6 +67,9 @@ class FakeOptimizer:
 
     def step_aside(self) -> None:
         self.step_asides += 1
+
+    def settle(self) -> None:
+        self.settles += 1
 
     def rejoin(self) -> None:
         self.rejoins += 1
@@ -292,6 +295,7 @@ def test_pause_steps_aside_then_resume_rejoins_then_leave_stops(tmp_path):
     assert node.run() == 0
     assert hooks.calls.count("idle") == 3
     assert builder.optimizer.step_asides == 1 and builder.optimizer.rejoins == 1
+    assert builder.optimizer.settles == 3  # each paused pass lands what has arrived (a paused node serves state)
     assert builder.parts.trainer.steps == 6
     assert node.stopper.reason == "leave requested by test"
 
