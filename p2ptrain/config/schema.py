@@ -408,7 +408,10 @@ class TrainingSection(_Section):
     The swarm averages what the peers sent; the rest waits in each peer's buffer for later rounds.
     Averaged pseudo-gradients never pull drifted peers back together as averaged parameters do, so a
     failed round returns its part to the buffer and steps nobody, and a peer that missed a round
-    downloads the state instead of joining the next one. All peers of a run must use the same setting."""
+    downloads the state instead of joining the next one. A round restarts every peer from the shared
+    parameters, which topk moves by a few per cent of the values: its loss trails until the buffers
+    have run for about 1/outer_topk_density rounds (docs/benchmarks.md); on runs of few rounds prefer
+    int8. All peers of a run must use the same setting."""
 
     outer_topk_density: Annotated[float, Field(gt=0, le=1)] = 0.02
     """DiLoCo mode with outer_compression "topk": the share of each chunk's values sent each round."""
