@@ -407,7 +407,7 @@ class TrainingSection(_Section):
     values at outer_value_bits bits with their offsets, about 50x fewer bytes than int8 at 2%.
     The swarm averages what the peers sent; the rest waits in each peer's buffer for later rounds.
     Averaged pseudo-gradients never pull drifted peers back together as averaged parameters do, so a
-    failed round returns its part to the buffer and steps nobody, and a peer that missed a round
+    failed round returns its part to the buffer and takes no outer step, and a peer that missed a round
     downloads the state instead of joining the next one. A round restarts every peer from the shared
     parameters, which topk moves by a few per cent of the values: its loss trails until the buffers
     have run for about 1/outer_topk_density rounds (docs/benchmarks.md); on runs of few rounds prefer

@@ -22,7 +22,7 @@ delayed outer update), so neither the all-reduce nor waiting for a slower peer s
 Elasticity: the round is bounded by ``averaging_timeout`` (a dead peer costs the others at most
 that, and then they apply their own pseudo-gradient, or with ``outer_compression`` keep it in their
 buffers for the next round: there the rounds average pseudo-gradients, which never close a gap
-between peers, so a failed round steps nobody and a peer that missed a round downloads); a
+between peers, so a failed round takes no outer step and a peer that missed a round downloads); a
 newcomer downloads the outer params, outer momentum and round position from a peer and finishes
 the current round together with it.
 A downloaded state is checked before any of it is copied (:mod:`p2ptrain.averaging.state_check`); with the
@@ -448,13 +448,14 @@ class DiLoCoOptimizer(DiLoCoState):
                 pseudo = averages  # the average of what the peers sent
             else:
                 pseudo = [outer - average for outer, average in zip(self.outer.params, averages, strict=True)]
-        elif group is None and self._feedback is not None:
+        if group is None and self._feedback is not None:
             # A failed round with averaged pseudo-gradients: what we sent goes back into the buffer, for
-            # the next round, and the outer step takes none of it.  Every peer whose round failed does
-            # the same, so their outer parameters stay equal (own steps would set them apart for good).
+            # the next round, and no outer step is taken.  Every peer whose round failed does the same,
+            # so their outer parameters stay equal (own steps would set them apart for good).
             self._feedback.give_back(pseudo)
-            pseudo = [torch.zeros_like(part) for part in pseudo]
-        self.outer.apply(pseudo, self.params, carry)
+            self.outer.restart(self.params, carry)
+        else:
+            self.outer.apply(pseudo, self.params, carry)
         if group is not _ALONE:  # alone in the swarm is not a failed round
             group_size, received = len(group or ()), None
             measured = self._measured_round()

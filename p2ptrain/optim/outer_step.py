@@ -18,7 +18,7 @@ class OuterStep:
     def __init__(self, params: list[torch.Tensor], lr: float, momentum: float, nesterov: bool) -> None:
         self.params = [p.detach().clone().float() for p in params]
         self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
-        #: Outer steps applied (each landed round, averaged or not): tells a reader the params changed.
+        #: Rounds landed (an outer step, averaged or not, or a restart): tells a reader the model changed.
         self.steps_applied = 0
 
     @torch.no_grad()
@@ -38,6 +38,12 @@ class OuterStep:
             outer.grad = grad.detach().to(outer.dtype).clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.restart(model_params, carry)
+
+    @torch.no_grad()
+    def restart(self, model_params: Iterable[torch.Tensor], carry: Iterable[torch.Tensor] | None = None) -> None:
+        """No outer step (the outer params and momentum unchanged): the model restarts from the outer
+        params, ``carry`` on top."""
         self.steps_applied += 1
         carried = list(carry) if carry is not None else [None] * len(self.params)
         for outer, param, extra in zip(self.params, model_params, carried, strict=True):

@@ -244,9 +244,11 @@ def test_a_failed_topk_round_keeps_what_it_sent_and_leaves_the_outer_params_wher
         param.add_(torch.randn(param.shape))
     pseudo = optimizer.outer.pseudo_gradients([param])
     before = optimizer.outer.params[0].clone()
+    momentum = [buffer.clone() for buffer in optimizer.outer.momentum_buffers()]
     sent = optimizer._feedback.take(pseudo)
     optimizer._finish_round(None, sent, None, time.perf_counter())
     assert torch.equal(optimizer.outer.params[0], before) and torch.equal(param.detach(), before)
+    assert all(torch.equal(a, b) for a, b in zip(optimizer.outer.momentum_buffers(), momentum, strict=True))
     assert torch.allclose(optimizer._feedback.buffers[0], pseudo[0], atol=1e-6)  # nothing lost: sent next round
 
 
