@@ -27,7 +27,7 @@ class SoloRounds:
     def saw_company(self, round_number: int) -> None:
         self.company_round, self._training_alone = round_number, False
 
-    def ended_alone(self, round_number: int, outcome: str = "applied the local pseudo-gradient") -> bool:
+    def ended_alone(self, round_number: int, outcome: str) -> bool:
         """Round ``round_number`` ended with nobody else: True when that makes it a failed round
         (``outcome``: what a failed round does, for its line)."""
         if self.company_round >= round_number - 1:
