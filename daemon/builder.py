@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from p2ptrain.optim.protocol import SwarmOptimizer
 from p2ptrain.optim.rollback import NonFiniteRollback
 from p2ptrain.optim.swarm_stats import SwarmStats
 from p2ptrain.optim.trainer import Trainer
+from p2ptrain.swarm.daemon_flags import free_loopback_port
 from p2ptrain.swarm.dht import (
     FingerprintMismatch,
     PeersRefused,
@@ -46,6 +47,7 @@ from p2ptrain.swarm.identity import identity_path
 from p2ptrain.swarm.manifest_source import fetch_before_join
 from p2ptrain.swarm.ownedrun import RunKeeper, RunPlan, fetch_readmitting, prepare_run, settle
 from p2ptrain.swarm.rejoin import Rejoiner
+from p2ptrain.swarm.relay_meter import RelayMeter
 from p2ptrain.swarm.run_entries import keep_newest_versions
 from p2ptrain.tasks.base import Task
 from p2ptrain.tasks.loader import build_task
@@ -75,6 +77,9 @@ class JoinedSwarm:
 
     dialback: Dialback | None = None
     """What the initial peers found when asked to dial this node back (None: not asked)."""
+
+    relay: RelayMeter = field(default_factory=lambda: RelayMeter(None))
+    """What this node's p2p daemon relays for peers behind NAT (its own counters)."""
 
     @property
     def undialable(self) -> bool:
@@ -168,9 +173,12 @@ class NodeBuilder:
         if plan is not None:
             validators = [*validators, *plan.validators]
 
+        metrics_port = free_loopback_port()
+
         def start(section: SwarmSection) -> Any:
             try:
-                return start_dht(section, state_dir, list(initial_peers()), validators, stopper, **options)
+                return start_dht(section, state_dir, list(initial_peers()), validators, stopper,
+                                 metrics_port=metrics_port, **options)
             except PeersRefused as error:
                 if plan is None or config.swarm.invite is not None:
                     raise
@@ -193,7 +201,7 @@ class NodeBuilder:
         if plan is not None:
             keep_newest_versions(dht)  # the run's manifest key: one entry per version, the newest few
         swarm = JoinedSwarm(dht, str(dht.peer_id), visible_maddrs(dht), state_dir, first_seen=wall_clock(),
-                            trusted=trusted, dialback=dialback)
+                            trusted=trusted, dialback=dialback, relay=RelayMeter(metrics_port))
         swarm.rejoiner = Rejoiner(dht, lambda: list(initial_peers()))
         swarm.rejoiner.start()
         return swarm

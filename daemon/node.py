@@ -213,6 +213,7 @@ class Node:
 
         self.board.set_state(NodeState.JOINING)
         swarm = self.session.join()
+        self.board.relay = swarm.relay.figures
         asked = swarm.dialback
         self.board.identity = identity = NodeIdentity(
             cfg.swarm.run_id, swarm.peer_id, tuple(swarm.maddrs), client_mode=cfg.swarm.client_mode,

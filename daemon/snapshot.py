@@ -23,6 +23,7 @@ from p2ptrain.optim.round_stats import RoundFigures
 from p2ptrain.optim.swarm_stats import SwarmStatsView
 from p2ptrain.status import LatestSnapshot, NodeState, PauseReason, Reachability, StatusSnapshot, SwarmView
 from p2ptrain.swarm.reach import Reach, decide
+from p2ptrain.swarm.relay_meter import UNREAD, RelayFigures
 from p2ptrain.trust.credit import CreditFigures
 from p2ptrain.trust.peergate import OffenceFigures, no_offences
 from p2ptrain.trust.swarm_credit import credited_view
@@ -169,7 +170,8 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
                   target_batch_size: int, taken_at: float, run: RunFigures = RunFigures(),
                   offences: OffenceFigures | None = None, credit: CreditFigures | None = None,
                   data: DataFigures = DataFigures(), history: LossFigures = LossFigures(),
-                  vouched: dict[str, int] | None = None, device: DeviceFigures = DeviceFigures()) -> StatusSnapshot:
+                  vouched: dict[str, int] | None = None, device: DeviceFigures = DeviceFigures(),
+                  relay: RelayFigures = UNREAD) -> StatusSnapshot:
     """The node's status from plain figures; no I/O, no clock.
 
     The swarm's epoch is the optimizer's (robust against peers that agree on a far-off epoch among
@@ -181,6 +183,8 @@ def make_snapshot(*, state: NodeState, pause_reason: PauseReason, identity: Node
         samples_contributed_total=credit.contributed, samples_not_averaged_total=credit.not_averaged,
         vouched_samples=dict(vouched or {}),
         device=device.device, precision=device.precision, device_memory_bytes=device.memory_bytes,
+        relay_active=relay.active, relay_bytes_total=relay.bytes_total, relay_reservations=relay.reservations,
+        relay_circuits=relay.circuits, relay_refused_total=relay.refused_total,
         data_pass=data.data_pass, data_shards_consumed=data.shards_consumed,
         data_past_pass_shards=data.past_passes, data_shards_total=data.shards_total, data_source=data.source,
         data_records_failed_total=data.records_failed, data_records_without_text_total=data.records_without_text,
@@ -264,6 +268,8 @@ class StatusBoard:
         self._losses, self._val_losses = LossCurve(), LossCurve()
         #: Where the node trains and the device memory it holds; set by the node once its model is built.
         self.device: Callable[[], DeviceFigures] = DeviceFigures
+        #: What the node's p2p daemon relays for peers behind NAT; set by the node once it has joined.
+        self.relay: Callable[[], RelayFigures] = RelayFigures
 
     def set_state(self, state: NodeState) -> None:
         if state is not self.state:
@@ -304,7 +310,7 @@ class StatusBoard:
                              stats=self.stats(), cpu=self.cpu(), checkpoints=self.checkpoints(), view=self._last_view,
                              target_batch_size=self.target_batch_size, taken_at=self.wall_clock(), run=self.run(),
                              offences=self.offences(), credit=self.credit(), data=self.data(), history=history,
-                             vouched=self.vouched(), device=self.device())
+                             vouched=self.vouched(), device=self.device(), relay=self.relay())
 
     def publish(self) -> None:
         self.latest.publish(self.snapshot(), self._last_view)

@@ -142,6 +142,7 @@ class P2PTrainCollector(Collector):
                                    value={"device": s.device, "precision": s.precision or "unknown"})
         yield from _gauge("device_memory_bytes", "Device (GPU) memory torch holds for the training; absent on a CPU.",
                           None if s.device_memory_bytes is None else float(s.device_memory_bytes))
+        yield from _relay(s)
 
         yield _g("local_epoch", "Epoch this node's parameters are at.", s.local_epoch)
         yield _g("global_epoch", "Highest epoch seen in the swarm.",
@@ -206,6 +207,20 @@ class P2PTrainCollector(Collector):
         yield from _offences(s)
         yield from _run(s)
         yield from _credit(s, swarm)
+
+
+def _relay(s: StatusSnapshot) -> Iterator[Metric]:
+    """The circuit relay this node's p2p daemon serves for peers behind NAT, by the daemon's own counters."""
+    yield from _gauge("relay_active", "1 while libp2p has this node's circuit relay service on (while AutoNAT "
+                      "finds the node reachable); absent when the p2p daemon's counters cannot be read.",
+                      None if s.relay_active is None else float(s.relay_active))
+    yield _counter("relay_bytes_total", "Bytes this node's p2p daemon relayed for peers behind NAT (both "
+                   "directions).", s.relay_bytes_total)
+    yield _g("relay_reservations", "Relay slots this node holds for peers behind NAT now "
+             "(swarm.relay_max_reservations).", s.relay_reservations)
+    yield _g("relay_circuits", "Relayed connections open through this node now.", s.relay_circuits)
+    yield _counter("relay_refused_total", "Relay slots and relayed connections refused (swarm.relay_max_* "
+                   "budget, or no slot held).", s.relay_refused_total)
 
 
 def _credit(s: StatusSnapshot, swarm: SwarmView) -> Iterator[Metric]:

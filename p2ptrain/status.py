@@ -358,6 +358,15 @@ class StatusSnapshot:
     device: str = ""
     precision: str = ""
     device_memory_bytes: int | None = None
+    #: The circuit relay this node's p2p daemon serves for the run's peers behind NAT, by the daemon's own
+    #: counters: whether libp2p has it on (it does while AutoNAT finds the node reachable; None: the
+    #: counters could not be read), bytes relayed since the node started, relay slots held and relayed
+    #: connections open now, and requests refused by the budget (swarm.relay_max_*).
+    relay_active: bool | None = None
+    relay_bytes_total: int = 0
+    relay_reservations: int = 0
+    relay_circuits: int = 0
+    relay_refused_total: int = 0
     #: Monotonic-clock age of the last completed local step; None before the first step.
     seconds_since_progress: float | None = None
     uptime_seconds: float = 0.0

@@ -69,6 +69,9 @@ Patched on an instance, called, or relied on (see :data:`CALLED` and :data:`ATTR
 * ``Optimizer._tag_along_with_zero_weight`` (called when the node steps aside);
 * ``AllReduceRunner._get_peer_stub`` (called by ours once a peer is admitted);
 * ``DHT.run``, the DHT process's request loop, whose pipe ``lifecycle`` reads through its own reader;
+* ``P2P._make_process_args``, p2pd's command line, which :mod:`p2ptrain.swarm.daemon_flags` extends
+  (the relay service's budget, the daemon's metrics address) while a DHT starts: the one hivemind
+  internal outside this package, as p2pd's flags are the swarm's business;
 * ``DecentralizedAverager._run_internal``: its pipe calls any averager method by name, which is how
   ``_download_state_from_donor`` (ours: :mod:`p2ptrain.averaging.donor_stream`) runs in the averager's
   process;
@@ -134,6 +137,7 @@ CALLED: tuple[str, ...] = (
     f"{_AVERAGER}._run_internal",
     _AVERAGER + "._load_state_from_peers",  # concatenated: no DHT key, though it ends like one
     "hivemind.dht.dht.DHT.run",  # reads its requests with poll() then recv() (lifecycle.RequestReader)
+    "hivemind.p2p.p2p_daemon.P2P._make_process_args",  # swapped while a DHT starts (swarm.daemon_flags)
 )
 
 #: Private (or undocumented) attributes of hivemind's objects we read or write, by the class that sets them.

@@ -119,6 +119,17 @@ class SwarmSection(_Section):
     """Trusted circuit relays (multiaddrs ending in /p2p/<peer id>) to reserve a slot on when behind NAT.
     Empty: the initial peers are the trusted relays."""
 
+    relay_service: bool = True
+    """Serve as a circuit relay for the run's peers that cannot be dialled (libp2p turns it on only while
+    AutoNAT finds this node reachable). What it relays is counted in p2ptrain_relay_bytes_total."""
+
+    relay_max_reservations: Annotated[int, Field(ge=1, le=1024)] = 32
+    """Relay slots this node holds for peers behind NAT at once; a peer asking for one more is refused
+    (counted in p2ptrain_relay_refused_total)."""
+
+    relay_max_circuits: Annotated[int, Field(ge=1, le=256)] = 16
+    """Relayed connections open at once to any one peer holding a slot."""
+
     bootstrap_timeout: Annotated[float, Field(gt=0, le=DAY)] = 60.0
     """Seconds to keep retrying (with backoff) when no initial peer answers, before giving up."""
 

@@ -1,6 +1,8 @@
 """The node in the DHT: the one place a ``hivemind.DHT`` is made, and everything stored in it.
 
 - ``dht``              builds the DHT: identity, addresses, bootstrap, fingerprint, NAT settings
+- ``daemon_flags``     p2pd's flags hivemind does not pass: the relay budget, a loopback metrics address
+- ``relay_meter``      what the p2p daemon relays for peers behind NAT, read from its own counters
 - ``identity``         the libp2p identity key as a signer, bound to a peer ID
 - ``dialback``         asks a peer to connect back (can this node be dialled?), and answers peers that ask
 - ``reach``            how peers reach this node (public, relayed, client, unknown) and the line that says it

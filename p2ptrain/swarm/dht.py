@@ -27,6 +27,7 @@ from hivemind.utils import get_dht_time
 from p2ptrain.config.schema import SwarmSection
 from p2ptrain.dhtkeys import fingerprint_key, peers_key
 from p2ptrain.proc import processes_matching, stop_processes
+from p2ptrain.swarm.daemon_flags import extra_daemon_flags, relay_flags
 from p2ptrain.swarm.identity import identity_path
 from p2ptrain.waiting import GaveUp, StopEvent, retry
 
@@ -130,20 +131,25 @@ def start_dht(
     *,
     dht_factory: Callable[..., hivemind.DHT] = hivemind.DHT,
     clock: Callable[[], float] = time.monotonic,
+    metrics_port: int | None = None,
     **options: Any,
 ) -> hivemind.DHT:
     """Start the DHT, retrying (:func:`p2ptrain.waiting.retry`) while no initial peer answers, bounded by
     bootstrap_timeout.
 
-    ``options`` go to ``hivemind.DHT`` as they are (an owned run's ``authorizer``).
+    Its p2p daemon relays within the config's budget and, given ``metrics_port``, serves its own
+    metrics there on 127.0.0.1 (:mod:`p2ptrain.swarm.relay_meter` reads them).  ``options`` go to
+    ``hivemind.DHT`` as they are (an owned run's ``authorizer``).
     """
     kwargs = {**dht_kwargs(cfg, identity_path(state_dir), initial_peers), **options}
+    flags = relay_flags(cfg, metrics_port)
     refused, last = False, ""
 
     def attempt() -> hivemind.DHT | None:
         nonlocal refused, last
         try:
-            return dht_factory(start=True, record_validators=list(record_validators), **kwargs)
+            with extra_daemon_flags(flags):
+                return dht_factory(start=True, record_validators=list(record_validators), **kwargs)
         except (P2PDaemonError, RuntimeError) as exc:
             refused = not isinstance(exc, P2PDaemonError)
             if refused and BOOTSTRAP_FAILED not in str(exc):

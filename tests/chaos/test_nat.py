@@ -9,7 +9,8 @@ the public node and nothing else; only the UPnP/NAT-PMP probe is off, as these r
 What a volunteer must get without a NAT setting by hand: it finds out that it cannot be dialled (the
 public node's dial-back fails) and says ``client``; it then takes part in full rounds with both
 other peers; a restart behind its router does the same again; and when the public node is gone, it
-says in one line that the run needs a peer that others can dial.
+says in one line that the run needs a peer that others can dial.  The public node, relays on, counts
+what it relayed (nothing: the clients' rounds go over connections they open).
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def test_volunteers_behind_nat_average_as_clients_and_say_when_no_reachable_peer
 
 
 def _scenario(make_node, chaos_report, net: NatNet) -> None:
+    # The public node relays for the run as a public node does by default (use_relay, relay_service).
     public = _in_namespace(make_node, "public", net.public_ns, listen_addrs=[f"/ip4/0.0.0.0/tcp/{PORT}"],
-                           announce_addrs=[f"/ip4/{net.public_address}/tcp/{PORT}"])
+                           announce_addrs=[f"/ip4/{net.public_address}/tcp/{PORT}"], use_relay=True)
     volunteers = [_volunteer(make_node, f"home{i}", home) for i, home in enumerate(net.homes)]
     nodes: list[LocalNode] = [public, *volunteers]
     try:
@@ -97,6 +99,11 @@ def _scenario(make_node, chaos_report, net: NatNet) -> None:
             assert full >= FULL_SHARE * total, f"{name}: {full} of {total} rounds full"
         epochs = [(n.status() or StatusSnapshot()).local_epoch for n in nodes]
         assert max(epochs) - min(epochs) <= 2, epochs
+        # What the public node relayed is counted, from its p2p daemon's own counters.  Nothing here: the
+        # clients average over connections they open themselves, and AutoNAT never finds a node public
+        # on these private (RFC 1918) addresses, so libp2p keeps its relay service off.
+        relay = public.status() or StatusSnapshot()
+        assert relay.relay_active is False and relay.relay_bytes_total == 0, relay
 
         # A volunteer restarts behind its router: the same identity, the same verdict, rounds again.
         restarted = volunteers[0]
@@ -119,4 +126,6 @@ def _scenario(make_node, chaos_report, net: NatNet) -> None:
     finally:
         LocalNode.stop_all(nodes, timeout=10)
     chaos_report.record("nat_volunteers", full_rounds={k: f"{f}/{t}" for k, (f, t) in rounds.items()},
-                        epochs=epochs, seconds_to_stranded_line=round(stranded_seconds, 1))
+                        epochs=epochs, seconds_to_stranded_line=round(stranded_seconds, 1),
+                        public_relay={"active": relay.relay_active, "bytes": relay.relay_bytes_total,
+                                      "slots": relay.relay_reservations})

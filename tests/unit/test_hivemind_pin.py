@@ -36,6 +36,7 @@ SIGNATURES: dict[str, str] = {
     "hivemind.averaging.averager.DecentralizedAverager._run_allreduce_inplace_": "(self, tensors: 'Sequence[torch.Tensor]', group_info: 'GroupInfo', group_id: 'Optional[bytes]' = None, **kwargs)",
     "hivemind.averaging.averager.DecentralizedAverager._run_internal": '(self)',
     "hivemind.dht.dht.DHT.run": "(self) -> 'None'",
+    "hivemind.p2p.p2p_daemon.P2P._make_process_args": '(*args, **kwargs) -> List[str]',
     "hivemind.averaging.averager.DecentralizedAverager._step": "(self, *, step: 'StepControl', future_for_init: 'MPFuture')",
     "hivemind.averaging.averager.DecentralizedAverager.get_current_state": "(self) -> 'Tuple[Any, Sequence[torch.Tensor], Sequence[CompressionInfo]]'",
     "hivemind.averaging.averager.DecentralizedAverager.load_state_from_peers": "(self, wait: 'bool' = True, timeout: 'Optional[float]' = None) -> 'Optional[Tuple[Any, Sequence[torch.Tensor]]]'",

@@ -144,6 +144,17 @@ def cpu_line(status: StatusSnapshot) -> str:
     return f"{text} (limit {limit:g}%) · idled {duration(status.cpu_idle_seconds_total)}"
 
 
+def traffic_line(status: StatusSnapshot) -> str:
+    """``↑ 1.2 MiB  ↓ 3.4 MiB``, then what the node relays for peers behind NAT once it relays anything:
+    ``· relayed 5.6 MiB, 2 slots held``."""
+    text = f"↑ {byte_count(status.bytes_sent_total)}  ↓ {byte_count(status.bytes_received_total)}"
+    if status.relay_bytes_total or status.relay_reservations:
+        slots = status.relay_reservations
+        text += (f" · relayed {byte_count(status.relay_bytes_total)}, {slots} slot{'s' if slots != 1 else ''} "
+                 "held")
+    return text
+
+
 def device_line(status: StatusSnapshot) -> str:
     """``cuda:0 · bf16 · 3.2 GiB in use``, ``cpu · fp32``, or a dash before the model is built."""
     if not status.device:

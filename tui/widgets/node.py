@@ -15,13 +15,13 @@ from p2ptrain.tui.widgets.format import (
     DASH,
     age,
     averaging_line,
-    byte_count,
     cpu_line,
     device_line,
     duration,
     last_round_line,
     number,
     rounds_line,
+    traffic_line,
 )
 
 #: (row key, label, kind of the third column): "span" lets the value take the whole line.
@@ -134,8 +134,7 @@ class NodePanel(Grid):
         self._set("rounds", rounds_line(status))
         self._spark("rounds", status.recent_round_durations[-60:])
         self._set("round", last_round_line(status))
-        self._set("traffic", f"↑ {byte_count(status.bytes_sent_total)}  ↓ "
-                             f"{byte_count(status.bytes_received_total)}")
+        self._set("traffic", traffic_line(status))
         ckpt = f"{age(status.last_checkpoint_time, now)} ({status.checkpoint_writes_ok_total} ok"
         ckpt += f", {status.checkpoint_writes_failed_total} failed)"
         self._set("ckpt", ckpt + (f" {status.last_checkpoint_error}" if status.last_checkpoint_error else ""))
