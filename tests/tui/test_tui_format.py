@@ -16,6 +16,7 @@ from p2ptrain.tui.widgets.format import (
     rounds_line,
     share,
     short_id,
+    traffic_line,
 )
 
 
@@ -63,6 +64,14 @@ def test_a_schema_1_node_is_not_credited_with_full_rounds() -> None:
     assert averaging_line(old) == "42 rounds · 95% completed · group of 2"
     assert rounds_line(old) == "40 completed, 2 failed"
     assert last_round_line(old) == "1.25s"
+
+
+def test_traffic_line_adds_what_is_relayed_once_there_is_any() -> None:
+    quiet = StatusSnapshot(bytes_sent_total=1_200_000, bytes_received_total=3_400_000, relay_active=True)
+    assert traffic_line(quiet) == "↑ 1.2 MB  ↓ 3.4 MB"
+    relaying = StatusSnapshot(bytes_sent_total=0, relay_bytes_total=5_600_000, relay_reservations=1)
+    assert traffic_line(relaying) == "↑ 0 B  ↓ 0 B · relayed 5.6 MB, 1 slot held"
+    assert traffic_line(StatusSnapshot(relay_reservations=2)).endswith("relayed 0 B, 2 slots held")
 
 
 def test_cpu_line() -> None:

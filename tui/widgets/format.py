@@ -145,8 +145,8 @@ def cpu_line(status: StatusSnapshot) -> str:
 
 
 def traffic_line(status: StatusSnapshot) -> str:
-    """``↑ 1.2 MiB  ↓ 3.4 MiB``, then what the node relays for peers behind NAT once it relays anything:
-    ``· relayed 5.6 MiB, 2 slots held``."""
+    """``↑ 1.2 MB  ↓ 3.4 MB``, then what the node relays for peers behind NAT once it relays anything:
+    ``· relayed 5.6 MB, 2 slots held``."""
     text = f"↑ {byte_count(status.bytes_sent_total)}  ↓ {byte_count(status.bytes_received_total)}"
     if status.relay_bytes_total or status.relay_reservations:
         slots = status.relay_reservations
