@@ -81,6 +81,10 @@ class JoinedSwarm:
     relay: RelayMeter = field(default_factory=lambda: RelayMeter(None))
     """What this node's p2p daemon relays for peers behind NAT (its own counters)."""
 
+    def current_maddrs(self) -> list[str]:
+        """The addresses peers see now (asked of the p2p daemon; ``maddrs`` are those of the start)."""
+        return visible_maddrs(self.dht, latest=True)
+
     @property
     def undialable(self) -> bool:
         """Whether a peer answered that it could not connect to this node (it then averages as a client)."""

@@ -9,9 +9,10 @@ in a unit test with fakes in milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from p2ptrain.config.schema import NodeConfig
@@ -30,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 SNAPSHOT_EVERY = 0.5
 FINGERPRINT_EVERY = 60.0
+#: How often the node asks libp2p for its addresses again (reachability can change after the start).
+ADDRESSES_EVERY = 60.0
 #: How often a paused node re-withdraws its progress record (hivemind re-publishes it every 30 s).
 STEP_ASIDE_EVERY = 10.0
 #: How long a paused loop sleeps between passes (a stop or a control request cuts it short).
@@ -72,7 +75,8 @@ class TrainingLoop:
                  rounds: RoundStats,
                  refresh_fingerprint: Callable[[], None], set_threads: Callable[[int], None],
                  paused_wait: float = PAUSED_WAIT,
-                 poll_run: Callable[[NodeConfig], NodeConfig | None] | None = None) -> None:
+                 poll_run: Callable[[NodeConfig], NodeConfig | None] | None = None,
+                 current_maddrs: Callable[[], Sequence[str]] | None = None) -> None:
         self.config = config
         self.parts = parts
         self.board = board
@@ -87,6 +91,8 @@ class TrainingLoop:
         self._paused_wait = paused_wait
         #: An owned run's manifest updates (``daemon.runfollow``): returns the config to go on with.
         self._poll_run = poll_run
+        #: The node's addresses as libp2p gives them now (None: fixed at the start).
+        self._current_maddrs = current_maddrs
         self._manual_pause_until: float | None = None
         self._next_step_aside = 0.0
         self._reachable_peers = ReachablePeerWatch()
@@ -100,6 +106,7 @@ class TrainingLoop:
         next_validation = now + self.config.training.validate_every
         next_checkpoint = now + self.config.checkpoint.interval
         next_fingerprint = now + FINGERPRINT_EVERY
+        next_addresses = now + ADDRESSES_EVERY
         while not self.stopper.is_set():
             self._handle_control()
             self._follow_run()
@@ -127,6 +134,9 @@ class TrainingLoop:
             if now >= next_fingerprint:
                 self._refresh_fingerprint()
                 next_fingerprint = now + FINGERPRINT_EVERY
+            if now >= next_addresses:
+                self._follow_addresses()
+                next_addresses = now + ADDRESSES_EVERY
             summary = self.rounds.take_summary(now)
             if summary:
                 logger.info(summary)
@@ -134,6 +144,24 @@ class TrainingLoop:
             if max_epochs and self.parts.trainer.epoch >= max_epochs:
                 logger.info("reached training.max_epochs=%d", max_epochs)
                 self.stopper.request("max_epochs reached")
+
+    def _follow_addresses(self) -> None:
+        """The addresses libp2p gives peers change after the start (a relay slot taken or lost): the
+        status follows them, and a change of reachability (not of an address alone: libp2p's observed
+        addresses come and go) is said in the same line as at the start."""
+        if self._current_maddrs is None:
+            return
+        try:
+            maddrs = tuple(self._current_maddrs())
+        except Exception as error:  # the DHT busy or going down: the last addresses stand
+            logger.debug("could not read this node's addresses: %r", error)
+            return
+        before = self.board.identity
+        if not maddrs or maddrs == before.maddrs:
+            return
+        self.board.identity = after = dataclasses.replace(before, maddrs=maddrs)
+        if after.reachability() is not before.reachability():
+            logger.info("%s", after.reach().line())
 
     def _watch_reachable_peers(self, now: float) -> None:
         """A client averages only through peers that others can dial: say when none is training, and

@@ -262,7 +262,8 @@ class Node:
         self.loop = TrainingLoop(cfg, parts, self.board, self.hooks, self.stopper, self.control, clock=self.clock,
                                  cpu_share=self.cpu_share, rounds=self.swarm_stats.rounds,
                                  refresh_fingerprint=refresh_fingerprint, set_threads=self.set_threads,
-                                 paused_wait=self.paused_wait, poll_run=follower.poll if follower else None)
+                                 paused_wait=self.paused_wait, poll_run=follower.poll if follower else None,
+                                 current_maddrs=swarm.current_maddrs)
 
         self.board.set_state(NodeState.SYNCING)
         training = cfg.training

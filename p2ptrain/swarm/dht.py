@@ -202,8 +202,10 @@ def stop_stale_daemons(identity_path: Path, grace: float = 2.0) -> int:
     return len(stale)
 
 
-def visible_maddrs(dht: hivemind.DHT) -> list[str]:
-    return [str(addr) for addr in dht.get_visible_maddrs()]
+def visible_maddrs(dht: hivemind.DHT, latest: bool = False) -> list[str]:
+    """The node's addresses as peers see them; ``latest`` asks the p2p daemon again (a relay slot taken
+    or lost since the start changes them) instead of hivemind's copy from the start."""
+    return [str(addr) for addr in dht.get_visible_maddrs(latest=latest)]
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,12 @@ UNREAD = RelayFigures()
 
 def parse_relay_metrics(page: str) -> RelayFigures:
     """The relay figures in a p2pd metrics page (Prometheus text format); lines that do not parse are
-    skipped, and a page without the relay service's status gives ``active=None``."""
+    skipped.  A libp2p page without the relay service's lines is a daemon without relays
+    (``swarm.use_relay`` off): ``active=False``; a page with no libp2p line at all gives ``active=None``."""
     values: dict[tuple[str, str], float] = {}
+    libp2p = False
     for line in page.splitlines():
+        libp2p = libp2p or line.startswith("libp2p_")
         if not line.startswith(_PREFIX):
             continue
         match = _SAMPLE.match(line)
@@ -64,7 +67,7 @@ def parse_relay_metrics(page: str) -> RelayFigures:
 
     status = values.get(("status", ""))
     return RelayFigures(
-        active=None if status is None else status >= 1,
+        active=(False if libp2p else None) if status is None else status >= 1,
         bytes_total=total("data_transferred_bytes_total"),
         reservations=held("reservations_total"),
         circuits=held("connections_total"),

@@ -73,6 +73,8 @@ def test_two_nodes_average_and_agree(make_node, tmp_path):
     assert view.peers_online == 2
     # B's own view is refreshed on its 5 s record timer, so it may still hold one record here.
     b.wait_for(lambda s: s.last_round_group_size == 2 and s.peers_online == 2, 30, "both nodes in B's view")
+    # The relay figures come from each node's p2p daemon: read, and off (relays are off on loopback).
+    assert all(node.status().relay_active is False for node in (a, b))
     # Disjoint shares: while both train, each reads only the shards rendezvous hashing gives it.  A pass
     # begun before the other node's record was in view is shared out among the peers seen then (the
     # tiny corpus takes a node through a pass in well under a second): wait for one begun after.

@@ -140,7 +140,15 @@ class FakeParts:
 
 
 class FakeSwarm(JoinedSwarm):
+    #: What libp2p gives when asked for the addresses again (None: those of the start; an error: raised).
+    addresses_now: list[str] | Exception | None = None
+
     def refresh_fingerprint(self, run_id: str, fingerprint: str, met: Any = ()) -> None: ...
+
+    def current_maddrs(self) -> list[str]:
+        if isinstance(self.addresses_now, Exception):
+            raise self.addresses_now
+        return list(self.maddrs if self.addresses_now is None else self.addresses_now)
 
     def close(self) -> None:
         self.closed = True
@@ -275,6 +283,35 @@ def test_what_a_peer_found_dialling_back_decides_reachability_and_the_reachable_
     spoken = [record for record in caplog.records if "reachab" in record.getMessage()]
     assert [r.getMessage()[:len(line)] for r, line in zip(spoken, lines, strict=False)] == lines, spoken
     assert len(spoken) == len(lines) and all(r.levelno == logging.WARNING for r in spoken[1:])
+
+
+def test_a_relay_slot_taken_after_the_start_shows_in_the_status_and_in_one_line(tmp_path, caplog):
+    """libp2p reserves a relay slot some time after the start: the node asks for its addresses again each
+    minute (fake clock: 0.1 s a step).  An observed address that changes nothing else, and a failed read,
+    say nothing; the slot makes the node ``relayed`` in the status and in the start's line."""
+    caplog.set_level("INFO")
+    start = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWFake"
+    observed = "/ip4/192.0.2.8/tcp/41400/p2p/12D3KooWFake"
+    circuit = "/ip4/198.51.100.7/tcp/41400/p2p/12D3KooWRelay/p2p-circuit/p2p/12D3KooWFake"
+    # (step, addresses from then on): before the checks at 60 s, 120 s and 180 s.
+    changes = {500: [start, observed], 1100: RuntimeError("the DHT is busy"), 1700: [start, circuit]}
+    seen: dict[int, tuple[str, ...]] = {}
+
+    def on_step(step: int) -> None:
+        if step in changes:
+            builder.swarm.addresses_now = changes[step]
+        if step in (1000, 1600):
+            seen[step] = node.board.identity.maddrs
+
+    node, builder, _, _ = _node(tmp_path, max_epochs=500, builder_kwargs={"on_step": on_step})
+    assert node.run() == 0
+    assert seen == {1000: (start, observed), 1600: (start, observed)}
+    status = node.latest.status()
+    assert status.reachability == "relayed" and list(status.visible_maddrs) == [start, circuit]
+    spoken = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reachability:")]
+    assert spoken == [f"reachability: unknown (listening on {start}); if peers cannot dial this node, forward "
+                      "its port and set swarm.announce_addrs, or set swarm.client_mode",
+                      f"reachability: relayed; peers dial {circuit} (through a relay on a public peer)"], spoken
 
 
 def test_pause_steps_aside_then_resume_rejoins_then_leave_stops(tmp_path):

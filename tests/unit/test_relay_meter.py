@@ -41,7 +41,9 @@ def test_a_page_of_the_daemon_gives_what_it_relayed_and_holds():
 def test_a_daemon_with_the_service_off_or_no_page_at_all():
     assert parse_relay_metrics("libp2p_relaysvc_status 0\nlibp2p_relaysvc_data_transferred_bytes_total 0\n") == \
         RelayFigures(active=False)
-    assert parse_relay_metrics("go_goroutines 3\n") == RelayFigures(active=None)
+    assert parse_relay_metrics("go_goroutines 3\n") == RelayFigures(active=None)  # not a libp2p page
+    # A daemon started without relays (swarm.use_relay off) has none of the relay service's lines.
+    assert parse_relay_metrics("go_goroutines 3\nlibp2p_identify_addrs_count 0\n") == RelayFigures(active=False)
     assert parse_relay_metrics("") == RelayFigures()
 
 
