@@ -12,11 +12,10 @@ from __future__ import annotations
 import http.client
 import re
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-#: The daemon's whole metrics page is ~60 KiB; more than this is not its page.
+#: Far above the daemon's whole metrics page (tens of KiB); a larger page is not its page.
 MAX_PAGE_BYTES = 1 << 20
 _PREFIX = "libp2p_relaysvc_"
 _SAMPLE = re.compile(r'^libp2p_relaysvc_(\w+)(?:\{(\w+)="([^"]*)"\})?\s+(\S+)$')
@@ -76,10 +75,17 @@ def parse_relay_metrics(page: str) -> RelayFigures:
 
 
 def read_page(port: int, timeout: float = 1.0) -> str:
-    """The daemon's metrics page from 127.0.0.1:``port``; raises OSError or ``http.client.HTTPException``, or
-    ValueError for a page too large."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
+    """The daemon's metrics page from 127.0.0.1:``port``, straight (no proxy from the environment); raises
+    OSError or ``http.client.HTTPException``, or ValueError for an error status or a page too large."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        if response.status != 200:
+            raise ValueError(f"the p2p daemon's metrics page answered {response.status}")
         body: bytes = response.read(MAX_PAGE_BYTES + 1)
+    finally:
+        connection.close()
     if len(body) > MAX_PAGE_BYTES:
         raise ValueError(f"the p2p daemon's metrics page is over {MAX_PAGE_BYTES} bytes")
     return body.decode("utf-8", errors="replace")
