@@ -26,20 +26,13 @@ from benchmarks.netns import ShapedNet, netns_unavailable, shaped_network
 from benchmarks.peers import kill_group, wait_for_peers
 from benchmarks.report import add_ratios, markdown_table, summarize
 from p2ptrain.averaging.compression import wire_bytes
+from p2ptrain.swarm.daemon_flags import free_loopback_port
 
 ALL_MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco", "diloco_int8", "diloco_topk", "diloco_topk_sync")
 SHAPED_MODES = ("ddp", "diloco", "diloco_topk")  # add p2p_grad with --shaped-modes (about +150 s)
 WORKER_OPTS = ("sequences", "eval_every", "max_train_seconds", "micro_batch", "global_batch", "lr", "d_model",
                "n_layers", "n_heads", "val_batches", "inner_steps", "inner_batch", "matchmaking_time",
                "averaging_timeout", "peer_checks", "outer_topk_density", "outer_value_bits")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None, *, world: int | None = None,
@@ -53,7 +46,7 @@ def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None, *, worl
     """
     world = world if world is not None else 1 if mode == "compute" else args.peers
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-", dir=args.out))
-    master_port = 29512 if net else free_port()
+    master_port = 29512 if net else free_loopback_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for rank in range(world):

@@ -39,9 +39,9 @@ def relay_flags(cfg: SwarmSection, metrics_port: int | None) -> dict[str, str | 
 
 
 def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for the daemon to take a moment later:
-    should another process take it first, the daemon runs on without its metrics and the figures they
-    feed read as unknown)."""
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a process started a moment later to take
+    (the p2p daemon's metrics; the benchmarks' and tests' servers).  Should another process take it
+    first, the daemon runs on without its metrics and the figures they feed read as unknown."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from p2ptrain.swarm.daemon_flags import free_loopback_port
 from p2ptrain.waiting import WaitTimeout, wait_until
 from tests.integration.conftest import TINY_TASK
 from tests.support.nodeapi import node_client
@@ -43,12 +43,6 @@ def _fixtures():
     spec.loader.exec_module(module)
     sys.modules["monitoring_fixtures"] = module
     return module
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get_json(url: str) -> dict:
@@ -94,7 +88,7 @@ def prometheus(tmp_path):
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             f"scrape_configs:\n  - job_name: {JOB}\n"
             f"    static_configs:\n      - targets: {json.dumps(targets)}\n")
-        port = free_port()
+        port = free_loopback_port()
         procs.append(subprocess.Popen(
             [str(binary), f"--config.file={tmp_path / 'prometheus.yml'}",
              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
