@@ -30,7 +30,13 @@ from p2ptrain.swarm.reach import ReachablePeerWatch
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_EVERY = 0.5
+#: How often the node looks again at which model the run's peers train, and republishes its own.
 FINGERPRINT_EVERY = 60.0
+#: The first look again comes this soon after training starts, and the gap doubles up to
+#: FINGERPRINT_EVERY: a peer's record (which says what it trains) reaches the DHT up to one record
+#: period after that peer starts, so a node started with another model than its peers finds out in
+#: seconds instead of training a model the run cannot use for a minute.
+FIRST_FINGERPRINT_RECHECK = 5.0
 #: How often the node asks libp2p for its addresses again (reachability can change after the start).
 ADDRESSES_EVERY = 60.0
 #: How often a paused node re-withdraws its progress record (hivemind re-publishes it every 30 s).
@@ -105,7 +111,8 @@ class TrainingLoop:
         next_snapshot = now
         next_validation = now + self.config.training.validate_every
         next_checkpoint = now + self.config.checkpoint.interval
-        next_fingerprint = now + FINGERPRINT_EVERY
+        fingerprint_gap = FIRST_FINGERPRINT_RECHECK
+        next_fingerprint = now + fingerprint_gap
         next_addresses = now + ADDRESSES_EVERY
         while not self.stopper.is_set():
             self._handle_control()
@@ -133,7 +140,8 @@ class TrainingLoop:
                 next_checkpoint = self.clock() + self.config.checkpoint.interval
             if now >= next_fingerprint:
                 self._refresh_fingerprint()
-                next_fingerprint = now + FINGERPRINT_EVERY
+                fingerprint_gap = min(FINGERPRINT_EVERY, fingerprint_gap * 2)
+                next_fingerprint = now + fingerprint_gap
             if now >= next_addresses:
                 self._follow_addresses()
                 next_addresses = now + ADDRESSES_EVERY

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -142,8 +143,11 @@ class FakeParts:
 class FakeSwarm(JoinedSwarm):
     #: What libp2p gives when asked for the addresses again (None: those of the start; an error: raised).
     addresses_now: list[str] | Exception | None = None
+    #: Called on each look at the run's model (it may raise FingerprintMismatch, as the DHT's would).
+    on_fingerprint: Callable[[], None] = staticmethod(lambda: None)
 
-    def refresh_fingerprint(self, run_id: str, fingerprint: str, met: Any = ()) -> None: ...
+    def refresh_fingerprint(self, run_id: str, fingerprint: str, met: Any = ()) -> None:
+        self.on_fingerprint()
 
     def current_maddrs(self) -> list[str]:
         if isinstance(self.addresses_now, Exception):
@@ -158,11 +162,13 @@ class FakeBuilder:
     """The builder's methods with fakes; an owned run's plan and keeper are whatever a test sets."""
 
     def __init__(self, clock: ManualClock, *, swarm_epoch: int = 0, fail_join: Exception | None = None,
-                 fail_build: Exception | None = None, on_step: Any = None, dialback: Dialback | None = None) -> None:
+                 fail_build: Exception | None = None, on_step: Any = None, dialback: Dialback | None = None,
+                 on_fingerprint: Callable[[], None] | None = None) -> None:
         self.optimizer = FakeOptimizer(swarm_epoch)
         self.parts = FakeParts(FakeTrainer(self.optimizer, clock, on_step), self.optimizer)
         self.fail_join, self.fail_build = fail_join, fail_build
         self.dialback = dialback
+        self.on_fingerprint = on_fingerprint
         self.swarm: FakeSwarm | None = None
         self.plan: Any = None
         self.keeper: Any = None
@@ -181,6 +187,8 @@ class FakeBuilder:
             raise self.fail_join
         self.swarm = FakeSwarm(dht=None, peer_id="12D3KooWFake", maddrs=["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWFake"],
                                state_dir=state_dir, dialback=self.dialback)
+        if self.on_fingerprint is not None:
+            self.swarm.on_fingerprint = self.on_fingerprint
         return self.swarm
 
     def follow_run(self, plan: Any, swarm: JoinedSwarm) -> Any:
@@ -312,6 +320,31 @@ def test_a_relay_slot_taken_after_the_start_shows_in_the_status_and_in_one_line(
     assert spoken == [f"reachability: unknown (listening on {start}); if peers cannot dial this node, forward "
                       "its port and set swarm.announce_addrs, or set swarm.client_mode",
                       f"reachability: relayed; peers dial {circuit} (through a relay on a public peer)"], spoken
+
+
+def test_the_run_s_model_is_looked_at_again_soon_after_the_start_then_each_minute(tmp_path):
+    """A peer's record reaches the DHT a few seconds after it starts: a node whose model differs must not
+    train for a minute before it can tell (fake clock: 0.1 s a step, 200 s of training)."""
+    looks: list[float] = []
+
+    def look() -> None:
+        looks.append(builder.parts.trainer.clock.now)
+
+    node, builder, _, _ = _node(tmp_path, max_epochs=500, builder_kwargs={"on_fingerprint": look})
+    start = builder.parts.trainer.clock.now
+    assert node.run() == 0
+    assert [round(look - start) for look in looks] == [5, 15, 35, 75, 135, 195], looks
+
+
+def test_a_mismatch_found_on_a_later_look_stops_the_node_with_78(tmp_path, caplog):
+    def refuse() -> None:
+        raise FingerprintMismatch("model fingerprint ffff differs from run 'r''s model abcd")
+
+    node, builder, _, _ = _node(tmp_path, max_epochs=500, builder_kwargs={"on_fingerprint": refuse})
+    start = builder.parts.trainer.clock.now
+    assert node.run() == 78
+    assert builder.parts.trainer.clock.now - start < 6 and builder.parts.checkpoints == 1
+    assert "differs from run" in node.stopper.reason
 
 
 def test_pause_steps_aside_then_resume_rejoins_then_leave_stops(tmp_path):
