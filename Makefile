@@ -36,8 +36,9 @@ system-deps:
 
 # Three phases.  Unit and TUI tests run in two processes, a file per process at a time (the TUI
 # snapshots serve a fixed port).  The integration tests and the fault scenarios then run three at a
-# time: they wait for rounds and events, not for throughput, and their nodes train within a share of
-# the machine (tests/integration/conftest.py, tests/chaos/conftest.py).  Last, one at a time with the
+# time, their nodes training within a share of the machine (tests/integration/conftest.py,
+# tests/chaos/conftest.py); that phase keeps both cores busy, so more processes would not shorten it
+# (docs/operations.md, "Continuous integration").  Last, one at a time with the
 # machine to themselves, the tests marked `alone` (a CPU share they measure, a shaped link, a share of
 # full rounds).
 # PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests collected) is a

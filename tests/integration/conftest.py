@@ -18,7 +18,7 @@ FAST_TRAINING = {"target_batch_size": 48, "batch_size": 8, "validate_every": 5.0
 #: A model small enough that start-up and checkpoints cost almost nothing (pass as ``task=TINY_TASK``).
 TINY_TASK = {"d_model": 32, "n_layers": 1, "n_heads": 2, "seq_len": 32}
 #: Test nodes train within a share of the machine (``volunteer.max_cpu_percent``): tests wait for
-#: rounds and events, not for throughput, and two tests run side by side (see the Makefile).
+#: rounds and events, not for throughput, and three tests run side by side (see the Makefile).
 TEST_VOLUNTEER = {"max_cpu_percent": 20.0}
 
 NodeFactory = Callable[..., LocalNode]
