@@ -32,7 +32,8 @@ ALL_MODES = ("compute", "ddp", "hivemind", "p2p_grad", "diloco", "diloco_int8", 
 SHAPED_MODES = ("ddp", "diloco", "diloco_topk")  # add p2p_grad with --shaped-modes (about +150 s)
 WORKER_OPTS = ("sequences", "eval_every", "max_train_seconds", "micro_batch", "global_batch", "lr", "d_model",
                "n_layers", "n_heads", "val_batches", "inner_steps", "inner_batch", "matchmaking_time",
-               "averaging_timeout", "peer_checks", "outer_topk_density", "outer_value_bits")
+               "averaging_timeout", "peer_checks", "outer_topk_density", "outer_value_bits", "outer_lr",
+               "outer_momentum")
 
 
 def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None, *, world: int | None = None,
@@ -140,6 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--outer-topk-density", type=float, default=0.02,
                    help="diloco_topk: the share of each chunk's values a round sends")
     p.add_argument("--outer-value-bits", type=int, choices=(2, 4, 8), default=2, help="diloco_topk: bits per value")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo modes: the outer step's learning rate")
+    p.add_argument("--outer-momentum", type=float, default=0.9,
+                   help="DiLoCo modes: the outer step's Nesterov momentum (0: plain SGD, as SparseLoCo's outer step)")
     p.add_argument("--matchmaking-time", type=float, default=0.5,
                    help="seconds; a round lasts about this long (0.5 suits loopback and the shaped LAN)")
     p.add_argument("--averaging-timeout", type=float, default=30.0)

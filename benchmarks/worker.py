@@ -56,7 +56,7 @@ def training_section(args: argparse.Namespace) -> TrainingSection:
         batch_size=args.micro_batch, target_batch_size=args.global_batch, lr=args.lr, warmup_epochs=0,
         total_epochs=100_000, mode="diloco" if args.mode in OUTER_COMPRESSION else "gradient",
         outer_compression=OUTER_COMPRESSION.get(args.mode, "none"), outer_topk_density=args.outer_topk_density,
-        outer_value_bits=args.outer_value_bits,
+        outer_value_bits=args.outer_value_bits, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
         grad_compression=args.compression, inner_steps=args.inner_steps, inner_batch_size=args.inner_batch,
         matchmaking_time=args.matchmaking_time, overlap=args.mode not in SYNCHRONOUS_OUTER,
         averaging_timeout=args.averaging_timeout, load_state_timeout=30.0, threads=1, seed=0,
@@ -307,6 +307,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compression", default="fp16")
     p.add_argument("--outer-topk-density", type=float, default=0.02, help="diloco_topk: share of values sent")
     p.add_argument("--outer-value-bits", type=int, choices=(2, 4, 8), default=2, help="diloco_topk: bits a value")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo modes: the outer step's learning rate")
+    p.add_argument("--outer-momentum", type=float, default=0.9, help="DiLoCo modes: the outer Nesterov momentum")
     p.add_argument("--matchmaking-time", type=float, default=0.5)
     p.add_argument("--averaging-timeout", type=float, default=30.0)
     p.add_argument("--peer-checks", choices=("on", "off"), default="on",
