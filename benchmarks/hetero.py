@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.swarm import run_mode
+from benchmarks.worker import add_outer_step_options
 
 #: Targets, each checked per mode: the fast peer keeps 90% of its rate next to an equal peer, the
 #: slow peer's samples are in 90% of the rounds, the two models' validation losses stay within 2% of
@@ -321,8 +322,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode-timeout", type=float, default=0.0, help="per swarm (default: --seconds + 90)")
     p.add_argument("--grad-compression", default="fp16")
     p.add_argument("--diloco-compression", default="fp16")
-    p.add_argument("--outer-topk-density", type=float, default=0.02, help="diloco_topk: share of values sent")
-    p.add_argument("--outer-value-bits", type=int, choices=(2, 4, 8), default=2, help="diloco_topk: bits a value")
+    add_outer_step_options(p)
     args = p.parse_args(argv)
     if args.repeats < 1 or args.seconds <= 0:
         p.error("--repeats must be at least 1 and --seconds positive")

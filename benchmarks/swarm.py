@@ -25,6 +25,7 @@ from benchmarks import overhead
 from benchmarks.netns import ShapedNet, netns_unavailable, shaped_network
 from benchmarks.peers import kill_group, wait_for_peers
 from benchmarks.report import add_ratios, markdown_table, summarize
+from benchmarks.worker import add_outer_step_options
 from p2ptrain.averaging.compression import wire_bytes
 from p2ptrain.swarm.daemon_flags import free_loopback_port
 
@@ -138,12 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="p2ptrain's modes with the node's peer checks (its default) or plain hivemind")
     p.add_argument("--grad-compression", default="fp16", choices=("none", "fp16", "8bit"))
     p.add_argument("--diloco-compression", default="8bit", choices=("none", "fp16", "8bit"))
-    p.add_argument("--outer-topk-density", type=float, default=0.02,
-                   help="diloco_topk: the share of each chunk's values a round sends")
-    p.add_argument("--outer-value-bits", type=int, choices=(2, 4, 8), default=2, help="diloco_topk: bits per value")
-    p.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo modes: the outer step's learning rate")
-    p.add_argument("--outer-momentum", type=float, default=0.9,
-                   help="DiLoCo modes: the outer step's Nesterov momentum (0: plain SGD, as SparseLoCo's outer step)")
+    add_outer_step_options(p)
     p.add_argument("--matchmaking-time", type=float, default=0.5,
                    help="seconds; a round lasts about this long (0.5 suits loopback and the shaped LAN)")
     p.add_argument("--averaging-timeout", type=float, default=30.0)

@@ -51,6 +51,20 @@ def barrier(run_dir: Path, name: str, rank: int, world: int) -> None:
     wait_for(lambda: all((run_dir / f"{name}.{r}").exists() for r in range(world)), BARRIER_TIMEOUT, name)
 
 
+def add_outer_step_options(p: argparse.ArgumentParser) -> None:
+    """The DiLoCo outer step's options, the same in every benchmark that starts workers (the defaults are
+    the node's own: ``[training]`` in the config schema)."""
+    default = {name: field.default for name, field in TrainingSection.model_fields.items()}
+    p.add_argument("--outer-topk-density", type=float, default=default["outer_topk_density"],
+                   help="diloco_topk: the share of each chunk's values a round sends")
+    p.add_argument("--outer-value-bits", type=int, choices=(2, 4, 8), default=default["outer_value_bits"],
+                   help="diloco_topk: bits per value")
+    p.add_argument("--outer-lr", type=float, default=default["outer_lr"],
+                   help="DiLoCo modes: the outer step's learning rate")
+    p.add_argument("--outer-momentum", type=float, default=default["outer_momentum"],
+                   help="DiLoCo modes: the outer step's Nesterov momentum (0: plain SGD, as SparseLoCo's outer step)")
+
+
 def training_section(args: argparse.Namespace) -> TrainingSection:
     return TrainingSection(
         batch_size=args.micro_batch, target_batch_size=args.global_batch, lr=args.lr, warmup_epochs=0,
@@ -305,10 +319,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DiLoCo: sequences per inner step (0: the node's default, 4 micro-batches)")
     p.add_argument("--cpu-percent", type=float, default=0.0, help="hold this peer to this share of one core (0: none)")
     p.add_argument("--compression", default="fp16")
-    p.add_argument("--outer-topk-density", type=float, default=0.02, help="diloco_topk: share of values sent")
-    p.add_argument("--outer-value-bits", type=int, choices=(2, 4, 8), default=2, help="diloco_topk: bits a value")
-    p.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo modes: the outer step's learning rate")
-    p.add_argument("--outer-momentum", type=float, default=0.9, help="DiLoCo modes: the outer Nesterov momentum")
+    add_outer_step_options(p)
     p.add_argument("--matchmaking-time", type=float, default=0.5)
     p.add_argument("--averaging-timeout", type=float, default=30.0)
     p.add_argument("--peer-checks", choices=("on", "off"), default="on",
