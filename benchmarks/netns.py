@@ -2,11 +2,18 @@
 
 Addresses are this harness's own (10.213.0.x/24 on veths inside namespaces it creates), so all
 traffic stays between those namespaces.  :func:`shaped_network` always deletes what it created.
+
+Namespaces outlive a process that is killed (a CI job cancelled, a machine's session stopped), so
+every name carries its maker's process ID, two runs on one machine never share a name, and a new
+topology first deletes the namespaces whose maker is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,9 +48,57 @@ def _ip(*args: str) -> None:
     subprocess.run(list(args), check=True, capture_output=True, text=True, timeout=20)
 
 
+#: This harness's namespace names: a prefix, the maker's process ID, then the namespace's role
+#: (``p2pnat-wan`` and the like, with no process ID, are from versions before the ID was added).
+_OURS = re.compile(r"^(p2pbench|p2pnat)(?:(\d+)x\d+)?-\S+$")
+_topologies = itertools.count()
+#: Tags of the topologies this process has up now (the only ones of its own that are not stale).
+_live_tags: set[str] = set()
+
+
+def _new_tag() -> str:
+    """A tag no other topology on this machine has now: this process's ID and a per-process count."""
+    tag = f"{os.getpid()}x{next(_topologies)}"
+    _live_tags.add(tag)
+    return tag
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_namespaces(listing: str, own_pid: int, live_tags: set[str]) -> list[str]:
+    """The names in ``ip netns list`` output that this harness made and whose maker is gone."""
+    stale = []
+    for line in listing.splitlines():
+        name = line.split(" ", 1)[0]
+        match = _OURS.match(name)
+        if match is None:
+            continue
+        pid = match.group(2)
+        tag = name[len(match.group(1)):].split("-", 1)[0]
+        if pid is None or (int(pid) == own_pid and tag not in live_tags) or (
+                int(pid) != own_pid and not _alive(int(pid))):
+            stale.append(name)
+    return stale
+
+
+def _remove_stale_namespaces() -> None:
+    """Delete the namespaces a killed run of this harness left behind (they hold no live peer)."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20).stdout
+    for name in stale_namespaces(listing, os.getpid(), _live_tags):
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+
+
 def netns_unavailable() -> str | None:
     """None when namespaces can be made here, else the reason they cannot."""
-    probe = f"{PREFIX}-probe"
+    probe = f"{PREFIX}{os.getpid()}x0-probe"
     try:
         _ip("ip", "netns", "add", probe)
     except FileNotFoundError:
@@ -59,8 +114,10 @@ def netns_unavailable() -> str | None:
 @contextlib.contextmanager
 def shaped_network(peers: int, rate: str = "20mbit") -> Iterator[ShapedNet]:
     """``peers`` namespaces on a bridge; every peer's upload and download limited to ``rate``."""
-    bridge_ns = f"{PREFIX}-br"
-    names = [f"{PREFIX}-{i}" for i in range(peers)]
+    _remove_stale_namespaces()
+    tag = _new_tag()
+    bridge_ns = f"{PREFIX}{tag}-br"
+    names = [f"{PREFIX}{tag}-{i}" for i in range(peers)]
     created: list[str] = []
     try:
         for ns in [bridge_ns, *names]:
@@ -83,8 +140,13 @@ def shaped_network(peers: int, rate: str = "20mbit") -> Iterator[ShapedNet]:
                     "burst", "64kb", "latency", "100ms")
         yield ShapedNet(names, [f"{SUBNET}.{i + 1}" for i in range(peers)], [f"vp{i}" for i in range(peers)], rate)
     finally:
-        for ns in reversed(created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        _delete(created, tag)
+
+
+def _delete(namespaces: list[str], tag: str) -> None:
+    for ns in reversed(namespaces):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+    _live_tags.discard(tag)
 
 
 NAT_PREFIX = "p2pnat"
@@ -136,9 +198,11 @@ def nat_network(volunteers: int = 2, rate: str | None = None, forward: int | Non
     connections (a home router without forwarded ports).  ``rate``: every WAN link tbf-shaped.
     ``forward``: a TCP port each router forwards to its home (the same port inside), as a volunteer
     who set up port forwarding has it."""
-    wan, public = f"{NAT_PREFIX}-wan", f"{NAT_PREFIX}-pub"
-    homes = [f"{NAT_PREFIX}-home{i}" for i in range(volunteers)]
-    routers = [f"{NAT_PREFIX}-rtr{i}" for i in range(volunteers)]
+    _remove_stale_namespaces()
+    tag = _new_tag()
+    wan, public = f"{NAT_PREFIX}{tag}-wan", f"{NAT_PREFIX}{tag}-pub"
+    homes = [f"{NAT_PREFIX}{tag}-home{i}" for i in range(volunteers)]
+    routers = [f"{NAT_PREFIX}{tag}-rtr{i}" for i in range(volunteers)]
     created: list[str] = []
     try:
         for ns in [wan, public, *routers, *homes]:
@@ -180,5 +244,4 @@ def nat_network(volunteers: int = 2, rate: str | None = None, forward: int | Non
             _ip(*router_cmd, "iptables", "-A", "INPUT", "-i", "wan0", "-j", "DROP")
         yield NatNet(public, f"{WAN_SUBNET}.1", homes, routers, [f"{WAN_SUBNET}.{10 + i}" for i in range(volunteers)])
     finally:
-        for ns in reversed(created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        _delete(created, tag)
