@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterator
 
 import pytest
 
 from p2ptrain.waiting import WaitTimeout, wait_until
+from tests.support.node_forkserver import NodeForkServer
 from tests.support.processes import become_subreaper, descendants, is_shared, kill_all, reap_orphans
 
 #: How long helpers of a stopped node may take to exit (p2pd leaves once its client is gone).
@@ -20,6 +22,14 @@ PER_RUN_HELPERS = ("torch_shm_manager",)
 @pytest.fixture(scope="session", autouse=True)
 def _subreaper() -> None:
     become_subreaper()
+
+
+@pytest.fixture(scope="session")
+def node_forkserver() -> Iterator[NodeForkServer]:
+    """Forks the nodes of this test process (each xdist worker has its own): see its module."""
+    server = NodeForkServer()
+    yield server
+    server.close()
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from p2ptrain.client.discovery import TOKEN_FILE, TokenUnavailable, read_token
 from p2ptrain.client.http import NodeClient, NodeError
@@ -79,6 +79,26 @@ def local_node_config(state_dir: Path, run_id: str | None,
     return "\n".join(lines)
 
 
+class NodeProcess(Protocol):
+    """What LocalNode needs of a started node: ``subprocess.Popen``'s calls, by process ID."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+class NodeLauncher(Protocol):
+    """Starts ``p2ptrain.cli`` with ``argv`` in a process of its own (session, log, environment):
+    a test tier's fork server, which saves each node the imports a fresh interpreter makes."""
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> NodeProcess: ...
+
+
 @dataclass
 class LocalNode:
     """One node process and its files."""
@@ -89,7 +109,7 @@ class LocalNode:
     """None: a node of an owned run, started with ``args`` such as ``("--run", REF)``."""
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
-    process: subprocess.Popen[bytes] | None = None
+    process: NodeProcess | None = None
     #: A wrapper the node runs under (``["unshare", "-m", ...]``).
     command_prefix: Sequence[str] = ()
     #: A network namespace the node runs in (``ip netns exec``); its API, on loopback there, is then
@@ -97,6 +117,8 @@ class LocalNode:
     netns: str | None = None
     args: tuple[str, ...] = ()
     """More ``p2ptrain run`` flags (``--run REF``, ``--manifest FILE``)."""
+    launcher: NodeLauncher | None = None
+    """Starts the node unless it runs under a wrapper or in a namespace; None: ``python -m p2ptrain.cli``."""
 
     @property
     def state_dir(self) -> Path:
@@ -121,16 +143,19 @@ class LocalNode:
         if not self.config_path.exists():
             self.write_config()
         (self.state_dir / "api.url").unlink(missing_ok=True)
-        inside = ("ip", "netns", "exec", self.netns) if self.netns else ()
-        command = [*self.command_prefix, *inside, sys.executable, "-m", "p2ptrain.cli", "run", "--config",
-                   str(self.config_path), *self.args]
+        argv = ["run", "--config", str(self.config_path), *self.args]
         for addr in join:
-            command += ["--join", addr]
+            argv += ["--join", addr]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        if self.launcher is not None and not self.command_prefix and self.netns is None:
+            self.process = self.launcher.start(argv, env, self.log_path)
+            return
+        inside = ("ip", "netns", "exec", self.netns) if self.netns else ()
+        command = [*self.command_prefix, *inside, sys.executable, "-m", "p2ptrain.cli", *argv]
         log = self.log_path.open("ab")
         try:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM),
             )
         finally:
