@@ -54,7 +54,7 @@ from benchmarks.netns import ShapedNet, netns_unavailable, shaped_network
 from benchmarks.startup import node_environment
 from p2ptrain.averaging.progress import STALE_AFTER
 from p2ptrain.config.schema import TrainingSection
-from p2ptrain.local.swarm import LocalNode
+from p2ptrain.local.swarm import LocalNode, NodeLauncher
 from p2ptrain.status import NodeState, StatusSnapshot
 
 #: The chaos suite's tiny model: the node's own costs, not the model's, are measured.
@@ -185,8 +185,9 @@ def _network(n: int, link: str | None) -> Iterator[ShapedNet | None]:
 
 
 def _make_node(base: Path, i: int, run_id: str, args: argparse.Namespace, checkout: Path | None,
-               net: ShapedNet | None) -> LocalNode:
-    """Node ``i`` of a swarm; with ``checkout``, running that checkout's code."""
+               net: ShapedNet | None, launcher: NodeLauncher | None) -> LocalNode:
+    """Node ``i`` of a swarm; with ``checkout``, running that checkout's code (in an interpreter of its
+    own, as a node that counts its DHT operations is: their hooks are installed as it starts)."""
     swarm: dict[str, Any] = {"bootstrap_timeout": 120.0}
     if net is not None:
         swarm["listen_addrs"] = [f"/ip4/{net.addresses[i]}/tcp/0"]
@@ -195,14 +196,17 @@ def _make_node(base: Path, i: int, run_id: str, args: argparse.Namespace, checko
                  "checkpoint": {"interval": 3600.0, "keep": 1}}
     env = node_environment(base / "site", checkout, base / "dht" if args.count_dht else None, run_id)
     return LocalNode(f"n{i}", base / f"n{i}", run_id, overrides, env=env,
-                     netns=net.namespaces[i] if net is not None else None)
+                     netns=net.namespaces[i] if net is not None else None, launcher=None if env else launcher)
 
 
-def run_swarm(n: int, args: argparse.Namespace, base: Path, checkout: Path | None) -> dict[str, Any]:
-    """Start ``n`` nodes, let them average, measure; the figures of this N."""
+def run_swarm(n: int, args: argparse.Namespace, base: Path, checkout: Path | None,
+              launcher: NodeLauncher | None = None) -> dict[str, Any]:
+    """Start ``n`` nodes, let them average, measure; the figures of this N.  ``launcher``: how the nodes
+    start (a test's fork server); None, as the benchmark runs, gives each its own interpreter, whose
+    imports its memory figures then count."""
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
     with _network(n, args.link) as net, Watcher() as watcher:
-        nodes = [_make_node(base, i, run_id, args, checkout, net) for i in range(n)]
+        nodes = [_make_node(base, i, run_id, args, checkout, net, launcher) for i in range(n)]
         try:
             return _measure(nodes, watcher, args)
         finally:
@@ -241,7 +245,7 @@ def _measure(nodes: list[LocalNode], watcher: Watcher, args: argparse.Namespace)
               "join_to_round_p95": percentile(joins, 0.95), "window_seconds": window,
               **_rounds(first, last, [t.rounds[k:] for t, k in zip(traces, rounds_before, strict=True)]),
               **_busy(trees0, trees1, first, last, window), **_memory(trees1)}
-    result.update(_idle(nodes, watcher, args.idle_seconds, dht))
+    result.update(_idle(nodes, watcher, args.idle_seconds, dht) if args.idle_seconds > 0 else _NOT_IDLE)
     result["dht_ops_busy"] = _rates(ops0, ops1, window * n)
     losses = [s.val_loss for s in last if s.val_loss is not None]
     result["val_loss_spread"] = max(losses) - min(losses) if len(losses) > 1 else None
@@ -298,6 +302,11 @@ def _rates(before: Counter[str], after: Counter[str], node_seconds: float) -> di
     """Operations per node and second between two readings of the counters, most frequent first."""
     rates = {kind: (after[kind] - before[kind]) / node_seconds for kind in after}
     return dict(sorted(((k, v) for k, v in rates.items() if v > 0), key=lambda item: -item[1]))
+
+
+#: The idle figures of a run told to skip the paused phase (``--idle-seconds 0``).
+_NOT_IDLE: dict[str, Any] = {"paused": 0, "idle_cpu_median": None, "idle_cpu_max": None, "dht_ops_idle": {},
+                             **{f"idle_cpu_{role}": None for role in ROLES}}
 
 
 def _idle(nodes: list[LocalNode], watcher: Watcher, seconds: float, dht: Path) -> dict[str, Any]:
@@ -379,7 +388,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16, 32], help="swarm sizes (default 4 8 16 32)")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window once all averaged (default 60)")
-    parser.add_argument("--idle-seconds", type=float, default=30.0, help="idle CPU window, all paused (default 30)")
+    parser.add_argument("--idle-seconds", type=float, default=30.0,
+                        help="idle CPU window, all paused (default 30; 0 skips the paused phase and its 35 s wait)")
     parser.add_argument("--train-percent", type=float, default=4.0,
                         help="each node's training cap in percent of one core (default 4)")
     parser.add_argument("--start-every", type=float, default=1.0, help="seconds between node starts (default 1)")
@@ -391,8 +401,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--against", type=Path, default=None, help="another checkout's root, run side by side")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="where scale.json and scale.md go")
     args = parser.parse_args(argv)
-    if min(args.nodes) < 2 or args.seconds <= 0 or args.idle_seconds <= 0 or not 0 < args.train_percent <= 100:
-        parser.error("--nodes must be at least 2, --seconds and --idle-seconds positive, --train-percent in (0, 100]")
+    if min(args.nodes) < 2 or args.seconds <= 0 or args.idle_seconds < 0 or not 0 < args.train_percent <= 100:
+        parser.error("--nodes must be at least 2, --seconds positive, --idle-seconds not negative, "
+                     "--train-percent in (0, 100]")
     if args.link is not None and not re.fullmatch(r"[0-9]+(\.[0-9]+)?[kmg]?bit", args.link):
         parser.error(f"--link {args.link}: a tbf rate such as 50mbit (tbf shapes the rate; a delay would need netem)")
     if args.against is not None and not (args.against / "p2ptrain" / "__init__.py").is_file():

@@ -65,8 +65,19 @@ def test_a_size_that_could_not_start_is_a_row_that_says_why() -> None:
     assert "| this | 32 | not started: memory: 32 nodes x 700 MiB |" in table
 
 
+def test_a_run_without_the_paused_phase_has_dashes_for_its_idle_figures() -> None:
+    args = scale.parse_args(["--nodes", "8", "--idle-seconds", "0"])
+    row = {"code": "this", "nodes": 8, "averaged": 8, "join_to_round_p50": 5.0, "join_to_round_p95": 9.0,
+           "rounds_full": 40, "rounds_partial": 0, "rounds_failed": 0, "full_share_worst": 1.0,
+           "full_share_median": 1.0, "group_min": 8, "group_median": 8.0, "group_max": 8, "bytes_per_sequence": 960.0,
+           "helper_cpu_seconds_per_round": 0.5, "pss_mib_median": 460.0, "pss_mib_node": 110.0,
+           "pss_mib_helpers": 270.0, "pss_mib_p2pd": 80.0, "processes_per_node": 5.0, "param_spread_max": 0.01,
+           "val_loss_spread": 0.1, **scale._NOT_IDLE}
+    assert "| - / - (-+-+-) | 460 (110+270+80) |" in scale.markdown([row], args)
+
+
 @pytest.mark.parametrize("argv", [["--nodes", "1"], ["--train-percent", "0"], ["--against", "/nonexistent"],
-                                  ["--link", "50mbit/40ms"]])
+                                  ["--link", "50mbit/40ms"], ["--idle-seconds", "-1"]])
 def test_bad_arguments_are_one_line_and_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         scale.parse_args(argv)
