@@ -308,9 +308,10 @@ class RecordBook:
         #: Record key (the DHT subkey) -> peer ID, for the records of the last view: each bound to its peer.
         self.bound_keys: dict[bytes, str] = {}
         self._last_keys: dict[str, bytes] = {}
-        #: When (by our clock) each peer's record was last found by a lookup: a record carried over
-        #: from the last view goes once that is ``ttl`` ago, whatever time the record itself claims.
-        self._found_at: dict[str, float] = {}
+        #: Until when (by our clock) each peer's record may be carried over from the last view: the
+        #: expiration of the copy a lookup last found, and never more than ``ttl`` after that lookup,
+        #: whatever time the record itself claims.
+        self._kept_until: dict[str, float] = {}
         self._checker = RecordChecker(run_id, ttl)
         identity = identity if identity is not None else identity_of(dht)
         self._binding: dict[str, Any] = {}
@@ -394,6 +395,7 @@ class RecordBook:
         entries = found.value if found is not None and isinstance(found.value, dict) else {}
         newest: dict[str, tuple[PeerRecord, bytes]] = {}
         keys: dict[str, bytes] = {}
+        expirations: dict[str, float] = {}
         for subkey, item in entries.items():
             value, expiration = getattr(item, "value", None), getattr(item, "expiration_time", 0.0)
             record = self._check(subkey, value, expiration, now)
@@ -404,20 +406,23 @@ class RecordBook:
             if previous is None or record.published_at > previous[0].published_at:
                 newest[record.peer_id] = (record, self._digest_of(subkey, value))
                 keys[record.peer_id] = subkey
-        for peer in newest:
-            self._found_at[peer] = now
+                expirations[record.peer_id] = expiration
+        for peer, expiration in expirations.items():
+            self._kept_until[peer] = min(expiration, now + self._ttl)
         # A lookup returns one node's copy of the key, and under a flood nodes hold different records
-        # (each holds a bounded number): records of the last view stay until they go stale, ``ttl``
-        # after a lookup last found them (a peer that left is out of the view within that).
+        # (each holds a bounded number): records of the last view stay until the copy last found
+        # expires.  A peer that left is out of the view by then, also when that copy is the last one
+        # left anywhere, in our own DHT's cache (a client's DHT stores nothing for others: the record
+        # a leaving public peer publishes last reaches no client).
         for record in self._last_view.peers:
             subkey = self._last_keys.get(record.peer_id)
             if record.peer_id not in newest and subkey is not None \
-                    and now - self._found_at.get(record.peer_id, -math.inf) <= self._ttl:
+                    and now <= self._kept_until.get(record.peer_id, -math.inf):
                 newest[record.peer_id] = (record, subkey)
                 keys[record.peer_id] = subkey
         kept = self._capped(newest, now)
         self._last_keys = {record.peer_id: keys[record.peer_id] for record in kept}
-        self._found_at = {record.peer_id: self._found_at[record.peer_id] for record in kept}
+        self._kept_until = {record.peer_id: self._kept_until[record.peer_id] for record in kept}
         self.bound_keys = {keys[record.peer_id]: record.peer_id for record in kept}
         return summarize(tuple(sorted(kept, key=lambda r: r.peer_id)), self.rejected_total)
 

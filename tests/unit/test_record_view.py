@@ -29,9 +29,10 @@ def _book() -> RecordBook:
     return book
 
 
-def _polled(book: RecordBook, now: float, *peers: str) -> int:
-    """The view a poll makes of a lookup that found ``peers``: how many peers it lists."""
-    book._last_view = book._view(_Found({peer.encode(): _Item(peer, 1e12) for peer in peers}), now)
+def _polled(book: RecordBook, now: float, *peers: str, expiration: float = 1e12) -> int:
+    """The view a poll makes of a lookup that found ``peers`` (copies expiring at ``expiration``): how
+    many peers it lists."""
+    book._last_view = book._view(_Found({peer.encode(): _Item(peer, expiration) for peer in peers}), now)
     return book._last_view.peers_online
 
 
@@ -41,3 +42,12 @@ def test_a_record_a_lookup_misses_stays_for_ttl_after_it_was_last_found_then_goe
     assert _polled(book, 1000.0 + TTL, "QmA") == 2  # missed once: a lookup returns one node's copy
     assert _polled(book, 1000.0 + TTL + 1, "QmA") == 1  # not found for longer than ttl: it left
     assert _polled(book, 1100.0, "QmA", "QmB") == 2  # back when found again
+
+
+def test_a_record_whose_found_copy_expires_leaves_the_view_then_not_ttl_after_the_lookup() -> None:
+    """A public peer that left: the last copy of its record is in our DHT's cache, refreshed by nobody."""
+    book = _book()
+    assert _polled(book, 1000.0, "QmA", "QmPublic", expiration=1005.0) == 2
+    assert _polled(book, 1004.0, "QmA", "QmPublic", expiration=1005.0) == 2  # the cached copy, found again
+    assert _polled(book, 1005.0, "QmA") == 2  # missed, not expired yet
+    assert _polled(book, 1006.0, "QmA") == 1  # its copy expired: gone, 14 s before ttl after the lookup
