@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.peers import add_fork_option
 from benchmarks.swarm import run_mode
 from benchmarks.worker import add_outer_step_options
 
@@ -323,6 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grad-compression", default="fp16")
     p.add_argument("--diloco-compression", default="fp16")
     add_outer_step_options(p)
+    add_fork_option(p)
     args = p.parse_args(argv)
     if args.repeats < 1 or args.seconds <= 0:
         p.error("--repeats must be at least 1 and --seconds positive")

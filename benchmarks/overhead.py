@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from benchmarks.peers import kill_group, wait_for_peers
+from benchmarks.peers import PeerProcess, add_fork_option, kill_group, start_peer, wait_for_peers
 from p2ptrain.client.http import NodeClient, NodeError
 from p2ptrain.daemon.auth import TOKEN_FILE
 from p2ptrain.local.swarm import local_node_config
@@ -95,21 +94,20 @@ def run_swarm(args: argparse.Namespace, hooks: str, run_dir: Path, overrides: di
 
     Bounded by ``--run-timeout``; every process reaped; ``tick`` runs about every 0.1 s meanwhile.
     """
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[PeerProcess] = []
     try:
         for rank in range(args.peers):
             config = run_dir / f"peer{rank}" / "node.toml"
             config.parent.mkdir(parents=True)
             config.write_text(local_node_config(peer_state_dir(run_dir, rank), run_dir.name, overrides),
                               encoding="utf-8")
-            cmd = [sys.executable, "-m", "benchmarks.node_peer", "--hooks", hooks, "--config", str(config),
-                   "--run-dir", str(run_dir), "--rank", str(rank), "--world", str(args.peers),
-                   "--out", str(run_dir / f"result.{rank}.json"), "--warmup", str(args.warmup),
-                   "--measure", str(args.measure)]
+            argv = ["--hooks", hooks, "--config", str(config),
+                    "--run-dir", str(run_dir), "--rank", str(rank), "--world", str(args.peers),
+                    "--out", str(run_dir / f"result.{rank}.json"), "--warmup", str(args.warmup),
+                    "--measure", str(args.measure)]
             env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-            with open(run_dir / f"peer{rank}.log", "wb") as log:
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                              start_new_session=True))
+            procs.append(start_peer("benchmarks.node_peer", argv, env, run_dir / f"peer{rank}.log",
+                                    fork=args.fork_workers))
         wait_for_peers(procs, args.run_timeout, run_dir.name, lambda rank: run_dir / f"peer{rank}.log", tick=tick)
         return [json.loads((run_dir / f"result.{rank}.json").read_text()) for rank in range(args.peers)]
     finally:
@@ -165,6 +163,7 @@ def add_swarm_args(p: argparse.ArgumentParser, *, inner_steps: int, inner_batch:
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--run-timeout", type=float, default=180.0, help="seconds before a run's peers are killed")
+    add_fork_option(p)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 from benchmarks import overhead
 from benchmarks.netns import ShapedNet, netns_unavailable, shaped_network
-from benchmarks.peers import kill_group, wait_for_peers
+from benchmarks.peers import PeerProcess, add_fork_option, kill_group, start_peer, wait_for_peers
 from benchmarks.report import add_ratios, markdown_table, summarize
 from benchmarks.worker import add_outer_step_options
 from p2ptrain.averaging.compression import wire_bytes
@@ -49,28 +48,24 @@ def run_mode(args: argparse.Namespace, mode: str, net: ShapedNet | None, *, worl
     world = world if world is not None else 1 if mode == "compute" else args.peers
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-", dir=args.out))
     master_port = 29512 if net else free_loopback_port()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[PeerProcess] = []
     try:
         for rank in range(world):
-            cmd = [sys.executable, "-m", "benchmarks.worker", "--mode", mode, "--rank", str(rank),
-                   "--world", str(world), "--run-dir", str(run_dir), "--out", str(run_dir / f"result.{rank}.json"),
-                   "--host", net.addresses[rank] if net else "127.0.0.1",
-                   "--master-addr", net.addresses[0] if net else "127.0.0.1", "--master-port", str(master_port),
-                   "--compression", args.diloco_compression if mode.startswith("diloco") else args.grad_compression]
+            argv = ["--mode", mode, "--rank", str(rank),
+                    "--world", str(world), "--run-dir", str(run_dir), "--out", str(run_dir / f"result.{rank}.json"),
+                    "--host", net.addresses[rank] if net else "127.0.0.1",
+                    "--master-addr", net.addresses[0] if net else "127.0.0.1", "--master-port", str(master_port),
+                    "--compression", args.diloco_compression if mode.startswith("diloco") else args.grad_compression]
             for opt in WORKER_OPTS:
-                cmd += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
+                argv += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
             if rank_options is not None:
-                cmd += rank_options(rank)
+                argv += rank_options(rank)
             env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=net.interfaces[rank] if net else "lo",
                        PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-            if net:
-                cmd = net.exec_prefix(rank) + cmd
-            log = open(run_dir / f"worker.{rank}.log", "wb")  # noqa: SIM115 - closed with the process
+            log = run_dir / f"worker.{rank}.log"
             cores = rank_cores(rank) if rank_cores is not None else None
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                          preexec_fn=(lambda cores=cores: os.sched_setaffinity(0, cores))
-                                          if cores else None))
-            log.close()
+            procs.append(start_peer("benchmarks.worker", argv, env, log, fork=args.fork_workers, cores=cores,
+                                    prefix=net.exec_prefix(rank) if net else ()))
         wait_for_peers(procs, args.mode_timeout, mode, lambda rank: run_dir / f"worker.{rank}.log")
         return [json.loads((run_dir / f"result.{rank}.json").read_text()) for rank in range(world)]
     finally:
@@ -140,6 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grad-compression", default="fp16", choices=("none", "fp16", "8bit"))
     p.add_argument("--diloco-compression", default="8bit", choices=("none", "fp16", "8bit"))
     add_outer_step_options(p)
+    add_fork_option(p)
     p.add_argument("--matchmaking-time", type=float, default=0.5,
                    help="seconds; a round lasts about this long (0.5 suits loopback and the shaped LAN)")
     p.add_argument("--averaging-timeout", type=float, default=30.0)
@@ -149,6 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overhead-repeats", type=int, default=2,
                    help="daemon-overhead runs of each variant (benchmarks.overhead); 0 skips that part")
     p.add_argument("--overhead-seconds", type=float, default=25.0, help="measurement window of each overhead run")
+    p.add_argument("--overhead-warmup", type=float, default=5.0,
+                   help="seconds each overhead run trains before its window opens")
     args = p.parse_args(argv)
     if args.peers < 1 or args.global_batch % (args.micro_batch * args.peers) or args.sequences % args.micro_batch:
         p.error("--global-batch must be a multiple of micro-batch x peers, --sequences of micro-batch")
@@ -161,9 +159,10 @@ def run_overhead(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[s
         return [], {}, args
     opts = overhead.parse_args([
         "--peers", str(args.peers), "--out", str(args.out), "--repeats", str(args.overhead_repeats),
-        "--measure", str(args.overhead_seconds), "--warmup", "5", "--micro-batch", str(args.micro_batch),
+        "--measure", str(args.overhead_seconds), "--warmup", str(args.overhead_warmup),
+        "--micro-batch", str(args.micro_batch),
         "--global-batch", str(args.global_batch), "--d-model", str(args.d_model), "--n-layers", str(args.n_layers),
-        "--n-heads", str(args.n_heads)])
+        "--n-heads", str(args.n_heads), *(["--fork-workers"] if args.fork_workers else [])])
     try:
         runs, summary = overhead.measure(opts)
     except (RuntimeError, OSError, ValueError) as exc:

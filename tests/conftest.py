@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.waiting import WaitTimeout, wait_until
-from tests.support.node_forkserver import NodeForkServer
 from tests.support.processes import become_subreaper, descendants, is_shared, kill_all, reap_orphans
 
 #: How long helpers of a stopped node may take to exit (p2pd leaves once its client is gone).
@@ -25,9 +25,9 @@ def _subreaper() -> None:
 
 
 @pytest.fixture(scope="session")
-def node_forkserver() -> Iterator[NodeForkServer]:
+def node_forkserver() -> Iterator[ForkServer]:
     """Forks the nodes of this test process (each xdist worker has its own): see its module."""
-    server = NodeForkServer()
+    server = ForkServer()
     yield server
     server.close()
 

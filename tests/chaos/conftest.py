@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.local.swarm import LocalNode, NodeLauncher
-from tests.support.node_forkserver import NodeForkServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,7 +108,7 @@ def node_factory(base: Path, launcher: NodeLauncher | None = None) -> Iterator[N
 
 
 @pytest.fixture
-def make_node(tmp_path: Path, node_forkserver: NodeForkServer) -> Iterator[NodeFactory]:
+def make_node(tmp_path: Path, node_forkserver: ForkServer) -> Iterator[NodeFactory]:
     """``make_node(name, run_id=..., env=..., **section_overrides)`` with the tiny task; all stopped at teardown."""
     with node_factory(tmp_path, node_forkserver) as factory:
         yield factory

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import p2ptrain.averaging  # noqa: F401  (hivemind processes forked here: bounded starts, safe stops)
+from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.local.swarm import LocalNode
-from tests.support.node_forkserver import NodeForkServer
 
 #: Small and quick: epochs every few seconds on two shared cores.
 FAST_TRAINING = {"target_batch_size": 48, "batch_size": 8, "validate_every": 5.0}
@@ -26,7 +26,7 @@ NodeFactory = Callable[..., LocalNode]
 
 
 @pytest.fixture
-def make_node(tmp_path: Path, node_forkserver: NodeForkServer) -> Iterator[NodeFactory]:
+def make_node(tmp_path: Path, node_forkserver: ForkServer) -> Iterator[NodeFactory]:
     """``make_node(name, run_id=..., env=..., args=..., owned=..., **section_overrides)``; every node is
     stopped at teardown. ``owned``: a node of an owned run (``args`` such as ``("--run", REF)``), whose
     config holds only what the overrides give beyond the loopback defaults' local part."""

@@ -20,13 +20,13 @@ MODES = ("compute", "ddp", "p2p_grad", "diloco")
 def test_every_mode_trains_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "benchmarks.swarm", "--peers", "2", "--out", str(out), "--shaped-modes", "",
-           "--modes", ",".join(MODES),
+           "--modes", ",".join(MODES), "--fork-workers",  # peers forked: their imports are not what is tested
            "--sequences", "160", "--eval-every", "80", "--micro-batch", "8", "--global-batch", "32",
            "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--val-batches", "2", "--inner-steps", "5",
            # every peer stops itself well inside the mode timeout (hivemind's defaults are slow here)
            "--max-train-seconds", "25", "--mode-timeout", "60",
            # one bare and one service swarm of the daemon-overhead part, with short windows
-           "--overhead-repeats", "1", "--overhead-seconds", "3"]
+           "--overhead-repeats", "1", "--overhead-seconds", "3", "--overhead-warmup", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=330, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "results.json").read_text())
@@ -55,7 +55,7 @@ def test_the_heterogeneous_benchmark_measures_curves_and_says_a_verdict_per_targ
     out = tmp_path / "hetero"
     cmd = [sys.executable, "-m", "benchmarks.hetero", "--modes", "diloco", "--repeats", "1", "--seconds", "12",
            "--out", str(out), "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--val-batches", "2",
-           "--inner-steps", "5", "--eval-min-gap", "0", "--report-only",
+           "--inner-steps", "5", "--eval-min-gap", "0", "--report-only", "--fork-workers",
            # a swarm trains 12 s; its start (two peers, their DHT) takes longer beside another test
            "--mode-timeout", "100"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=390, cwd=Path(__file__).parents[2])

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.local.swarm import LocalNode, local_node_config
 from tests.integration.conftest import FAST_TRAINING, TEST_VOLUNTEER, TINY_TASK
-from tests.support.node_forkserver import NodeForkServer
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_forked_cli_gets_its_arguments_environment_directory_and_log_and_exits_with_main_s_code(
-        node_forkserver: NodeForkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        node_forkserver: ForkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "node.toml").write_text(local_node_config(tmp_path / "state", "forkserver-run"))
     log = tmp_path / "cli.log"
@@ -32,7 +32,7 @@ def test_a_forked_cli_gets_its_arguments_environment_directory_and_log_and_exits
 
 
 def test_a_forked_node_trains_in_its_own_session_and_is_killed_by_its_pid(
-        node_forkserver: NodeForkServer, tmp_path: Path) -> None:
+        node_forkserver: ForkServer, tmp_path: Path) -> None:
     node = LocalNode("a", tmp_path / "a", "forkserver-run", {
         "task": dict(TINY_TASK), "training": dict(FAST_TRAINING), "volunteer": dict(TEST_VOLUNTEER)},
         launcher=node_forkserver)

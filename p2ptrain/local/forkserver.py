@@ -1,18 +1,22 @@
-"""A fork server for the test tiers' nodes: one process that has imported what a node imports forks each node.
+"""A fork server: one process that has imported torch and hivemind once forks each node or worker.
 
-Why: a node started as ``python -m p2ptrain.cli run`` spends about 3.5 CPU seconds importing torch and
-hivemind and building its first optimizer (torch imports its compiler then) before it does anything a
-test is about, and the integration and fault tiers start about a hundred nodes on two shared cores.
-A node forked from here skips that and nothing else: it runs ``p2ptrain.cli``'s main in a process of
-its own, with its own session, log, environment and working directory, exits with main's code, and
-is signalled and waited for by process ID as before.  Nodes that need a wrapper (a network namespace,
-``unshare``) still start as processes of their own, as do benchmarks, whose figures count a node's
-imports.
+Why: a node started as ``python -m p2ptrain.cli run`` spends most of its start-up CPU importing torch
+and hivemind and building its first optimizer (torch imports its compiler then), and the test tiers
+and the benchmarks' smoke runs start many nodes and workers on a machine of few cores
+(docs/operations.md has the figures).  A process forked from here skips that and nothing else: it runs the
+module asked for (``python -m MODULE``, by default ``p2ptrain.cli``) in a process of its own, with its
+own session, log, environment and working directory, exits with that module's code, and is
+signalled and waited for by process ID as a ``subprocess.Popen`` is.  What it does not give: a
+process of its own from the start (its memory is shared with the server's until written, so a
+figure of a process's memory or start-up cost is not a fresh process's), a wrapper command (a
+network namespace, ``unshare``), or imports made by the environment (``PYTHONPATH`` hooks): those
+start a process of their own.
 
-The server speaks one JSON object per line: a request ``{"argv", "env", "cwd", "log"}`` on its stdin
-is answered ``{"pid": N}`` (or ``{"error": "..."}``) on its stdout, and each node's exit is told as
+The server (``python -m p2ptrain.local.forkserver MODULE...``, the modules to import first) speaks
+one JSON object per line: a request ``{"module", "argv", "env", "cwd", "log"}`` on its stdin is
+answered ``{"pid": N}`` (or ``{"error": "..."}``) on its stdout, and each child's exit is told as
 ``{"exited": N, "code": C}``, ``C`` as ``Popen.returncode`` gives it (minus the signal that killed it).
-The server holds no thread (a fork copies only the calling thread) and dies with the test process.
+The server holds no thread (a fork copies only the calling thread) and dies with its starter.
 """
 
 from __future__ import annotations
@@ -29,18 +33,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from p2ptrain.daemon.children import SHARING_STRATEGY_ENV
 from p2ptrain.proc import die_with_parent
 
-#: What ``p2ptrain run`` imports on its way to training, imported once here.
-PRELOADED = ("p2ptrain.cli.main", "p2ptrain.daemon.main", "p2ptrain.daemon.node", "p2ptrain.daemon.builder")
+#: What ``p2ptrain run`` imports on its way to training.
+NODE_MODULES = ("p2ptrain.cli.main", "p2ptrain.daemon.main", "p2ptrain.daemon.node", "p2ptrain.daemon.builder")
 
 
-def _preload() -> None:
+def _preload(modules: Sequence[str]) -> None:
     import importlib
 
-    os.environ.setdefault(SHARING_STRATEGY_ENV, "file_descriptor")  # as the node sets it, before hivemind
-    for module in PRELOADED:
+    # A node's main sets torch's sharing strategy itself, also when hivemind was imported first.
+    for module in modules:
         importlib.import_module(module)
     import torch
 
@@ -51,8 +54,8 @@ def _reply(message: Mapping[str, Any]) -> None:
     os.write(1, (json.dumps(message) + "\n").encode())
 
 
-def _become_node(request: Mapping[str, Any]) -> None:
-    """In the forked child: the node's session, stdio, environment and arguments (then main runs)."""
+def _become_child(request: Mapping[str, Any]) -> None:
+    """In the forked child: its session, stdio, environment and arguments (then its module runs)."""
     os.setsid()
     die_with_parent(signal.SIGTERM)
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
@@ -67,11 +70,12 @@ def _become_node(request: Mapping[str, Any]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = ["p2ptrain.cli", *request["argv"]]
+    sys.argv = [request["module"], *request["argv"]]
 
 
 def _serve() -> Mapping[str, Any] | None:
-    """The server's loop; returns (in a forked child only) the request that child is to run."""
+    """The server's loop; returns the request a forked child is to run (in that child), or None when
+    the starter has gone (stdin closed)."""
     selector = selectors.DefaultSelector()
     wakeup_r, wakeup_w = os.pipe()
     os.set_blocking(wakeup_w, False)
@@ -104,7 +108,7 @@ def _serve() -> Mapping[str, Any] | None:
                         os.close(fd)
                     return request
                 _reply({"pid": pid})
-        while True:  # reap every node that has exited
+        while True:  # reap every child that has exited
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -116,18 +120,18 @@ def _serve() -> Mapping[str, Any] | None:
 
 def main() -> None:
     die_with_parent(signal.SIGKILL)
-    _preload()
+    _preload(sys.argv[1:])
     request = _serve()
     if request is None:
         return
-    _become_node(request)
-    runpy.run_module("p2ptrain.cli", run_name="__main__", alter_sys=True)
+    _become_child(request)
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 
-class ForkedNode:
-    """A node forked by the server, handled as a ``subprocess.Popen`` is (the calls LocalNode makes)."""
+class ForkedProcess:
+    """A process forked by the server, handled as a ``subprocess.Popen`` is (the calls made of one here)."""
 
-    def __init__(self, server: NodeForkServer, pid: int) -> None:
+    def __init__(self, server: ForkServer, pid: int) -> None:
         self._server, self.pid = server, pid
         self.returncode: int | None = None
 
@@ -140,7 +144,7 @@ class ForkedNode:
         if self.returncode is None:
             self.returncode = self._server.exit_code(self.pid, timeout)
             if self.returncode is None:
-                raise subprocess.TimeoutExpired(f"node {self.pid}", timeout or 0)
+                raise subprocess.TimeoutExpired(f"forked process {self.pid}", timeout or 0)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -154,13 +158,18 @@ class ForkedNode:
         self.send_signal(signal.SIGKILL)
 
 
-class NodeForkServer:
-    """The test process's side: starts the server once, asks it for nodes, learns of their exits."""
+class ForkServer:
+    """The starter's side: starts the server once, asks it for processes, learns of their exits.
 
-    def __init__(self) -> None:
+    ``preload``: the modules the server imports first (what the processes it forks will import);
+    ``env``: the server's environment, which its imports see (a child's own ``env`` comes after them).
+    """
+
+    def __init__(self, preload: Sequence[str] = NODE_MODULES, env: Mapping[str, str] | None = None) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.node_forkserver"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+            [sys.executable, "-m", "p2ptrain.local.forkserver", *preload], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
+            start_new_session=True)
         assert self._process.stdin is not None and self._process.stdout is not None
         self._requests: IO[bytes] = self._process.stdin
         self._lock = threading.Lock()  # one start at a time: the answer to a request is the next pid line
@@ -168,7 +177,7 @@ class NodeForkServer:
         self._started: list[int | str] = []
         self._exits: dict[int, int] = {}
         self._reader = threading.Thread(target=self._read, args=(self._process.stdout,), daemon=True,
-                                        name="node-forkserver")
+                                        name="forkserver")
         self._reader.start()
 
     def _read(self, answers: IO[bytes]) -> None:
@@ -184,21 +193,22 @@ class NodeForkServer:
             self._started.append("the fork server exited")
             self._changed.notify_all()
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> ForkedNode:
-        """A node running ``p2ptrain.cli`` with ``argv`` in this process's working directory; raises
-        RuntimeError if it could not be forked."""
+    def start(self, argv: Sequence[str], env: Mapping[str, str], log: Path,
+              module: str = "p2ptrain.cli") -> ForkedProcess:
+        """``python -m module *argv`` (as a node by default) in this process's working directory, its
+        output appended to ``log``; raises RuntimeError if it could not be forked."""
         log.touch()  # there when start returns, as a Popen's redirected output is
-        request = {"argv": list(argv), "env": dict(env), "cwd": str(Path.cwd()), "log": str(log)}
+        request = {"module": module, "argv": list(argv), "env": dict(env), "cwd": str(Path.cwd()), "log": str(log)}
         with self._lock:
             self._requests.write((json.dumps(request) + "\n").encode())
             self._requests.flush()
             with self._changed:
                 if not self._changed.wait_for(lambda: bool(self._started), timeout=120):
-                    raise RuntimeError("the node fork server did not answer in 120 s")
+                    raise RuntimeError("the fork server did not answer in 120 s")
                 answer = self._started.pop(0)
         if isinstance(answer, str):
-            raise RuntimeError(f"the node fork server could not start a node: {answer}")
-        return ForkedNode(self, answer)
+            raise RuntimeError(f"the fork server could not start {module}: {answer}")
+        return ForkedProcess(self, answer)
 
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
         """``pid``'s exit code once it has exited, waiting up to ``timeout`` seconds (None: no limit)."""
@@ -207,7 +217,7 @@ class NodeForkServer:
             return self._exits.get(pid)
 
     def close(self) -> None:
-        """Stop the server (nodes it forked get SIGTERM from the kernel as it goes)."""
+        """Stop the server (the processes it forked and still runs get SIGTERM from the kernel as it goes)."""
         if self._process.stdin is not None:
             self._process.stdin.close()
         try:
