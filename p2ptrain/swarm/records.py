@@ -308,10 +308,11 @@ class RecordBook:
         #: Record key (the DHT subkey) -> peer ID, for the records of the last view: each bound to its peer.
         self.bound_keys: dict[bytes, str] = {}
         self._last_keys: dict[str, bytes] = {}
-        #: Until when (by our clock) each peer's record may be carried over from the last view: the
-        #: expiration of the copy a lookup last found, and never more than ``ttl`` after that lookup,
-        #: whatever time the record itself claims.
-        self._kept_until: dict[str, float] = {}
+        #: When (by our clock) a lookup last found a fresher copy of each peer's record than any before
+        #: (a later expiration), and that expiration: a record carried over from the last view goes once
+        #: that is ``ttl`` ago, whatever time the record itself claims.
+        self._found_at: dict[str, float] = {}
+        self._freshest: dict[str, float] = {}
         self._checker = RecordChecker(run_id, ttl)
         identity = identity if identity is not None else identity_of(dht)
         self._binding: dict[str, Any] = {}
@@ -408,21 +409,24 @@ class RecordBook:
                 keys[record.peer_id] = subkey
                 expirations[record.peer_id] = expiration
         for peer, expiration in expirations.items():
-            self._kept_until[peer] = min(expiration, now + self._ttl)
+            if expiration > self._freshest.get(peer, -math.inf):
+                self._freshest[peer], self._found_at[peer] = expiration, now
         # A lookup returns one node's copy of the key, and under a flood nodes hold different records
-        # (each holds a bounded number): records of the last view stay until the copy last found
-        # expires.  A peer that left is out of the view by then, also when that copy is the last one
-        # left anywhere, in our own DHT's cache (a client's DHT stores nothing for others: the record
-        # a leaving public peer publishes last reaches no client).
+        # (each holds a bounded number, some an older copy): records of the last view stay until
+        # ``ttl`` after a lookup last found a fresher copy.  A copy found again and again unchanged
+        # does not keep a record alive: a peer that left is out of the view within ``ttl`` of its last
+        # refresh, also when the one copy left is in our own DHT's cache (a client's DHT stores nothing
+        # for others: the record a leaving public peer publishes last reaches no client).
         for record in self._last_view.peers:
             subkey = self._last_keys.get(record.peer_id)
             if record.peer_id not in newest and subkey is not None \
-                    and now <= self._kept_until.get(record.peer_id, -math.inf):
+                    and now - self._found_at.get(record.peer_id, -math.inf) <= self._ttl:
                 newest[record.peer_id] = (record, subkey)
                 keys[record.peer_id] = subkey
         kept = self._capped(newest, now)
         self._last_keys = {record.peer_id: keys[record.peer_id] for record in kept}
-        self._kept_until = {record.peer_id: self._kept_until[record.peer_id] for record in kept}
+        self._found_at = {record.peer_id: self._found_at[record.peer_id] for record in kept}
+        self._freshest = {record.peer_id: self._freshest[record.peer_id] for record in kept}
         self.bound_keys = {keys[record.peer_id]: record.peer_id for record in kept}
         return summarize(tuple(sorted(kept, key=lambda r: r.peer_id)), self.rejected_total)
 

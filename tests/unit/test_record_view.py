@@ -44,10 +44,20 @@ def test_a_record_a_lookup_misses_stays_for_ttl_after_it_was_last_found_then_goe
     assert _polled(book, 1100.0, "QmA", "QmB") == 2  # back when found again
 
 
-def test_a_record_whose_found_copy_expires_leaves_the_view_then_not_ttl_after_the_lookup() -> None:
-    """A public peer that left: the last copy of its record is in our DHT's cache, refreshed by nobody."""
+def test_a_copy_found_again_unchanged_does_not_keep_a_record_that_nobody_refreshes() -> None:
+    """A public peer that left: the last copy of its record is in our DHT's cache, refreshed by nobody,
+    and a lookup finds that copy (same expiration) until it expires."""
     book = _book()
-    assert _polled(book, 1000.0, "QmA", "QmPublic", expiration=1005.0) == 2
-    assert _polled(book, 1004.0, "QmA", "QmPublic", expiration=1005.0) == 2  # the cached copy, found again
-    assert _polled(book, 1005.0, "QmA") == 2  # missed, not expired yet
-    assert _polled(book, 1006.0, "QmA") == 1  # its copy expired: gone, 14 s before ttl after the lookup
+    assert _polled(book, 1000.0, "QmA", "QmPublic", expiration=1020.0) == 2
+    assert _polled(book, 1015.0, "QmA", "QmPublic", expiration=1020.0) == 2  # the same copy, from our cache
+    assert _polled(book, 1020.0, "QmA") == 2  # expired now: carried, ttl after its fresher copy was found
+    assert _polled(book, 1000.0 + TTL + 1, "QmA") == 1  # gone ttl after the last fresh copy, not the last find
+
+
+def test_an_older_copy_a_lookup_returns_under_a_flood_does_not_cut_a_live_record_short() -> None:
+    book = _book()
+    assert _polled(book, 1000.0, "QmA", "QmB", expiration=1020.0) == 2
+    assert _polled(book, 1010.0, "QmA", "QmB", expiration=1030.0) == 2  # refreshed
+    assert _polled(book, 1012.0, "QmA", "QmB", expiration=1012.5) == 2  # one node's older copy
+    assert _polled(book, 1029.0, "QmA") == 2  # missed: carried ttl after the fresh copy of 1010
+    assert _polled(book, 1031.0, "QmA") == 1
