@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.local.swarm import LocalNode, NodeLauncher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +107,7 @@ def node_factory(base: Path, launcher: NodeLauncher | None = None) -> Iterator[N
 
 
 @pytest.fixture
-def make_node(tmp_path: Path, node_forkserver: ForkServer) -> Iterator[NodeFactory]:
+def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
     """``make_node(name, run_id=..., env=..., **section_overrides)`` with the tiny task; all stopped at teardown."""
-    with node_factory(tmp_path, node_forkserver) as factory:
+    with node_factory(tmp_path) as factory:
         yield factory
