@@ -93,8 +93,8 @@ class NodeProcess(Protocol):
 
 
 class NodeLauncher(Protocol):
-    """Starts ``p2ptrain.cli`` with ``argv`` in a process of its own (session, log, environment):
-    a test tier's fork server, which saves each node the imports a fresh interpreter makes."""
+    """Starts ``p2ptrain.cli`` with ``argv`` in a process of its own (session, log, environment): a
+    fork server (``p2ptrain.local.forkserver``), which saves each node the imports a fresh interpreter makes."""
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> NodeProcess: ...
 

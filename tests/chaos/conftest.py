@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.local.swarm import LocalNode, NodeLauncher
+from p2ptrain.local.swarm import LocalNode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,9 +78,9 @@ def chaos_report() -> Iterator[ChaosReport]:
 
 
 @contextlib.contextmanager
-def node_factory(base: Path, launcher: NodeLauncher | None = None) -> Iterator[NodeFactory]:
+def node_factory(base: Path) -> Iterator[NodeFactory]:
     """``factory(name, run_id=..., env=..., **section_overrides)``: nodes with the tiny task under ``base``,
-    started by ``launcher`` (None: each its own interpreter), all stopped on leaving."""
+    all stopped on leaving."""
     nodes: list[LocalNode] = []
     default_run = f"chaos-{uuid.uuid4().hex[:8]}"
     counter = itertools.count()
@@ -93,8 +93,7 @@ def node_factory(base: Path, launcher: NodeLauncher | None = None) -> Iterator[N
         for section, values in sections.items():
             overrides.setdefault(section, {}).update(values)
         node_name = name or f"node{next(counter)}"
-        node = LocalNode(node_name, base / node_name, run_id or default_run, overrides, env=dict(env or {}),
-                         launcher=launcher)
+        node = LocalNode(node_name, base / node_name, run_id or default_run, overrides, env=dict(env or {}))
         nodes.append(node)
         return node
 
