@@ -50,7 +50,7 @@ def _ip(*args: str) -> None:
 
 #: This harness's namespace names: a prefix, the maker's process ID, then the namespace's role
 #: (``p2pnat-wan`` and the like, with no process ID, are from versions before the ID was added).
-_OURS = re.compile(r"^(p2pbench|p2pnat)(?:(\d+)x\d+)?-\S+$")
+_OURS = re.compile(r"^(?:p2pbench|p2pnat)(?P<tag>(?P<pid>\d+)x\d+)?-\S+$")
 _topologies = itertools.count()
 #: Tags of the topologies this process has up now (the only ones of its own that are not stale).
 _live_tags: set[str] = set()
@@ -81,8 +81,7 @@ def stale_namespaces(listing: str, own_pid: int, live_tags: set[str]) -> list[st
         match = _OURS.match(name)
         if match is None:
             continue
-        pid = match.group(2)
-        tag = name[len(match.group(1)):].split("-", 1)[0]
+        pid, tag = match.group("pid"), match.group("tag")
         if pid is None or (int(pid) == own_pid and tag not in live_tags) or (
                 int(pid) != own_pid and not _alive(int(pid))):
             stale.append(name)
