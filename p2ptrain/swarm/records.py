@@ -409,6 +409,7 @@ class RecordBook:
                 keys[record.peer_id] = subkey
                 expirations[record.peer_id] = expiration
         for peer, expiration in expirations.items():
+            expiration = min(expiration, now + self._ttl)  # a copy dated far ahead cannot freeze the next ones out
             if expiration > self._freshest.get(peer, -math.inf):
                 self._freshest[peer], self._found_at[peer] = expiration, now
         # A lookup returns one node's copy of the key, and under a flood nodes hold different records

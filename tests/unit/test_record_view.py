@@ -61,3 +61,11 @@ def test_an_older_copy_a_lookup_returns_under_a_flood_does_not_cut_a_live_record
     assert _polled(book, 1012.0, "QmA", "QmB", expiration=1012.5) == 2  # one node's older copy
     assert _polled(book, 1029.0, "QmA") == 2  # missed: carried ttl after the fresh copy of 1010
     assert _polled(book, 1031.0, "QmA") == 1
+
+
+def test_a_copy_dated_far_ahead_does_not_make_the_real_refreshes_look_stale() -> None:
+    book = _book()
+    assert _polled(book, 1000.0, "QmA", "QmB", expiration=1e12) == 2  # one copy claims to live for ever
+    assert _polled(book, 1010.0, "QmA", "QmB", expiration=1030.0) == 2  # the real refresh: fresher than 1020
+    assert _polled(book, 1029.0, "QmA") == 2  # carried ttl after the refresh of 1010, not after 1000
+    assert _polled(book, 1031.0, "QmA") == 1
