@@ -10,6 +10,7 @@ takes the new version up); 1 the swarm could not be joined or the node failed.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import resource
@@ -85,7 +86,8 @@ def run_node(args: argparse.Namespace) -> NoReturn:
     if after != before:
         logger.debug("open files limit raised from %d to %d", before, after)
     tie_children_to_this_process()
-    report_stacks_on_timeout()
+    faulthandler.enable()  # a fatal signal (systemd's watchdog: SIGABRT) writes every thread's stack first
+    report_stacks_on_timeout()  # and SIGUSR2 does at any time (docs/operations.md, "A node that seems stuck")
     hooks = ServiceHooks(config, args.config, SystemdNotifier.from_environ(os.environ), run_flags=run_flags)
     node = Node(config, extra_peers=args.join, log_ring=log_ring, hooks=hooks,
                 trust_task_code=bool(getattr(args, "trust_task_code", False)))

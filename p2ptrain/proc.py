@@ -12,6 +12,14 @@ from pathlib import Path
 from p2ptrain.waiting import WaitTimeout, wait_until
 
 _PR_SET_PDEATHSIG = 1
+#: The signal that asks a node, or a helper forked from it, for its threads' stacks: the node installs
+#: the interpreter's own handler for it (:mod:`faulthandler`), which writes them to stderr from the
+#: signal handler itself, so a process whose threads are all blocked still answers.  hivemind and
+#: the node use it for nothing else.  It goes to one process at a time, never a group: every helper
+#: forked from the node answers it too, into the same log, and their stacks would interleave.
+STACK_DUMP_SIGNAL = signal.SIGUSR2
+#: How long a process gets to write its stacks before whatever comes next (a kill, a read of its log).
+STACK_DUMP_SECONDS = 1.0
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

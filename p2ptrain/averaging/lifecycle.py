@@ -49,7 +49,6 @@ import multiprocessing.connection
 import multiprocessing.sharedctypes
 import multiprocessing.synchronize
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.reduction import ForkingPickler
@@ -60,6 +59,7 @@ from hivemind.dht import DHT
 from hivemind.utils.mpfuture import MPFuture, SharedBytes
 
 from p2ptrain.averaging.pinned import require_hivemind
+from p2ptrain.proc import STACK_DUMP_SECONDS, STACK_DUMP_SIGNAL
 
 require_hivemind(__name__)
 
@@ -74,10 +74,6 @@ DHT_START_TIMEOUT = 120.0
 #: The longest to wait for one lock before a kill.  A holder of hivemind's locks writes one message
 #: (microseconds); an averager's tensors may be held for the rest of a round it is leaving.
 LOCK_TIMEOUT = 2.0
-#: The signal that asks a forked helper for its threads' stacks (unused by hivemind and the node).
-STACK_DUMP_SIGNAL = signal.SIGUSR2
-#: How long a helper gets to write its stacks before the kill.
-STACK_DUMP_SECONDS = 1.0
 _stacks_on_timeout = False
 
 

@@ -24,11 +24,13 @@ from typing import Any, Protocol
 
 from p2ptrain.client.discovery import TOKEN_FILE, TokenUnavailable, read_token
 from p2ptrain.client.http import NodeClient, NodeError
-from p2ptrain.proc import descendants, die_with_parent, signal_all
+from p2ptrain.proc import STACK_DUMP_SECONDS, STACK_DUMP_SIGNAL, descendants, die_with_parent, signal_all
 from p2ptrain.status import StatusSnapshot, SwarmView
 from p2ptrain.waiting import wait_until
 
 LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
+#: The most lines of a node's thread stacks a failure report quotes (a node has a few dozen threads).
+STACK_LINES = 400
 #: Numbers in a log message (masked to group the same message).
 _NUMBER = re.compile(r"\b[0-9]+(?:\.[0-9]+)?\b")
 #: [training] for a small machine on loopback; an owned run's manifest takes the run-wide part.
@@ -258,12 +260,14 @@ class LocalNode:
             return None
 
     def stop(self, timeout: float = 40.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL the whole session if it did not go."""
+        """SIGTERM, wait, then SIGKILL the whole session if it did not go (its threads' stacks
+        written to its log first: where it was stuck)."""
         if self.process is None:
             return None
         self.signal(signal.SIGTERM)
         code = self.wait(timeout)
         if code is None:
+            self.ask_for_stacks()
             self.kill()
             code = self.wait(10)
         return code
@@ -280,6 +284,7 @@ class LocalNode:
         for node in running:
             codes[node.name] = node.wait(max(0.0, deadline - time.monotonic()))
             if codes[node.name] is None:
+                node.ask_for_stacks()
                 node.kill()
                 node.wait(10)
         return codes
@@ -322,3 +327,31 @@ class LocalNode:
             return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def ask_for_stacks(self) -> bool:
+        """Ask the node's process for its threads' stacks (they go to its log) and give it a moment
+        to write them; False when it is not running.  Only the node's own process is asked (see
+        ``STACK_DUMP_SIGNAL``)."""
+        if self.process is None or not self.running:
+            return False
+        try:
+            os.kill(self.process.pid, STACK_DUMP_SIGNAL)
+        except ProcessLookupError:
+            return False
+        time.sleep(STACK_DUMP_SECONDS)
+        return True
+
+    def report(self, lines: int = 30) -> str:
+        """What a failed check shows of this node: its log's last ``lines`` lines, and when it is still
+        running (a wait that timed out), where each of its threads is now."""
+        tail = self.log_tail(lines)
+        try:
+            size = self.log_path.stat().st_size
+        except OSError:
+            return tail
+        if not self.ask_for_stacks():
+            return tail
+        with self.log_path.open("rb") as log:
+            log.seek(size)
+            stacks = log.read().decode("utf-8", errors="replace").splitlines()
+        return f"{tail}\n--- {self.name} is still running; its threads now:\n" + "\n".join(stacks[:STACK_LINES])

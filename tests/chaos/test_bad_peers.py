@@ -89,7 +89,7 @@ def test_bad_peers_are_counted_and_honest_nodes_stay_finite(make_node, chaos_rep
 
     for node in (a, b):
         node.signal(signal.SIGTERM)
-        assert node.wait(60) == 0, node.log_tail()
+        assert node.wait(60) == 0, node.report()
         state = CheckpointStore(node.state_dir / "checkpoints", keep=100).load_latest()
         assert state is not None
         for key, tensor in state.state["model"].items():

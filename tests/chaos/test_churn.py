@@ -38,7 +38,7 @@ RSS_GROWTH_BOUND_MIB = 64.0
 
 def _final_params(node):
     loaded = CheckpointStore(node.state_dir / "checkpoints", keep=100).load_latest()
-    assert loaded is not None, f"{node.name} wrote no checkpoint:\n{node.log_tail()}"
+    assert loaded is not None, f"{node.name} wrote no checkpoint:\n{node.report()}"
     return loaded.state
 
 
@@ -128,7 +128,7 @@ def run_churn(make_node, chaos_report, scenario: str, churn_seconds: float) -> N
     for node in alive:
         training(node, 120)
     for node in [anchor, *alive]:
-        assert node.running, f"{node.name} died:\n{node.log_tail()}"
+        assert node.running, f"{node.name} died:\n{node.report()}"
     # Partial rounds during the churn leave the replicas apart; every REPAIR_EVERY epochs the swarm
     # averages parameters, which heals that drift.  Stop just after the first such repair that the
     # last newcomer takes part in.
@@ -139,7 +139,7 @@ def run_churn(make_node, chaos_report, scenario: str, churn_seconds: float) -> N
         node.write_config()
         node.signal(signal.SIGHUP)
     for node in [anchor, *alive]:
-        assert node.wait(120) == 0, node.log_tail()
+        assert node.wait(120) == 0, node.report()
     states = {node.name: _final_params(node) for node in [anchor, *alive]}
     initial = build_task(NodeConfig(task=TINY_TASK).task, NodeConfig().training, peer_seed=0).model.state_dict()
     worst_ratio = 0.0

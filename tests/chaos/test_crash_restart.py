@@ -66,11 +66,11 @@ def test_whole_swarm_restart_from_checkpoints(make_node, chaos_report):
     for node in nodes:
         node.signal(signal.SIGTERM)
     for node in nodes:
-        assert node.wait(60) == 0, node.log_tail()
+        assert node.wait(60) == 0, node.report()
     saved = {}
     for node in nodes:
         loaded = CheckpointStore(node.state_dir / "checkpoints", keep=100).load_latest()
-        assert loaded is not None, node.log_tail()
+        assert loaded is not None, node.report()
         saved[node.name] = loaded.state
     top_epoch = max(s["epoch"] for s in saved.values())
 
@@ -82,7 +82,7 @@ def test_whole_swarm_restart_from_checkpoints(make_node, chaos_report):
     resumed = {node.name: training(node, 120) for node in nodes}
     back_in = time.monotonic() - restarted
     for node in nodes:
-        assert resumed[node.name].local_epoch >= saved[node.name]["epoch"], node.log_tail()
+        assert resumed[node.name].local_epoch >= saved[node.name]["epoch"], node.report()
         assert resumed[node.name].samples_processed_total >= saved[node.name]["samples_processed"]
         assert "resumed from checkpoint" in node.log_path.read_text()
     for node in nodes:
@@ -91,7 +91,7 @@ def test_whole_swarm_restart_from_checkpoints(make_node, chaos_report):
     for node in nodes:
         node.signal(signal.SIGTERM)
     for node in nodes:
-        assert node.wait(60) == 0, node.log_tail()
+        assert node.wait(60) == 0, node.report()
     lost_samples = 0
     for node in nodes:
         loaded = CheckpointStore(node.state_dir / "checkpoints", keep=100).load_latest()

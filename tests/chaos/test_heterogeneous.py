@@ -128,8 +128,8 @@ def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, ch
     assert not running, (f"{running} not stopped at round {stop_epoch} within the {budget.seconds:.0f} s of "
                          f"waits this test allows; last rounds seen: "
                          f"{ {name: status.local_epoch for name, status in last.items()} }",
-                         fast.log_tail(), slow.log_tail())
-    assert codes == {"fast": 0, "slow": 0}, (fast.log_tail(), slow.log_tail())
+                         fast.report(), slow.report())
+    assert codes == {"fast": 0, "slow": 0}, (fast.report(), slow.report())
     states = {n.name: CheckpointStore(n.state_dir / "checkpoints", keep=100).load_latest().state for n in (fast, slow)}
     losses = {name: _validation_loss(state) for name, state in states.items()}
     spread = abs(losses["fast"] - losses["slow"]) / min(losses.values())
@@ -140,7 +140,7 @@ def test_a_slow_peer_takes_part_in_the_rounds_and_the_models_agree(make_node, ch
     # Rounds the slow node averaged in, full or partial, as it counted them when it stopped (rounds
     # last a second or two here: its last status read may be a round or two behind).
     summaries = RUN_SUMMARY.findall(logs["slow"])
-    assert summaries, slow.log_tail()
+    assert summaries, slow.report()
     full, partial = (int(n) for n in summaries[-1])
     joined = full + partial - before["slow"].averaging_rounds_ok_total - before["slow"].averaging_rounds_partial_total
     samples = {name: int(state["samples_processed"]) for name, state in states.items()}

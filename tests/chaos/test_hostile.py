@@ -147,7 +147,7 @@ def stop_all(nodes: list[LocalNode]) -> dict[str, float]:
     for node in nodes:
         code = node.wait(STOP_BOUND + 10)
         took[node.name] = round(time.monotonic() - began, 1)
-        assert code == 0, f"{node.name} exited with {code}:\n{node.log_tail()}"
+        assert code == 0, f"{node.name} exited with {code}:\n{node.report()}"
     return took
 
 
@@ -156,7 +156,7 @@ def val_loss_at(node: LocalNode, epoch: int) -> tuple[int, float]:
     the straight line between them (a node alone validates every 20-30 epochs here, and a loss taken
     that much later flatters it by several percent); past its last validation, that one."""
     found = [(int(e), float(v)) for e, v in re.findall(r"epoch (\d+): validation loss ([\d.]+)", log_text(node))]
-    assert found, node.log_tail()
+    assert found, node.report()
     for (before, low), (after, high) in itertools.pairwise(found):
         if before <= epoch <= after and after > before:
             return epoch, round(low + (high - low) * (epoch - before) / (after - before), 4)
@@ -206,7 +206,7 @@ def test_state_attacks_in_diloco_mode(make_node, hostile, chaos_report, outer_co
     b = make_node("b", training=diloco)
     b.start(join=a.join_addrs()[:1])
     synced = training(b, 120)
-    assert synced.state_downloads_total >= 1 and 1 <= synced.local_epoch < ABSURD_EPOCH, b.log_tail()
+    assert synced.state_downloads_total >= 1 and 1 <= synced.local_epoch < ABSURD_EPOCH, b.report()
     # b's state is an honest peer's: an honest donor, round and round position.
     loaded = re.findall(r"loaded round (\d+) \(inner step (-?\d+)\) from (\S+)", log_text(b))
     assert loaded and all(int(epoch) < ATTACK_EPOCH and int(step) >= 0 and donor not in hostile_ids
@@ -324,10 +324,10 @@ class AttackedSwarm:
         """What is wrong with the honest nodes (gone, not answering, not training), or None."""
         for node in self.honest:
             if not node.running:
-                return f"{node.name} exited:\n{node.log_tail()}"
+                return f"{node.name} exited:\n{node.report()}"
             status = node.status(timeout=5.0)
             if status is None or status.state != "training" or healthz(node) != 200:
-                return f"{node.name} is {status.state if status else 'not answering'}:\n{node.log_tail()}"
+                return f"{node.name} is {status.state if status else 'not answering'}:\n{node.report()}"
         return None
 
     def ensure_healthy(self) -> None:
@@ -508,7 +508,7 @@ def test_the_attacked_swarm_stops_on_sigterm_in_time_and_ends_near_the_unattacke
     reached = max(epoch for epoch, _ in losses.values())
     base = attacked.base
     wait_until(lambda: val_loss_at(base, reached)[0] == reached, 120, f"the baseline at epoch {reached}",
-               interval=1.0, detail=base.log_tail)
+               interval=1.0, detail=base.report)
     stop_all([base])
     baseline = {name: baseline_ceiling(base, epoch) for name, (epoch, _) in losses.items()}
     attacked.record(val_loss_with_attacker={k: v[1] for k, v in losses.items()},

@@ -37,7 +37,7 @@ def test_late_joiners_sync_despite_a_dying_donor(make_node, chaos_report):
     killed_after = time.monotonic() - started
     synced = training(j1, SYNC_BOUND)
     j1_sync = time.monotonic() - started
-    assert synced.state_downloads_total >= 1, j1.log_tail()
+    assert synced.state_downloads_total >= 1, j1.report()
     swarm_epoch = d2.status().local_epoch
     assert synced.local_epoch >= swarm_epoch - 2, (synced.local_epoch, swarm_epoch)
     j1.wait_for(lambda s: s.rounds_averaged >= 1, 90, "a contribution after joining")
@@ -54,7 +54,7 @@ def test_late_joiners_sync_despite_a_dying_donor(make_node, chaos_report):
     crowd_seconds = time.monotonic() - crowd_start
     for name, status in crowd.items():
         assert status.state_downloads_total >= 1, name
-    assert d2.running, d2.log_tail()
+    assert d2.running, d2.report()
     for node in [d2, j1, *joiners]:
         node.wait_for(lambda s: s.rounds_averaged >= 1 and s.seconds_since_progress is not None
                       and s.seconds_since_progress < 10, 90, "training with the crowd")

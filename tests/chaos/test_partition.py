@@ -112,7 +112,7 @@ def test_partition_heals_into_one_swarm_and_slow_link_still_averages(make_node, 
             joined = wait_until(reunited, HEAL_BOUND_SECONDS, "one swarm (one view, one epoch) after healing",
                                 interval=1.0)
         except AssertionError as error:
-            raise AssertionError(f"{error}; last seen: {last}\n{a.log_tail()}\n{b.log_tail()}") from None
+            raise AssertionError(f"{error}; last seen: {last}\n{a.report()}\n{b.report()}") from None
         heal_seconds = time.monotonic() - healed_at
 
         # A slow link: 1 Mbit/s with 100 ms of queue; averaging must still complete.

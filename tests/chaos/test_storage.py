@@ -82,7 +82,7 @@ def test_full_and_read_only_checkpoint_dirs(make_node, chaos_report, tmp_path):
                                   "epochs_after_fault": node.status().local_epoch - before.local_epoch,
                                   "seconds_to_visible": round(time.monotonic() - faulted_at, 1)}
         for node in (full, readonly):
-            assert node.stop(30) == 0, node.log_tail()  # the failed final checkpoint does not fail the exit
+            assert node.stop(30) == 0, node.report()  # the failed final checkpoint does not fail the exit
     finally:
         for node in (full, readonly):
             if node.running:

@@ -126,7 +126,7 @@ def test_api_of_a_live_node(make_node):
 
     # -- leave: a clean exit
     assert admin.request("POST", "/api/v1/control/leave").status == 202
-    assert a.wait(60) == 0, a.log_tail()
+    assert a.wait(60) == 0, a.report()
     assert "leave requested by api" in a.log_path.read_text()
     assert b.running, "B went down with A"
 

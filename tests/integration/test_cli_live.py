@@ -50,7 +50,7 @@ def test_pause_resume_leave_from_the_command_line(make_node, tmp_path):
 
     done = p2ptrain("leave", "--config", a.config_path)
     assert done.returncode == 0, done.stderr
-    assert a.wait(60) == 0, a.log_tail()
+    assert a.wait(60) == 0, a.report()
 
     gone = p2ptrain("pause", "--url", url, "--token-file", token_file)
     assert gone.returncode == 69, gone

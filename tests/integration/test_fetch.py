@@ -68,7 +68,7 @@ def test_fetch_gives_the_state_of_a_node(make_node, tmp_path, mode):
     for node in (a, b):
         node.signal(signal.SIGTERM)
     for node in (a, b):
-        assert node.wait(60) == 0, node.log_tail()
+        assert node.wait(60) == 0, node.report()
     source = {"a": a, "b": b}[by_peer[donor]]
     checkpoint = CheckpointStore(source.state_dir / "checkpoints", keep=100).load_latest()
     assert checkpoint is not None

@@ -54,11 +54,11 @@ def test_two_nodes_train_an_hf_model_whose_export_transformers_loads(make_node, 
     for node in (a, b):
         node.signal(signal.SIGTERM)
     for node in (a, b):
-        assert node.wait(60) == 0, node.log_tail()
+        assert node.wait(60) == 0, node.report()
         # Each node read its shards through decompressed copies (as text: tests/unit/test_compressed_data.py).
-        assert list((node.state_dir / "data-cache").rglob("plain-*")), node.log_tail()
+        assert list((node.state_dir / "data-cache").rglob("plain-*")), node.report()
     states = [CheckpointStore(node.state_dir / "checkpoints", keep=100).load_latest() for node in (a, b)]
-    assert all(s is not None and s.state["epoch"] >= 1 for s in states), f"{a.log_tail(40)}\n---\n{b.log_tail(40)}"
+    assert all(s is not None and s.state["epoch"] >= 1 for s in states), f"{a.report(40)}\n---\n{b.report(40)}"
     out = tmp_path / "export"
     assert cli.main(["export", "-c", str(a.config_path), str(out)]) == 0
     ours = resolve(a.config_path, None, print).model.eval()  # the node's checkpoint, as p2ptrain loads it

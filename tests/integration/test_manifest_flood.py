@@ -102,6 +102,6 @@ def test_reordered_copies_of_version_1_cannot_hide_version_2(make_node, tmp_path
         status = newcomer.wait_for(lambda s: s.manifest_version >= 1, 120, "a manifest at the newcomer")
         assert status.manifest_version == 2, f"the newcomer took version {status.manifest_version}"
         for node in (owner, newcomer):  # each caps the versions it holds
-            assert "could not cap the manifest versions" not in node.log_path.read_text(), node.log_tail()
+            assert "could not cap the manifest versions" not in node.log_path.read_text(), node.report()
     finally:
         attacker.shutdown()

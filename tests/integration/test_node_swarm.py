@@ -48,7 +48,7 @@ def _jsonl_corpus(root: Path, files: int = 12) -> str:
 
 def _final_checkpoint(node):
     loaded = CheckpointStore(node.state_dir / "checkpoints", keep=100).load_latest()
-    assert loaded is not None, f"{node.name} wrote no checkpoint:\n{node.log_tail()}"
+    assert loaded is not None, f"{node.name} wrote no checkpoint:\n{node.report()}"
     return loaded.state
 
 
@@ -100,8 +100,8 @@ def test_two_nodes_average_and_agree(make_node, tmp_path):
         node.overrides = {**node.overrides, "training": {**node.overrides["training"], "max_epochs": stop_epoch}}
         node.write_config()
         node.signal(signal.SIGHUP)
-    assert a.wait(90) == 0, a.log_tail()
-    assert b.wait(90) == 0, b.log_tail()
+    assert a.wait(90) == 0, a.report()
+    assert b.wait(90) == 0, b.report()
     state_a, state_b = _final_checkpoint(a), _final_checkpoint(b)
     assert state_a["epoch"] == state_b["epoch"] == stop_epoch
     initial = _initial_parameters(task)
@@ -154,7 +154,7 @@ def test_sigterm_checkpoints_and_a_restart_resumes_epoch_and_data_position(make_
     node_pid = a.process.pid
     started = time.monotonic()
     a.signal(signal.SIGTERM)
-    assert a.wait(30) == 0, a.log_tail()
+    assert a.wait(30) == 0, a.report()
     assert time.monotonic() - started < 30
     first = _final_checkpoint(a)
     assert first["epoch"] >= 2
@@ -168,7 +168,7 @@ def test_sigterm_checkpoints_and_a_restart_resumes_epoch_and_data_position(make_
     a.start()
     resumed = _training(a)
     assert resumed.local_epoch >= first["epoch"]
-    assert a.wait(120) == 0, a.log_tail()
+    assert a.wait(120) == 0, a.report()
     second = _final_checkpoint(a)
     assert second["epoch"] == first["epoch"] + 3
     consumed = second["samples_processed"] - first["samples_processed"]
@@ -187,7 +187,7 @@ def test_node_with_another_model_is_refused(make_node):
     _training(a)
     other = make_node("other", task={"d_model": 64})
     other.start(join=addrs)
-    assert other.wait(90) == EX_CONFIG, other.log_tail()
+    assert other.wait(90) == EX_CONFIG, other.report()
     log = other.log_path.read_text()
     refusal = [line for line in log.splitlines() if "differs from run" in line]
     assert refusal, log
@@ -205,6 +205,6 @@ def test_sigterm_while_still_joining_is_a_clean_stop(make_node):
     wait_until(lambda: "no initial peer answered" in a.log_path.read_text(), 60, "bootstrap retry log line",
                interval=0.5)
     a.signal(signal.SIGTERM)
-    assert a.wait(30) == 0, a.log_tail()
+    assert a.wait(30) == 0, a.report()
     log = a.log_path.read_text()
     assert "stopped before joining the swarm (SIGTERM)" in log and "Traceback" not in log

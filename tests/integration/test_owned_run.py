@@ -133,14 +133,14 @@ def test_the_owner_s_workflow_init_start_update_restart(make_node, tmp_path):
     owner.wait_for(lambda s: s.manifest_version == 2, 60, "manifest version 2")
     wait_until(lambda: "applied manifest version 2 at epoch" in owner.log_path.read_text(), 60, "the lr applied")
     assert main(["run", "update", str(manifest), "--set", "training.batch_size=4"]) == 0
-    assert owner.wait(90) == 75, owner.log_tail()
+    assert owner.wait(90) == 75, owner.report()
     assert "training.batch_size 8 -> 4 (needs a restart)" in owner.log_path.read_text()
 
     owner.start()  # what systemd does after exit 75
     status = owner.wait_for(lambda s: s.state == "training" and s.local_epoch >= 1, 120, "training after restart")
     assert status.manifest_version == 3 and owner.running
     log = owner.log_path.read_text()
-    assert "config error" not in log and "this node's config says" not in log, owner.log_tail()
+    assert "config error" not in log and "this node's config says" not in log, owner.report()
 
 
 # Three nodes in turn, each phase with its own deadline and message: the cap sits well above the
@@ -165,7 +165,7 @@ def test_invite_run_refuses_a_stranger_admits_the_invited_and_drops_the_revoked(
                          swarm={"bootstrap_timeout": 10.0})
     stranger_id = stranger.peer_id()
     stranger.start(join=join)
-    assert stranger.wait(90) == 1, stranger.log_tail()
+    assert stranger.wait(90) == 1, stranger.report()
     log = stranger.log_path.read_text()
     assert re.search(r"p2ptrain: no initial peer answered our DHT requests after \d+ attempts in 10s", log), log
     assert "SYNCING" not in log and "downloaded" not in log and "Traceback" not in log
@@ -185,7 +185,7 @@ def test_invite_run_refuses_a_stranger_admits_the_invited_and_drops_the_revoked(
     wait_until(lambda: invited_id not in {p.peer_id for p in (owner.peers() or SwarmView()).peers}, 10,
                "the revoked peer out of the swarm view")
     owner.wait_for(lambda s: s.dht_requests_refused_total > refused_before, 60, "the revoked peer refused")
-    assert invited.wait(60) == EX_CONFIG, invited.log_tail()
+    assert invited.wait(60) == EX_CONFIG, invited.report()
     assert (f"run {run.ref} (manifest version 2): this node ({invited_id}) was banned or its invite revoked"
             in invited.log_path.read_text())
     assert owner.status().state == "training"

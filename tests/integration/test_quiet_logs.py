@@ -71,7 +71,7 @@ def test_a_killed_peer_costs_the_survivors_no_error_lines(make_node) -> None:
     for node in (a, b):
         node.signal(signal.SIGTERM)
     for node in (a, b):
-        assert node.wait(60) == 0, node.log_tail()
+        assert node.wait(60) == 0, node.report()
 
     counts = {node.name: log_counts(node.log_path) for node in (a, b)}
     report = "; ".join(f"{name}: {levels['ERROR']} ERROR, {levels['WARNING']} WARNING, {levels['INFO']} INFO, "

@@ -67,7 +67,7 @@ def test_notify_watchdog_and_journal_format(make_node):
         assert statuses and all("samples/s" in m.get("STATUS") for m in statuses)
 
         a.signal(signal.SIGTERM)
-        assert a.wait(60) == 0, a.log_tail()
+        assert a.wait(60) == 0, a.report()
         messages = sock.received()
     finally:
         sock.close()
@@ -105,7 +105,7 @@ def test_watchdog_pings_stop_while_training_is_stuck(make_node, notify_socket):
     assert before and after, pings
     assert after[0] - before[-1] >= faults.STALL_SECONDS - 1, (before[-3:], after[:3])
     a.signal(signal.SIGTERM)
-    assert a.wait(60) == 0, a.log_tail()
+    assert a.wait(60) == 0, a.report()
 
 
 def _window_excluding_now() -> str:
@@ -162,7 +162,7 @@ def test_sighup_reload_and_volunteer_pauses(make_node, notify_socket):
     a.wait_for(lambda s: s.state == "training" and s.samples_processed_total > paused.samples_processed_total,
                30, "training after the window was lifted")
     a.signal(signal.SIGTERM)
-    assert a.wait(60) == 0, a.log_tail()
+    assert a.wait(60) == 0, a.report()
 
 
 def test_bad_config_exits_78_with_one_line(tmp_path):
