@@ -88,7 +88,7 @@ class StateDownloads:
             if donor is None:
                 break
             tried.add(donor)
-            verdict = advertised_epoch(reply["metadata"], reply.get("priority"))
+            verdict = advertised_epoch(reply["metadata"], reply.get("priority"), own=validator.own_epoch())
             if verdict.ok:
                 verdict = validator(reply["metadata"], reply["tensors"], donor)
             if verdict.ok:

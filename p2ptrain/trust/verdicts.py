@@ -164,16 +164,23 @@ LOSS_TOLERANCE = 0.2
 LOSS_WITNESSES = 2
 
 
-def advertised_epoch(metadata: Any, priority: float | None, *, slack: int = 10) -> Verdict:
+def advertised_epoch(metadata: Any, priority: float | None, *, own: int = 0, slack: int = 10) -> Verdict:
     """A donor advertises its epoch as its donor priority (hivemind sets one from the other); a state
-    claiming an epoch far above what its donor advertised is a lie told to jump the queue with a
-    modest priority and a huge claim.  Metadata that is not a map is left to the other checks."""
+    claiming an epoch far above what its donor advertised, and far above ours (``own``), is a lie told
+    to jump the queue with a modest priority and a huge claim.  One within reach of ours is refused
+    without blame: an advertisement lags its state by one declaration (a newcomer that has just
+    downloaded the run's state still advertises the epoch it had), and a state that close to ours is
+    worth no ban of a peer we may average with; it can be adopted once its donor advertises it.
+    Metadata that is not a map is left to the other checks."""
     epoch = metadata.get("epoch") if isinstance(metadata, dict) else None
     if priority is None or not isinstance(epoch, int) or isinstance(epoch, bool):
         return Verdict.good()
-    if not math.isfinite(priority) or epoch > epoch_ceiling(max(0, int(priority)), slack=slack):
-        return Verdict.bad("implausible_epoch", f"serves epoch {epoch} but advertised {priority:.0f} as a donor")
-    return Verdict.good()
+    if math.isfinite(priority) and epoch <= epoch_ceiling(max(0, int(priority)), slack=slack):
+        return Verdict.good()
+    reason = f"serves epoch {epoch} but advertised {priority:.0f} as a donor"
+    if math.isfinite(priority) and epoch <= epoch_ceiling(max(0, own), slack=slack):
+        return Verdict.refuse(f"{reason} (an advertisement that lags its state: not adopted now)")
+    return Verdict.bad("implausible_epoch", reason)
 
 
 def check_candidate_loss(candidate: float, *, own: float | None, honest: Sequence[float],

@@ -46,10 +46,14 @@ def downloader(losses: dict[str, float], reports: tuple[float, ...] = ()) -> tup
     def ask(tried: set[str], validator: Any, timeout: float) -> dict[str, Any] | None:
         return {"failures": [], "donor": queue.pop(0), "metadata": {"epoch": 11}, "tensors": []} if queue else None
 
-    def validate(metadata: Any, tensors: Any, donor: str) -> Verdict:
-        return check_candidate_loss(losses[donor], own=OUR_LOSS, honest=reports)
+    class Validator:  # the two calls of a StateValidator made here, judging by the loss alone
+        def own_epoch(self) -> int:
+            return 11
 
-    policy = StateDownloads(gate, validator=validate, max_donors=len(losses) + 1,  # type: ignore[arg-type]
+        def __call__(self, metadata: Any, tensors: Any, donor: str) -> Verdict:
+            return check_candidate_loss(losses[donor], own=OUR_LOSS, honest=reports)
+
+    policy = StateDownloads(gate, validator=Validator(), max_donors=len(losses) + 1,  # type: ignore[arg-type]
                             state_ban_seconds=float("inf"), judgement_ban_seconds=600.0)
     return Downloader(policy, ask), gate
 

@@ -149,6 +149,19 @@ def test_a_state_far_above_what_its_donor_advertised_is_a_lie():
     lie = advertised_epoch({"epoch": 5000}, 181.0)
     assert not lie.ok and lie.kind == "implausible_epoch" and "advertised 181" in lie.reason
     assert advertised_epoch({"epoch": 5000}, None).ok and advertised_epoch("junk", 3.0).ok
+    assert advertised_epoch({"epoch": 5000}, 104.0, own=100).kind == "implausible_epoch"  # above ours too
+    assert advertised_epoch({"epoch": 12}, math.inf, own=100).kind == "implausible_epoch"
+
+
+def test_a_newcomer_serving_the_state_it_just_downloaded_before_it_advertised_it_is_refused_unblamed():
+    """It still advertises epoch 0 (its next declaration is on its way) and serves the run's epoch 100:
+    a peer at epoch 100 asking it does not adopt that state now, and bans nobody."""
+    from p2ptrain.trust.verdicts import advertised_epoch
+
+    for served in (100, 125):  # 125: within the run's margin of ours
+        lagging = advertised_epoch({"epoch": served}, 0.0, own=100)
+        assert not lagging.ok and lagging.kind == "" and "lags" in lagging.reason
+    assert advertised_epoch({"epoch": 126}, 0.0, own=100).kind == "implausible_epoch"
 
 
 def test_forged_loss_reports_can_neither_ban_a_good_donor_nor_pass_a_bad_one():
