@@ -37,9 +37,10 @@ system-deps:
 # Three phases.  Unit and TUI tests run in two processes, a file per process at a time (the TUI
 # snapshots serve a fixed port).  The integration tests and the fault scenarios then run three at a
 # time, their nodes training within a share of the machine (tests/integration/conftest.py,
-# tests/chaos/conftest.py); that phase keeps both cores busy, so more processes would not shorten it
-# (docs/operations.md, "Continuous integration").  Last, one at a time with the machine to
-# themselves, the tests marked `alone` (a CPU share they measure, a shaped link, a share of full rounds).
+# tests/chaos/conftest.py) and forked from a process that imported torch and hivemind once
+# (p2ptrain/local/forkserver.py); that phase keeps both cores busy, so more processes would not
+# shorten it (docs/operations.md, "Continuous integration").  Last, one at a time with the machine to
+# themselves, the tests marked `alone` (a CPU share they measure, a share of full rounds).
 # PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests collected) is a
 # failure here, not a pass.
 test: venv system-deps

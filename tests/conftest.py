@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterator
 
 import pytest
 
+from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.waiting import WaitTimeout, wait_until
 from tests.support.processes import become_subreaper, descendants, is_shared, kill_all, reap_orphans
 
@@ -20,6 +22,14 @@ PER_RUN_HELPERS = ("torch_shm_manager",)
 @pytest.fixture(scope="session", autouse=True)
 def _subreaper() -> None:
     become_subreaper()
+
+
+@pytest.fixture(scope="session")
+def node_forkserver() -> Iterator[ForkServer]:
+    """Forks the nodes of this test process (each xdist worker has its own): see its module."""
+    server = ForkServer()
+    yield server
+    server.close()
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,6 @@
 
 - ``swarm``  nodes on 127.0.0.1, each a ``p2ptrain run`` subprocess, with their API clients
 - ``run``    a throwaway owned run for them: owner key, signed manifest, invites
-- ``forkserver``  one process that imported torch and hivemind forks nodes or benchmark peers, so
-  that each skips those imports (the benchmarks' smoke runs: ``--fork-workers``)
+- ``forkserver``  one process that imported torch and hivemind forks the test tiers' nodes and
+  the benchmarks' smoke-run peers, so that each skips those imports
 """

@@ -1,15 +1,16 @@
 """A fork server: one process that has imported torch and hivemind once forks each node or worker.
 
-Why: a node started as ``python -m p2ptrain.cli run`` spends most of its start-up CPU importing
-torch and hivemind and building its first optimizer (torch imports its compiler then), and the
-benchmarks' smoke runs start dozens of peers on a machine of few cores (docs/operations.md has the
-figures). A process forked from here skips that and nothing else: it runs the module asked for
-(``python -m MODULE``, by default ``p2ptrain.cli``) in a process of its own, with its own session,
-log, environment and working directory, exits with that module's code, and is signalled and waited
-for by process ID as a ``subprocess.Popen`` is. What it does not give: a process of its own from the
-start (its memory is shared with the server's until written, so a figure of a process's memory or
-start-up cost is not a fresh process's), a wrapper command (a network namespace, ``unshare``), or
-imports made by the environment (``PYTHONPATH`` hooks): those start a process of their own.
+Why: a node started as ``python -m p2ptrain.cli run`` spends most of its start-up CPU importing torch
+and hivemind and building its first optimizer (torch imports its compiler then), and the test tiers
+and the benchmarks' smoke runs start many nodes and workers on a machine of few cores
+(docs/operations.md has the figures).  A process forked from here skips that and nothing else: it runs the
+module asked for (``python -m MODULE``, by default ``p2ptrain.cli``) in a process of its own, with its
+own session, log, environment and working directory, exits with that module's code, and is
+signalled and waited for by process ID as a ``subprocess.Popen`` is.  What it does not give: a
+process of its own from the start (its memory is shared with the server's until written, so a
+figure of a process's memory or start-up cost is not a fresh process's), a wrapper command (a
+network namespace, ``unshare``), or imports made by the environment (``PYTHONPATH`` hooks): those
+start a process of their own.
 
 The server (``python -m p2ptrain.local.forkserver MODULE...``, the modules to import first) speaks
 one JSON object per line: a request ``{"module", "argv", "env", "cwd", "log"}`` on its stdin is

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from p2ptrain.local.swarm import LocalNode
+from p2ptrain.local.forkserver import ForkServer
+from p2ptrain.local.swarm import LocalNode, NodeLauncher
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,9 +79,9 @@ def chaos_report() -> Iterator[ChaosReport]:
 
 
 @contextlib.contextmanager
-def node_factory(base: Path) -> Iterator[NodeFactory]:
+def node_factory(base: Path, launcher: NodeLauncher | None = None) -> Iterator[NodeFactory]:
     """``factory(name, run_id=..., env=..., **section_overrides)``: nodes with the tiny task under ``base``,
-    all stopped on leaving."""
+    started by ``launcher`` (None: each its own interpreter), all stopped on leaving."""
     nodes: list[LocalNode] = []
     default_run = f"chaos-{uuid.uuid4().hex[:8]}"
     counter = itertools.count()
@@ -93,7 +94,8 @@ def node_factory(base: Path) -> Iterator[NodeFactory]:
         for section, values in sections.items():
             overrides.setdefault(section, {}).update(values)
         node_name = name or f"node{next(counter)}"
-        node = LocalNode(node_name, base / node_name, run_id or default_run, overrides, env=dict(env or {}))
+        node = LocalNode(node_name, base / node_name, run_id or default_run, overrides, env=dict(env or {}),
+                         launcher=launcher)
         nodes.append(node)
         return node
 
@@ -106,7 +108,7 @@ def node_factory(base: Path) -> Iterator[NodeFactory]:
 
 
 @pytest.fixture
-def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
+def make_node(tmp_path: Path, node_forkserver: ForkServer) -> Iterator[NodeFactory]:
     """``make_node(name, run_id=..., env=..., **section_overrides)`` with the tiny task; all stopped at teardown."""
-    with node_factory(tmp_path) as factory:
+    with node_factory(tmp_path, node_forkserver) as factory:
         yield factory

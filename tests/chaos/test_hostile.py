@@ -360,9 +360,9 @@ class AttackedSwarm:
 
 
 @pytest.fixture(scope="module")
-def attacked(tmp_path_factory: pytest.TempPathFactory, chaos_report) -> Iterator[AttackedSwarm]:
+def attacked(tmp_path_factory: pytest.TempPathFactory, chaos_report, node_forkserver) -> Iterator[AttackedSwarm]:
     tmp = tmp_path_factory.mktemp("hostile")
-    with node_factory(tmp) as make_node, hostiles(tmp) as hostile:
+    with node_factory(tmp, node_forkserver) as make_node, hostiles(tmp) as hostile:
         swarm = AttackedSwarm(make_node, hostile, tmp)
         try:
             swarm.join_under_state_attacks()

@@ -18,8 +18,10 @@ from p2ptrain.waiting import wait_until
 from tests.chaos.conftest import AVERAGING_TIMEOUT
 from tests.chaos.helpers import training
 
-#: ``alone``: rounds over a 1 Mbit/s link and a healing bound measured on a machine nothing else loads.
-pytestmark = [pytest.mark.chaos, pytest.mark.alone, pytest.mark.timeout(360)]
+#: Not ``alone``: its bounds are far from what it measures (one swarm again about 3 s after healing,
+#: bound 90 s; rounds over the 1 Mbit/s link of under a second each, two wanted within 60 s), so it
+#: runs beside two other scenarios.
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(360)]
 
 HEAL_BOUND_SECONDS = 90.0
 

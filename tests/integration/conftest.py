@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import p2ptrain.averaging  # noqa: F401  (hivemind processes forked here: bounded starts, safe stops)
+from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.local.swarm import LocalNode
 
 #: Small and quick: epochs every few seconds on two shared cores.
@@ -25,7 +26,7 @@ NodeFactory = Callable[..., LocalNode]
 
 
 @pytest.fixture
-def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
+def make_node(tmp_path: Path, node_forkserver: ForkServer) -> Iterator[NodeFactory]:
     """``make_node(name, run_id=..., env=..., args=..., owned=..., **section_overrides)``; every node is
     stopped at teardown. ``owned``: a node of an owned run (``args`` such as ``("--run", REF)``), whose
     config holds only what the overrides give beyond the loopback defaults' local part."""
@@ -42,7 +43,7 @@ def make_node(tmp_path: Path) -> Iterator[NodeFactory]:
             overrides.setdefault(section, {}).update(values)
         node_name = name or f"node{next(counter)}"
         node = LocalNode(node_name, tmp_path / node_name, None if owned else run_id or default_run, overrides,
-                         env or {}, args=tuple(args))
+                         env or {}, args=tuple(args), launcher=node_forkserver)
         nodes.append(node)
         return node
 

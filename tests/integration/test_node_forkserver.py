@@ -1,11 +1,10 @@
-"""The fork server behaves as a node's own interpreter would, by what a test sees of it."""
+"""The test tiers' node fork server behaves as the node's own interpreter would, by what a test sees of it."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,13 +14,6 @@ from p2ptrain.local.swarm import LocalNode, local_node_config
 from tests.integration.conftest import FAST_TRAINING, TEST_VOLUNTEER, TINY_TASK
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def node_forkserver() -> Iterator[ForkServer]:
-    server = ForkServer()
-    yield server
-    server.close()
 
 
 def test_a_forked_cli_gets_its_arguments_environment_directory_and_log_and_exits_with_main_s_code(
