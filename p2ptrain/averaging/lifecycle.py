@@ -8,14 +8,15 @@ hivemind 1.1.12 gets two moments of these processes' lives wrong on a loaded mac
   reports ready: a DHT that never answers leaves the caller waiting on a condition for good.
 * **A stop can wedge every later start.**  ``shutdown`` gives the process ``shutdown_timeout`` to
   leave, then ``terminate()`` s it wherever it is.  Every process hivemind forks from one parent (the
-  DHT's, each averager's) shares three process-wide locks of ``MPFuture``: ``_update_lock``, held
-  while one process writes a future's result to another, ``_initialization_lock``, and
-  ``SharedBytes._lock``, held while a future is created.  A process killed holding one leaves it held
-  for good.  The DHT's process then blocks on its next answer, so the next averager started on it
-  waits for ever for the DHT's address: the first moment above.  An averager's own shared values (its
-  tensors' lock, its ``mp.Value`` s) go the same way for whoever reads them next.  Seen in the
-  integration suite on a loaded machine: three tests in a row hung for their whole timeout while an
-  averager started, each leaving its process behind.
+  DHT's, each averager's) shares four process-wide locks: ``MPFuture._update_lock``, held while
+  one process writes a future's result to another, ``MPFuture._initialization_lock`` and
+  ``SharedBytes._lock``, held while a future is created, and the lock held while a process makes its
+  executor for blocking calls. A process killed holding one leaves it held for good. The DHT's
+  process then blocks on its next answer, so the next averager started on it waits for ever for the
+  DHT's address: the first moment above. An averager's own shared values (its tensors' lock, its
+  ``mp.Value`` s) go the same way for whoever reads them next. Seen in the integration suite on a
+  loaded machine: three tests in a row hung for their whole timeout while an averager started, each
+  leaving its process behind.
 * **A caller that dies kills the DHT.**  A request to the DHT's process carries a future, and the
   future the pipe its answer goes back through.  That pipe travels as a file descriptor, which the
   DHT's process fetches from the caller while it reads the request.  When the caller (an averager
@@ -38,6 +39,8 @@ of them has it (ours, hivemind's own inside ``hivemind.Optimizer``, a test's pla
   hung, which no later look can.
 * The DHT's process reads its requests through :class:`RequestReader`: a request whose caller died
   before it was read is dropped with one warning line, and the DHT goes on serving.
+* A node forked from a process that imported hivemind (a fork server) takes locks of its own
+  (:func:`renew_hivemind_locks`), so that no sibling node's death can leave one held.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from typing import Any
 
 from hivemind.averaging import DecentralizedAverager
 from hivemind.dht import DHT
+from hivemind.utils.asyncio import _AsyncContextWrapper
 from hivemind.utils.mpfuture import MPFuture, SharedBytes
 
 from p2ptrain.averaging.pinned import require_hivemind
@@ -100,7 +104,20 @@ class StartTimeout(TimeoutError):
 
 def hivemind_locks() -> list[Any]:
     """The locks every process hivemind forked from this one shares with it (see the module doc)."""
-    return [MPFuture._initialization_lock, SharedBytes._lock, MPFuture._update_lock]
+    return [MPFuture._initialization_lock, SharedBytes._lock, MPFuture._update_lock,
+            _AsyncContextWrapper.EXECUTOR_LOCK]
+
+
+def renew_hivemind_locks() -> None:
+    """Give this process hivemind's process-wide locks of its own, shared with nothing forked before.
+
+    hivemind creates them when it is imported (class attributes), so every process forked after that
+    import shares them, as a node's helpers must with the node.  A process forked from a fork server
+    that imported hivemind (``p2ptrain.local.forkserver``) is a node of its own, not a helper of the
+    server: sharing them with its sibling nodes, one killed while it held one would stall every MPFuture
+    of the others for good (seen: a churned node's DHT that never said it was ready)."""
+    MPFuture.reset_backend()  # hivemind's own: MPFuture's two locks and SharedBytes'
+    _AsyncContextWrapper.EXECUTOR_LOCK = multiprocessing.Lock()
 
 
 def own_locks(process: Any) -> list[Any]:

@@ -6,7 +6,8 @@ and the benchmarks' smoke runs start many nodes and workers on a machine of few 
 (docs/operations.md has the figures).  A process forked from here skips that and nothing else: it runs the
 module asked for (``python -m MODULE``, by default ``p2ptrain.cli``) in a process of its own, with its
 own session, log, environment and working directory, exits with that module's code, and is
-signalled and waited for by process ID as a ``subprocess.Popen`` is.  What it does not give: a
+signalled and waited for by process ID as a ``subprocess.Popen`` is; it takes hivemind's
+process-wide locks of its own, which a fork would share with every sibling.  What it does not give: a
 process of its own from the start (its memory is shared with the server's until written, so a
 figure of a process's memory or start-up cost is not a fresh process's), a wrapper command (a
 network namespace, ``unshare``), or imports made by the environment (``PYTHONPATH`` hooks): those
@@ -71,6 +72,10 @@ def _become_child(request: Mapping[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = [request["module"], *request["argv"]]
+    if "hivemind" in sys.modules:  # a node of its own, not the server's helper: its own locks
+        from p2ptrain.averaging.lifecycle import renew_hivemind_locks
+
+        renew_hivemind_locks()
 
 
 def _serve() -> Mapping[str, Any] | None:

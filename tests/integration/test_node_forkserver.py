@@ -11,9 +11,12 @@ import pytest
 
 from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.local.swarm import LocalNode, local_node_config
+from p2ptrain.waiting import wait_until
 from tests.integration.conftest import FAST_TRAINING, TEST_VOLUNTEER, TINY_TASK
 
 pytestmark = pytest.mark.timeout(120)
+
+LOCK_HOLDER = "tests.support.lock_holder"
 
 
 def test_a_forked_cli_gets_its_arguments_environment_directory_and_log_and_exits_with_main_s_code(
@@ -46,3 +49,16 @@ def test_a_forked_node_trains_in_its_own_session_and_is_killed_by_its_pid(
     node.kill()
     assert node.wait(30) == -signal.SIGKILL
     assert not node.running
+
+
+def test_a_forked_node_killed_holding_hivemind_s_locks_stalls_no_sibling(
+        node_forkserver: ForkServer, tmp_path: Path) -> None:
+    """Each forked process has hivemind's process-wide locks of its own: a churned node SIGKILLed
+    while it held one must not leave every later node's MPFutures waiting for good."""
+    holder = node_forkserver.start(["hold"], dict(os.environ), tmp_path / "hold.log", module=LOCK_HOLDER)
+    wait_until(lambda: "holding" in (tmp_path / "hold.log").read_text(), 30, "the holder taking the locks",
+               interval=0.05)
+    holder.kill()
+    assert holder.wait(timeout=30) == -signal.SIGKILL
+    taker = node_forkserver.start(["take"], dict(os.environ), tmp_path / "take.log", module=LOCK_HOLDER)
+    assert taker.wait(timeout=60) == 0, (tmp_path / "take.log").read_text()
