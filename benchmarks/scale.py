@@ -54,7 +54,7 @@ from benchmarks.netns import ShapedNet, netns_unavailable, shaped_network
 from benchmarks.startup import node_environment
 from p2ptrain.averaging.progress import STALE_AFTER
 from p2ptrain.config.schema import TrainingSection
-from p2ptrain.local.swarm import LocalNode
+from p2ptrain.local.swarm import LocalNode, NodeLauncher
 from p2ptrain.status import NodeState, StatusSnapshot
 
 #: The chaos suite's tiny model: the node's own costs, not the model's, are measured.
@@ -185,8 +185,9 @@ def _network(n: int, link: str | None) -> Iterator[ShapedNet | None]:
 
 
 def _make_node(base: Path, i: int, run_id: str, args: argparse.Namespace, checkout: Path | None,
-               net: ShapedNet | None) -> LocalNode:
-    """Node ``i`` of a swarm; with ``checkout``, running that checkout's code."""
+               net: ShapedNet | None, launcher: NodeLauncher | None) -> LocalNode:
+    """Node ``i`` of a swarm; with ``checkout``, running that checkout's code (in an interpreter of its
+    own, as a node that counts its DHT operations is: their hooks are installed as it starts)."""
     swarm: dict[str, Any] = {"bootstrap_timeout": 120.0}
     if net is not None:
         swarm["listen_addrs"] = [f"/ip4/{net.addresses[i]}/tcp/0"]
@@ -195,14 +196,17 @@ def _make_node(base: Path, i: int, run_id: str, args: argparse.Namespace, checko
                  "checkpoint": {"interval": 3600.0, "keep": 1}}
     env = node_environment(base / "site", checkout, base / "dht" if args.count_dht else None, run_id)
     return LocalNode(f"n{i}", base / f"n{i}", run_id, overrides, env=env,
-                     netns=net.namespaces[i] if net is not None else None)
+                     netns=net.namespaces[i] if net is not None else None, launcher=None if env else launcher)
 
 
-def run_swarm(n: int, args: argparse.Namespace, base: Path, checkout: Path | None) -> dict[str, Any]:
-    """Start ``n`` nodes, let them average, measure; the figures of this N."""
+def run_swarm(n: int, args: argparse.Namespace, base: Path, checkout: Path | None,
+              launcher: NodeLauncher | None = None) -> dict[str, Any]:
+    """Start ``n`` nodes, let them average, measure; the figures of this N.  ``launcher``: how the nodes
+    start (a test's fork server); None, as the benchmark runs, gives each its own interpreter, whose
+    imports its memory figures then count."""
     run_id = f"scale-{uuid.uuid4().hex[:8]}"
     with _network(n, args.link) as net, Watcher() as watcher:
-        nodes = [_make_node(base, i, run_id, args, checkout, net) for i in range(n)]
+        nodes = [_make_node(base, i, run_id, args, checkout, net, launcher) for i in range(n)]
         try:
             return _measure(nodes, watcher, args)
         finally:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.scale import parse_args, run_swarm
+from p2ptrain.local.forkserver import ForkServer
 
 #: ``alone``: a share of full rounds, measured on a machine nothing else loads.
 pytestmark = [pytest.mark.chaos, pytest.mark.alone, pytest.mark.timeout(300)]
@@ -26,9 +27,10 @@ NODES = 8
 FULL_SHARE = 0.5
 
 
-def test_eight_nodes_hold_most_of_their_rounds_and_their_replicas_agree(tmp_path: Path) -> None:
+def test_eight_nodes_hold_most_of_their_rounds_and_their_replicas_agree(
+        tmp_path: Path, node_forkserver: ForkServer) -> None:
     args = parse_args(["--nodes", str(NODES), "--seconds", "20", "--idle-seconds", "0", "--join-timeout", "150"])
-    result = run_swarm(NODES, args, tmp_path, None)
+    result = run_swarm(NODES, args, tmp_path, None, node_forkserver)
     rounds = {key: result[key] for key in ("averaged", "rounds_full", "rounds_partial", "rounds_failed",
                                            "full_share_worst", "full_share_median", "group_min", "group_median",
                                            "group_max", "param_spread_max", "processes_per_node")}
