@@ -119,8 +119,10 @@ def hostile(tmp_path: Path) -> Iterator[Callable[..., Hostile]]:
         yield start
 
 
-def healthz(node: LocalNode) -> int:
-    return node_client(node, timeout=5).request("GET", "/healthz").status
+def healthz(node: LocalNode) -> tuple[int, str]:
+    """/healthz's status code and its answer, which says why when it is not 200."""
+    answer = node_client(node, timeout=5).request("GET", "/healthz")
+    return answer.status, answer.body.decode("utf-8", errors="replace")
 
 
 def offenders_of(node: LocalNode) -> list[Any]:
@@ -231,7 +233,8 @@ def test_state_attacks_in_diloco_mode(make_node, hostile, chaos_report, outer_co
     for node in (a, b):
         node.wait_for(lambda s, n=node.name: s.samples_processed_total > before[n].samples_processed_total
                       and s.local_epoch > before[n].local_epoch, 60, "training on")
-        assert healthz(node) == 200 and sane(node.status()), node.name
+        probe = healthz(node)
+        assert probe[0] == 200 and sane(node.status()), (node.name, probe)
     attackers_named = named()
     took = stop_all([a, b])
     assert max(took.values()) <= STOP_BOUND, took
@@ -326,8 +329,9 @@ class AttackedSwarm:
             if not node.running:
                 return f"{node.name} exited:\n{node.report()}"
             status = node.status(timeout=5.0)
-            if status is None or status.state != "training" or healthz(node) != 200:
-                return f"{node.name} is {status.state if status else 'not answering'}:\n{node.report()}"
+            probe = healthz(node) if status is not None else (0, "")
+            if status is None or status.state != "training" or probe[0] != 200:
+                return f"{node.name} is {status.state if status else 'not answering'} {probe}:\n{node.report()}"
         return None
 
     def ensure_healthy(self) -> None:
@@ -385,7 +389,8 @@ def test_newcomers_adopt_an_honest_state_and_the_donor_first_in_line_is_named(at
         node.wait_for(lambda s: s.rounds_averaged >= 1, 90, "averaging with the newcomers")
     for node in attacked.honest:
         status = node.status()
-        assert status is not None and sane(status) and healthz(node) == 200, (node.name, status)
+        probe = healthz(node)
+        assert status is not None and sane(status) and probe[0] == 200, (node.name, probe, status)
     for node in (b, c):  # an honest donor's state, never the attackers'
         adopted = re.findall(r"adopted the state of (\S+): now at epoch (\d+)", log_text(node))
         assert adopted and all(donor not in (attacked.donor_id, attacked.freeze_id) and 0 < int(epoch) < ATTACK_EPOCH
@@ -480,7 +485,8 @@ def test_a_flood_of_sybil_records_and_a_forged_one_show_no_absurd_figure(attacke
             assert view is not None and len(view.peers) <= 256
             assert all(p.epoch < ABSURD_EPOCH and p.samples_per_second < ABSURD_RATE for p in view.peers), node.name
             assert view.global_epoch < ABSURD_EPOCH and view.swarm_samples_per_second < ABSURD_RATE
-            assert sane(status) and healthz(node) == 200, (node.name, status)
+            probe = healthz(node)
+            assert sane(status) and probe[0] == 200, (node.name, probe, status)
             assert status.samples_processed_total > during[node.name].samples_processed_total, node.name
         rejected = {n.name: n.status().rejected_records_total for n in attacked.honest}
         attacked.record(sybil_records_stored=stored(), records_rejected=rejected,
