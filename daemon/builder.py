@@ -54,6 +54,10 @@ from p2ptrain.tasks.loader import build_task
 
 logger = logging.getLogger(__name__)
 
+#: The longest the training loop waits for the DHT's process to say the node's addresses (it asks every
+#: minute; a DHT that does not answer keeps the last addresses instead of the loop).
+CURRENT_MADDRS_TIMEOUT = 10.0
+
 
 def peer_seed(peer_id: str) -> int:
     """A stable 63-bit seed for this node's data slice, derived from its peer ID."""
@@ -83,7 +87,7 @@ class JoinedSwarm:
 
     def current_maddrs(self) -> list[str]:
         """The addresses peers see now (asked of the p2p daemon; ``maddrs`` are those of the start)."""
-        return visible_maddrs(self.dht, latest=True)
+        return visible_maddrs(self.dht, latest=True, timeout=CURRENT_MADDRS_TIMEOUT)
 
     @property
     def undialable(self) -> bool:

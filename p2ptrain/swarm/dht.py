@@ -12,6 +12,7 @@ to join.
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import time
@@ -202,10 +203,22 @@ def stop_stale_daemons(identity_path: Path, grace: float = 2.0) -> int:
     return len(stale)
 
 
-def visible_maddrs(dht: hivemind.DHT, latest: bool = False) -> list[str]:
+async def _visible_maddrs(_dht: hivemind.DHT, node: Any, latest: bool) -> list[Any]:
+    return list(await node.get_visible_maddrs(latest=latest))
+
+
+def visible_maddrs(dht: hivemind.DHT, latest: bool = False, timeout: float | None = None) -> list[str]:
     """The node's addresses as peers see them; ``latest`` asks the p2p daemon again (a relay slot taken
-    or lost since the start changes them) instead of hivemind's copy from the start."""
-    return [str(addr) for addr in dht.get_visible_maddrs(latest=latest)]
+    or lost since the start changes them) instead of hivemind's copy from the start.  With ``timeout``,
+    a DHT process that has not answered by then raises TimeoutError instead of holding the caller (the
+    training loop asks every minute, and hivemind's own call waits for ever)."""
+    future = dht.run_coroutine(functools.partial(_visible_maddrs, latest=latest), return_future=True)
+    try:
+        addrs = future.result(timeout)
+    except TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"the DHT's process did not say this node's addresses within {timeout:g} s") from None
+    return [str(addr) for addr in addrs]
 
 
 @dataclass(frozen=True)

@@ -317,3 +317,26 @@ def test_stale_daemons_of_this_identity_are_stopped_and_no_others(tmp_path: Path
         for proc in (stale, foreign):
             proc.kill()
             proc.wait()
+
+
+def test_the_loop_s_address_refresh_gives_up_on_a_dht_that_does_not_answer():
+    """hivemind's own call waits for ever; the loop asks every minute and must not wait with it."""
+    import concurrent.futures
+
+    from p2ptrain.swarm.dht import visible_maddrs
+
+    class SilentDHT:
+        def __init__(self) -> None:
+            self.future: concurrent.futures.Future[list[str]] = concurrent.futures.Future()
+
+        def run_coroutine(self, coroutine, return_future: bool = False):
+            assert return_future
+            return self.future
+
+    dht = SilentDHT()
+    with pytest.raises(TimeoutError, match="did not say this node's addresses within 0 s"):
+        visible_maddrs(dht, latest=True, timeout=0)  # type: ignore[arg-type]
+    assert dht.future.cancelled()
+    answered = SilentDHT()
+    answered.future.set_result(["/ip4/127.0.0.1/tcp/1"])
+    assert visible_maddrs(answered, timeout=0) == ["/ip4/127.0.0.1/tcp/1"]  # type: ignore[arg-type]
