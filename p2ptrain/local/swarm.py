@@ -273,9 +273,10 @@ class LocalNode:
         return code
 
     @staticmethod
-    def stop_all(nodes: Iterable[LocalNode], timeout: float = 40.0) -> dict[str, int | None]:
+    def stop_all(nodes: Iterable[LocalNode], timeout: float = 40.0, *, stacks: bool = True) -> dict[str, int | None]:
         """Stop several nodes at once: one SIGTERM each (a second one means "exit now", skipping
-        the final checkpoint), then wait for all of them together; SIGKILL what is left."""
+        the final checkpoint), then wait for all of them together; SIGKILL what is left, each first
+        asked for its threads' stacks unless ``stacks`` is False (a clean-up that expects to kill)."""
         running = [node for node in nodes if node.running]
         for node in running:
             node.signal(signal.SIGTERM)
@@ -284,7 +285,8 @@ class LocalNode:
         for node in running:
             codes[node.name] = node.wait(max(0.0, deadline - time.monotonic()))
             if codes[node.name] is None:
-                node.ask_for_stacks()
+                if stacks:
+                    node.ask_for_stacks()
                 node.kill()
                 node.wait(10)
         return codes
@@ -329,16 +331,24 @@ class LocalNode:
             return "(no log)"
 
     def ask_for_stacks(self) -> bool:
-        """Ask the node's process for its threads' stacks (they go to its log) and give it a moment
-        to write them; False when it is not running.  Only the node's own process is asked (see
-        ``STACK_DUMP_SIGNAL``)."""
+        """Ask the node's process, then each helper it forked (its DHT, its averagers), for its threads'
+        stacks, one process at a time, each under a line naming it in the node's log; False when the
+        node is not running.  p2pd is not asked (not Python)."""
         if self.process is None or not self.running:
             return False
-        try:
-            os.kill(self.process.pid, STACK_DUMP_SIGNAL)
-        except ProcessLookupError:
-            return False
-        time.sleep(STACK_DUMP_SECONDS)
+        node = self.process.pid
+        asked = [(node, "the node")] + [(pid, f"a helper of the node: {command[:80]}")
+                                        for pid, command in sorted(descendants(node).items()) if "p2pd" not in command]
+        for pid, what in asked:
+            with contextlib.suppress(OSError), self.log_path.open("a", encoding="utf-8") as log:
+                log.write(f"--- stacks of process {pid}, {what}\n")
+            try:
+                os.kill(pid, STACK_DUMP_SIGNAL)
+            except ProcessLookupError:
+                if pid == node:
+                    return False
+                continue
+            time.sleep(STACK_DUMP_SECONDS)
         return True
 
     def report(self, lines: int = 30) -> str:

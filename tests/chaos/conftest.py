@@ -104,7 +104,7 @@ def node_factory(base: Path, launcher: NodeLauncher | None = None) -> Iterator[N
     finally:
         # A clean-up needs no final state: a node still stopping after 5 s (a round in flight, its
         # final checkpoint) is killed with its helpers.
-        LocalNode.stop_all(nodes, timeout=5)
+        LocalNode.stop_all(nodes, timeout=5, stacks=False)
 
 
 @pytest.fixture

@@ -50,4 +50,4 @@ def make_node(tmp_path: Path, node_forkserver: ForkServer) -> Iterator[NodeFacto
     yield factory
     # A clean-up needs no final state: a node still stopping after 5 s (a round in flight, its
     # final checkpoint) is killed with its helpers.
-    LocalNode.stop_all(nodes, timeout=5)
+    LocalNode.stop_all(nodes, timeout=5, stacks=False)

@@ -15,12 +15,16 @@ pytestmark = pytest.mark.timeout(60)
 
 
 STUCK_NODE = """
-import faulthandler, signal, sys, threading
+import faulthandler, os, signal, sys, threading
 from p2ptrain.proc import STACK_DUMP_SIGNAL
 faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
-print("started", flush=True)
 def stuck_in_a_download():
     threading.Event().wait()
+def helper_waiting_on_a_lock():
+    threading.Lock().acquire() and threading.Event().wait()
+if os.fork() == 0:
+    helper_waiting_on_a_lock()
+print("started", flush=True)
 stuck_in_a_download()
 """
 
@@ -45,7 +49,9 @@ def test_a_failure_report_of_a_running_node_shows_where_its_threads_are(tmp_path
         node.wait(10)
     tail, _, stacks = report.partition("--- stuck is still running; its threads now:")
     assert tail.strip() == "started"
-    assert "stuck_in_a_download" in stacks and "most recent call first" in stacks
+    node_part, _, helper_part = stacks.partition("a helper of the node")
+    assert "the node" in node_part and "stuck_in_a_download" in node_part and "most recent call first" in node_part
+    assert "helper_waiting_on_a_lock" in helper_part  # the helper's stacks, after its own heading
 
 
 def test_a_node_that_misses_its_stop_bound_leaves_its_stacks_in_its_log(tmp_path):
@@ -54,3 +60,10 @@ def test_a_node_that_misses_its_stop_bound_leaves_its_stacks_in_its_log(tmp_path
     assert node.stop(timeout=0.5) == -9
     assert "stuck_in_a_download" in node.log_tail(100)
     assert node.report() == node.log_tail()  # not running any more: nothing to ask
+
+
+def test_a_clean_up_that_expects_to_kill_asks_for_no_stacks(tmp_path):
+    deaf = STUCK_NODE.replace("print(", "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(")
+    node = _stand_in(tmp_path, deaf)
+    assert LocalNode.stop_all([node], timeout=0.5, stacks=False) == {"stuck": None}
+    assert node.wait(10) == -9 and "stuck_in_a_download" not in node.log_tail(100)
