@@ -5,6 +5,9 @@ is the same loop for code that runs on an event loop (the TUI's Pilot tests), wh
 block the very app being waited on, so it awaits instead.  Both share the deadline and the timeout
 message.
 
+:func:`answer_unless_stopping` waits for another process's answer (a future) the way a node must: a
+stop asked for meanwhile ends the wait within a second instead of at the answer's timeout.
+
 :func:`retry` is the one retry loop of the library: joining a swarm, fetching a run's manifest,
 downloading a shard.  Its waits follow the one backoff policy, :data:`BACKOFF`, and it gives up
 after a number of tries, a timeout, or a stop, raising :class:`GaveUp`; each caller turns that into
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 _T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
 
 
 class StopEvent(Protocol):
@@ -32,6 +36,36 @@ class StopEvent(Protocol):
 class WaitTimeout(AssertionError, TimeoutError):
     """The condition never held.  An AssertionError, so a test shows it as a plain failure, and a
     TimeoutError, so code that waits for something (the demo) can catch the usual exception."""
+
+
+class Stopping(Exception):
+    """A wait was cut short because whoever waits is stopping."""
+
+
+class PendingAnswer(Protocol[_T_co]):
+    """A ``concurrent.futures.Future`` or one of hivemind's ``MPFuture`` s, as a waiter sees it."""
+
+    def result(self, timeout: float | None = None) -> _T_co: ...
+
+    def cancel(self) -> bool: ...
+
+
+def answer_unless_stopping(future: PendingAnswer[_T], timeout: float, stopping: Callable[[], bool], *,
+                           every: float = 1.0, clock: Callable[[], float] = time.monotonic) -> _T:
+    """``future.result(timeout)``, asking ``stopping()`` every ``every`` seconds meanwhile: the answer,
+    TimeoutError past ``timeout``, or :class:`Stopping` (the future cancelled) once ``stopping()`` says
+    True.  Why: a node that waits a minute for a state download it no longer needs would sit out
+    ``systemctl stop`` for that minute."""
+    deadline = clock() + timeout
+    while True:
+        try:
+            return future.result(timeout=max(0.0, min(every, deadline - clock())))
+        except TimeoutError:
+            if clock() >= deadline:
+                raise
+            if stopping():
+                future.cancel()
+                raise Stopping from None
 
 
 class _Deadline:

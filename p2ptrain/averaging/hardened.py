@@ -66,6 +66,7 @@ from p2ptrain.averaging.robust_reduce import AllReduceReport, ReduceRule, RoundR
 from p2ptrain.averaging.state_check import StateValidator
 from p2ptrain.model.device import HostStaging
 from p2ptrain.trust.peergate import PeerGate
+from p2ptrain.waiting import Stopping, answer_unless_stopping
 
 require_hivemind(__name__)
 
@@ -87,6 +88,10 @@ class _DropNotAdmitted(logging.Filter):
 @functools.cache
 def _quiet_hivemind() -> None:
     logging.getLogger(_HIVEMIND_AVERAGER_LOGGER).addFilter(_DropNotAdmitted())
+
+
+def _never() -> bool:
+    return False
 
 
 class _AdmittedStubs:
@@ -144,6 +149,9 @@ class AveragerLayer:
                                          state_ban_seconds=state_ban_seconds,
                                          judgement_ban_seconds=judgement_ban_seconds) if peer_checks else None
         self._max_donor_priority, self._known_peers = max_donor_priority, known_peers
+        #: True once the node is stopping: a state download in progress is then given up within a second
+        #: (the optimizer that owns this averager sets it; a test's averager never stops).
+        self.stopping: Callable[[], bool] = _never
         # Before the base class starts the averager's process: the count of streams served is shared.
         self._groupmates = GroupmateService(serve_grace)
         super().__init__(*args, **kwargs)
@@ -360,7 +368,10 @@ class AveragerLayer:
                 future=future, timeout=timeout, exclude=sorted(tried), max_priority=priority, prefer=known,
                 shapes=[list(shape) for shape in validator.template.shapes],
                 max_bytes=validator.template.max_wire_bytes())))
-            return future.result(timeout=timeout + 5.0)
+            return answer_unless_stopping(future, timeout + 5.0, self.stopping)
+        except Stopping:
+            logger.info("state download cut short: this node is stopping")
+            return None
         except Exception as exc:  # the averager process gone or stuck: no state this time
             logger.warning("state download failed: %r", exc)
             return None

@@ -171,13 +171,19 @@ class HardenedOptimizer(hivemind.Optimizer):
         # hivemind.Optimizer names its state averager's settings in its own _make_state_averager;
         # the same settings here, for our class.
         opt: Any = self
-        return SafeTrainingStateAverager(
+        averager = SafeTrainingStateAverager(
             dht=opt.dht, prefix=state_averager_prefix(opt.run_id), min_matchmaking_time=opt.matchmaking_time,
             allreduce_timeout=opt.allreduce_timeout, shutdown_timeout=opt.shutdown_timeout,
             offload_optimizer=opt.offload_optimizer, custom_gradients=opt.offload_optimizer,
             status_loglevel=opt.status_loglevel, next_chunk_timeout=opt.next_chunk_timeout,
             client_mode=opt.client_mode, auxiliary=opt.auxiliary, start=True, admission=self._admission,
             peer_checks=checks is not None, **(checks or {}), **kwargs)
+        averager.stopping = self._stopping
+        return averager
+
+    def _stopping(self) -> bool:
+        """Whether the node is stopping: its stop event's wait, asked not to wait."""
+        return bool(self._wait(0.0))
 
     def _make_gradient_averager(self, factory: GradientAveragerFactory | None, **kwargs: Any) -> GradientAverager:
         """``factory`` builds one of our gradient averagers (None: ours without the peer checks); it is

@@ -178,6 +178,7 @@ class DiLoCoOptimizer(DiLoCoState):
             compression=compression,
             state_compression=make_compression(cfg.state_compression), bandwidth=bandwidth, **checks,
         )
+        self.averager.stopping = lambda: bool(self._wait(0.0))  # a download in progress ends with a stop
         #: Whatever a download brings is checked before it touches the model: shapes, dtypes, finite,
         #: metadata in range; with the peer checks also against the run's reports and our own loss.
         self._validator = diloco_state_validator(

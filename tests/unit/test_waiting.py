@@ -6,7 +6,17 @@ import asyncio
 
 import pytest
 
-from p2ptrain.waiting import BACKOFF, Backoff, GaveUp, WaitTimeout, retry, wait_until, wait_until_async
+from p2ptrain.waiting import (
+    BACKOFF,
+    Backoff,
+    GaveUp,
+    Stopping,
+    WaitTimeout,
+    answer_unless_stopping,
+    retry,
+    wait_until,
+    wait_until_async,
+)
 
 
 class FakeClock:
@@ -122,3 +132,42 @@ def test_an_exception_from_the_attempt_is_not_retried() -> None:
     assert clock.sleeps == []
     with pytest.raises(ValueError, match="needs tries or a timeout"):
         retry(lambda: 1)
+
+
+class SlowAnswer:
+    """A future whose ``result(timeout)`` spends the timeout on a fake clock, answering after ``after`` s."""
+
+    def __init__(self, clock: list[float], after: float) -> None:
+        self.clock, self.after, self.cancelled, self.waits = clock, after, False, []
+
+    def result(self, timeout: float | None = None) -> str:
+        assert timeout is not None
+        self.waits.append(timeout)
+        if self.clock[0] + timeout >= self.after:
+            self.clock[0] = max(self.clock[0], self.after)
+            return "state"
+        self.clock[0] += timeout
+        raise TimeoutError
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+def test_a_wait_for_an_answer_ends_within_a_slice_of_a_stop_and_cancels_it():
+    clock = [0.0]
+    stop_at = 3.5
+    answer = SlowAnswer(clock, after=60.0)
+    with pytest.raises(Stopping):
+        answer_unless_stopping(answer, 65.0, lambda: clock[0] >= stop_at, clock=lambda: clock[0])
+    assert answer.cancelled and clock[0] == 4.0 and answer.waits == [1.0] * 4  # one slice after the stop
+
+
+def test_a_wait_for_an_answer_gives_the_answer_or_times_out_at_its_deadline():
+    clock = [0.0]
+    assert answer_unless_stopping(SlowAnswer(clock, after=2.5), 65.0, lambda: False, clock=lambda: clock[0]) == "state"
+    clock = [0.0]
+    late = SlowAnswer(clock, after=100.0)
+    with pytest.raises(TimeoutError):
+        answer_unless_stopping(late, 2.5, lambda: False, clock=lambda: clock[0])
+    assert late.waits == [1.0, 1.0, 0.5] and not late.cancelled
