@@ -40,15 +40,16 @@ system-deps:
 # tests/chaos/conftest.py) and forked from a process that imported torch and hivemind once
 # (p2ptrain/local/forkserver.py); that phase keeps both cores busy, so more processes would not
 # shorten it (docs/operations.md, "Continuous integration").  Last, one at a time with the machine to
-# themselves, the tests marked `alone` (a CPU share they measure, a share of full rounds).
-# PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests collected) is a
+# themselves, the tests marked `alone` (a CPU share they measure, a share of full rounds).  Files
+# start longest first (tests/support/durations.py): `make test PYTEST_ARGS="--store-durations ..."`
+# refreshes their recorded seconds.  PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests collected) is a
 # failure here, not a pass.
 test: venv system-deps
 	@run() { $(PY) -m pytest "$$@"; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; [ $$rc -eq 0 ]; }; \
 	if [ -n "$(PYTEST_ARGS)" ]; then run $(PYTEST_ARGS); \
-	else run -n 2 --dist loadfile tests/unit tests/tui \
-	  && run -n 3 --dist loadfile -m "not soak and not alone" tests/integration tests/chaos \
+	else run -n 2 --dist loadfile --no-loadscope-reorder tests/unit tests/tui \
+	  && run -n 3 --dist loadfile --no-loadscope-reorder -m "not soak and not alone" tests/integration tests/chaos \
 	  && run -m "not soak and alone" tests/integration tests/chaos; fi
 
 lint: venv

@@ -10,6 +10,7 @@ import pytest
 
 from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.waiting import WaitTimeout, wait_until
+from tests.support.durations import DurationRecorder, longest_first, recorded
 from tests.support.processes import become_subreaper, descendants, is_shared, kill_all, reap_orphans
 
 #: How long helpers of a stopped node may take to exit (p2pd leaves once its client is gone).
@@ -17,6 +18,21 @@ LEAK_GRACE_SECONDS = 45.0
 #: Started by torch once per process for shared-memory tensors (in-process DHTs use them); it
 #: stays for the life of the test run and exits with it, so it is not a leak.
 PER_RUN_HELPERS = ("torch_shm_manager",)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--store-durations", action="store_true",
+                     help="merge the seconds of each test file run into tests/durations.json")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("store_durations") and not hasattr(config, "workerinput"):  # the controller only
+        config.pluginmanager.register(DurationRecorder(), "p2ptrain-durations")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first (tests/support/durations.py says why)."""
+    longest_first(items, recorded())
 
 
 @pytest.fixture(scope="session", autouse=True)
