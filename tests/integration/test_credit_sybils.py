@@ -42,6 +42,8 @@ def test_freeloader_and_helper_identity_are_credited_nothing_and_inflate_no_tota
     assert all(credit[peer] == 0 for peer in sybils.peer_ids), credit
     # B is credited what its parts carried into A's rounds, which A's record vouches for too.
     peer_b = b.status().peer_id
+    assert peer_b in credit, (f"b missing from a's view {credit} (a rejected {status.rejected_records_total} records)\n"
+                              f"{a.log_tail(40)}\n{b.log_tail(20)}")
     assert 0 < credit[peer_b] <= (status.global_epoch + 2) * pace, credit
     assert status.vouched_samples.get(peer_b, 0) > 0, status.vouched_samples
     # The swarm's total is the honest peers' credit; the claims are kept apart, each clipped at the pace.
