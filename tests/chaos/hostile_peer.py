@@ -28,8 +28,8 @@ and ``nonfinite``).  It prints one line ``hostile <attacks> ready as <peer id>``
 then keeps attacking until SIGTERM/SIGINT or ``--duration`` seconds.  With ``--go-file PATH`` the
 ``scaled``/``nonfinite``/``records`` attacks are prepared (process, DHT, keys, records) and it says it is
 ready, but they begin only once PATH exists: a test can start it while another attack is running.  In DiLoCo runs
-``donor``/``freeze``/``scaled``/``nonfinite`` act on the DiLoCo averager instead.  Test-only; run it as
-its own process.
+``donor``/``freeze``/``scaled``/``nonfinite`` act on the DiLoCo averager instead.  Test-only; a process
+of its own (the suite forks it from the test process's fork server, which has imported what it imports).
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,11 +35,12 @@ import pytest
 import torch
 
 from p2ptrain.config.schema import load_config
+from p2ptrain.local.forkserver import ForkServer
 from p2ptrain.local.swarm import LocalNode
 from p2ptrain.model.checkpoint import CheckpointStore
 from p2ptrain.status import StatusSnapshot
 from p2ptrain.waiting import wait_until
-from tests.chaos.conftest import REPO, NodeFactory, node_factory
+from tests.chaos.conftest import NodeFactory, node_factory
 from tests.chaos.helpers import log_text, training
 from tests.support.nodeapi import node_client
 from tests.support.processes import shared_processes
@@ -61,13 +61,12 @@ PART_OFFENCES = ("nonfinite_part", "oversized_part", "malformed_part", "bad_resu
 
 
 class Hostile:
-    """One hostile process; its output goes to a log file."""
+    """One hostile process (``python -m tests.chaos.hostile_peer ARGV``, forked by the test process's fork
+    server: it imports what a node imports), in a session of its own; its output goes to a log file."""
 
-    def __init__(self, log: Path, command: list[str]) -> None:
+    def __init__(self, log: Path, argv: list[str], server: ForkServer) -> None:
         self.log = log
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = server.start(argv, dict(os.environ), log, module="tests.chaos.hostile_peer")
 
     def text(self) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
@@ -93,16 +92,15 @@ class Hostile:
 
 
 @contextlib.contextmanager
-def hostiles(log_dir: Path) -> Iterator[Callable[..., Hostile]]:
+def hostiles(log_dir: Path, server: ForkServer) -> Iterator[Callable[..., Hostile]]:
     """``start(victim, *args)``: a hostile process joined to ``victim``, logging under ``log_dir``; all
     stopped on leaving."""
     started: list[Hostile] = []
 
     def start(victim: LocalNode, *args: str) -> Hostile:
         addrs = victim.join_addrs()[:1]
-        command = [sys.executable, "-m", "tests.chaos.hostile_peer", *args, "--config", str(victim.config_path),
-                   *[arg for addr in addrs for arg in ("--join", addr)]]
-        each = Hostile(log_dir / f"hostile{len(started)}.log", command)
+        argv = [*args, "--config", str(victim.config_path), *[arg for addr in addrs for arg in ("--join", addr)]]
+        each = Hostile(log_dir / f"hostile{len(started)}.log", argv, server)
         started.append(each)
         return each
 
@@ -114,8 +112,8 @@ def hostiles(log_dir: Path) -> Iterator[Callable[..., Hostile]]:
 
 
 @pytest.fixture
-def hostile(tmp_path: Path) -> Iterator[Callable[..., Hostile]]:
-    with hostiles(tmp_path) as start:
+def hostile(tmp_path: Path, node_forkserver: ForkServer) -> Iterator[Callable[..., Hostile]]:
+    with hostiles(tmp_path, node_forkserver) as start:
         yield start
 
 
@@ -366,7 +364,7 @@ class AttackedSwarm:
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory: pytest.TempPathFactory, chaos_report, node_forkserver) -> Iterator[AttackedSwarm]:
     tmp = tmp_path_factory.mktemp("hostile")
-    with node_factory(tmp, node_forkserver) as make_node, hostiles(tmp) as hostile:
+    with node_factory(tmp, node_forkserver) as make_node, hostiles(tmp, node_forkserver) as hostile:
         swarm = AttackedSwarm(make_node, hostile, tmp)
         try:
             swarm.join_under_state_attacks()

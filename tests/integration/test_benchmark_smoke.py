@@ -91,7 +91,8 @@ def test_the_sparse_outer_mode_averages_rounds_and_sends_a_fraction_of_diloco_s_
     cmd = [sys.executable, "-m", "benchmarks.swarm", "--peers", "2", "--out", str(out), "--shaped-modes", "",
            "--modes", "diloco_topk", "--sequences", "30000", "--eval-every", "6000", "--micro-batch", "8",
            "--global-batch", "32", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--val-batches", "2",
-           "--inner-steps", "15", "--max-train-seconds", "12", "--mode-timeout", "75", "--overhead-repeats", "0"]
+           "--inner-steps", "15", "--max-train-seconds", "12", "--mode-timeout", "75", "--overhead-repeats", "0",
+           "--fork-workers"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["loopback"]
