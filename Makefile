@@ -35,21 +35,22 @@ system-deps:
 	.ci/install-system-deps.sh
 
 # Three phases.  Unit and TUI tests run in two processes, a file per process at a time (the TUI
-# snapshots serve a fixed port).  The integration tests and the fault scenarios then run three at a
-# time, their nodes training within a share of the machine (tests/integration/conftest.py,
-# tests/chaos/conftest.py) and forked from a process that imported torch and hivemind once
-# (p2ptrain/local/forkserver.py); that phase keeps both cores busy, so more processes would not
-# shorten it (docs/operations.md, "Continuous integration").  Last, one at a time with the machine to
-# themselves, the tests marked `alone` (a CPU share they measure, a share of full rounds).  Files
-# start longest first (tests/support/durations.py): `make test PYTEST_ARGS="--store-durations ..."`
-# refreshes their recorded seconds.  PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests collected) is a
-# failure here, not a pass.
+# snapshots serve a fixed port), the longest files first so that none starts last
+# (tests/support/durations.py; `--store-durations` refreshes the seconds recorded).  The integration
+# tests and the fault scenarios then run three at a time, their nodes training within a share of the
+# machine (tests/integration/conftest.py, tests/chaos/conftest.py) and forked from a process that
+# imported torch and hivemind once (p2ptrain/local/forkserver.py); that phase keeps both cores busy,
+# so neither more processes nor another order shortens it, and it keeps xdist's order (the files with
+# most tests first), which keeps the long scenarios apart from each other (docs/operations.md,
+# "Continuous integration").  Last, one at a time with the machine to themselves, the tests marked
+# `alone` (a CPU share they measure, a share of full rounds).  PYTEST_ARGS runs just those
+# arguments instead.  pytest's exit code 5 (no tests collected) is a failure here, not a pass.
 test: venv system-deps
 	@run() { $(PY) -m pytest "$$@"; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; [ $$rc -eq 0 ]; }; \
 	if [ -n "$(PYTEST_ARGS)" ]; then run $(PYTEST_ARGS); \
-	else run -n 2 --dist loadfile --no-loadscope-reorder tests/unit tests/tui \
-	  && run -n 3 --dist loadfile --no-loadscope-reorder -m "not soak and not alone" tests/integration tests/chaos \
+	else run -n 2 --dist loadfile --no-loadscope-reorder --longest-first tests/unit tests/tui \
+	  && run -n 3 --dist loadfile -m "not soak and not alone" tests/integration tests/chaos \
 	  && run -m "not soak and alone" tests/integration tests/chaos; fi
 
 lint: venv

@@ -21,6 +21,9 @@ PER_RUN_HELPERS = ("torch_shm_manager",)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--longest-first", action="store_true",
+                     help="run the test files longest first, by tests/durations.json (with xdist: "
+                          "--dist loadfile --no-loadscope-reorder)")
     parser.addoption("--store-durations", action="store_true",
                      help="merge the seconds of each test file run into tests/durations.json")
 
@@ -30,9 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(DurationRecorder(), "p2ptrain-durations")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest files first (tests/support/durations.py says why)."""
-    longest_first(items, recorded())
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("longest_first"):  # tests/support/durations.py says why
+        longest_first(items, recorded())
 
 
 @pytest.fixture(scope="session", autouse=True)

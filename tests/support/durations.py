@@ -1,10 +1,12 @@
-"""Test files ordered longest first, from the seconds each took in a recorded run.
+"""Test files ordered longest first, from the seconds each took in a recorded run (``--longest-first``).
 
-xdist hands out whole files (``--dist loadfile``) in collection order, and a phase lasts until its
-last file ends: a file of a minute and a half handed out last keeps one worker busy while the others
-idle.  Started first, the long files overlap each other and the short ones fill the gaps.  Only the
-order depends on the recorded seconds; a file missing from the record keeps its place after the
-recorded ones.  ``pytest --store-durations ...`` merges the seconds of the files it ran into the record.
+xdist hands out whole files (``--dist loadfile``) in collection order, by default reordered by their
+number of tests, and a phase lasts until its last file ends: a file of half a minute handed out near
+the end (the type check has two tests) keeps one process busy while the other idles.  Started first,
+the long files overlap the others and the short ones fill the gaps (``--no-loadscope-reorder`` keeps this
+order).  Only the order depends on the recorded seconds; a file missing from the record keeps its
+place after the recorded ones.  ``pytest --store-durations ...`` merges the seconds of the files it
+ran into the record.
 """
 
 from __future__ import annotations
