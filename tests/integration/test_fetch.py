@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from p2ptrain.config.schema import TaskSection, TrainingSection
 from p2ptrain.local.run import create_local_run
+from p2ptrain.local.swarm import LOOPBACK_TRAINING
 from p2ptrain.model.checkpoint import CheckpointStore
 from p2ptrain.model.hfexport import gpt2_to_bytelm
 from p2ptrain.model.load import build_model, consensus_weights
@@ -47,7 +48,10 @@ def test_fetch_gives_the_state_of_a_node(make_node, tmp_path, mode):
     # A paused node stays in the swarm and serves its state, which no longer changes: one state to compare.
     for node in (a, b):
         assert node_client(node, node_token(node)).request("POST", "/api/v1/control/pause").status == 202
-    paused = {node.name: node.wait_for(lambda s: s.state == "paused", 30, "PAUSED") for node in (a, b)}
+    # Each pauses once its round in flight and the round it scheduled have ended: with the partner
+    # pausing too, neither finds a group, and each round ends at its averaging timeout.
+    bound = 3 * LOOPBACK_TRAINING["averaging_timeout"] + 10
+    paused = {node.name: node.wait_for(lambda s: s.state == "paused", bound, "PAUSED") for node in (a, b)}
 
     out = tmp_path / "model"
     started = time.monotonic()
