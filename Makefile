@@ -40,11 +40,12 @@ system-deps:
 # tests and the fault scenarios then run three at a time, their nodes training within a share of the
 # machine (tests/integration/conftest.py, tests/chaos/conftest.py) and forked from a process that
 # imported torch and hivemind once (p2ptrain/local/forkserver.py); that phase keeps both cores busy,
-# so neither more processes nor another order shortens it, and it keeps xdist's order (the files with
-# most tests first), which keeps the long scenarios apart from each other (docs/operations.md,
-# "Continuous integration").  Last, one at a time with the machine to themselves, the tests marked
-# `alone` (a CPU share they measure, a share of full rounds).  PYTEST_ARGS runs just those
-# arguments instead.  pytest's exit code 5 (no tests collected) is a failure here, not a pass.
+# so neither more processes nor another order shortens it; it keeps xdist's order (the files with
+# most tests first): longest first put the churn scenario beside the CPU-hungriest files, and its
+# replicas drifted past their bound (docs/operations.md, "Continuous integration").  Last, one at a
+# time with the machine to themselves, the tests marked `alone` (a CPU share they measure, a share of
+# full rounds).  PYTEST_ARGS runs just those arguments instead.  pytest's exit code 5 (no tests
+# collected) is a failure here, not a pass.
 test: venv system-deps
 	@run() { $(PY) -m pytest "$$@"; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; [ $$rc -eq 0 ]; }; \
