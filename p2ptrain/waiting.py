@@ -50,6 +50,12 @@ class PendingAnswer(Protocol[_T_co]):
     def cancel(self) -> bool: ...
 
 
+def asked_to_stop(wait: Callable[[float], object]) -> Callable[[], bool]:
+    """``stopping`` for :func:`answer_unless_stopping` from a stop event's ``wait(t)`` (True once a stop
+    was asked for), asked not to wait; ``time.sleep``, the wait of code that never stops, never says so."""
+    return lambda: bool(wait(0.0))
+
+
 def answer_unless_stopping(future: PendingAnswer[_T], timeout: float, stopping: Callable[[], bool], *,
                            every: float = 1.0, clock: Callable[[], float] = time.monotonic) -> _T:
     """``future.result(timeout)``, asking ``stopping()`` every ``every`` seconds meanwhile: the answer,

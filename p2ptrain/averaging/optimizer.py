@@ -49,6 +49,7 @@ from p2ptrain.averaging.progress import SwarmProgressTracker
 from p2ptrain.dhtkeys import state_averager_prefix
 from p2ptrain.model.device import HostStaging
 from p2ptrain.trust.peergate import PeerGate
+from p2ptrain.waiting import asked_to_stop
 
 require_hivemind(__name__)
 
@@ -178,12 +179,8 @@ class HardenedOptimizer(hivemind.Optimizer):
             status_loglevel=opt.status_loglevel, next_chunk_timeout=opt.next_chunk_timeout,
             client_mode=opt.client_mode, auxiliary=opt.auxiliary, start=True, admission=self._admission,
             peer_checks=checks is not None, **(checks or {}), **kwargs)
-        averager.stopping = self._stopping
+        averager.stopping = asked_to_stop(self._wait)
         return averager
-
-    def _stopping(self) -> bool:
-        """Whether the node is stopping: its stop event's wait, asked not to wait."""
-        return bool(self._wait(0.0))
 
     def _make_gradient_averager(self, factory: GradientAveragerFactory | None, **kwargs: Any) -> GradientAverager:
         """``factory`` builds one of our gradient averagers (None: ours without the peer checks); it is

@@ -74,7 +74,7 @@ from p2ptrain.optim.round_clock import (
 from p2ptrain.optim.round_stats import RoundSummary
 from p2ptrain.optim.solo_round import SoloRounds
 from p2ptrain.optim.swarm_stats import SwarmStats
-from p2ptrain.waiting import WaitTimeout, wait_until
+from p2ptrain.waiting import WaitTimeout, asked_to_stop, wait_until
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class DiLoCoOptimizer(DiLoCoState):
             compression=compression,
             state_compression=make_compression(cfg.state_compression), bandwidth=bandwidth, **checks,
         )
-        self.averager.stopping = lambda: bool(self._wait(0.0))  # a download in progress ends with a stop
+        self.averager.stopping = asked_to_stop(self._wait)  # a download in progress ends with a stop
         #: Whatever a download brings is checked before it touches the model: shapes, dtypes, finite,
         #: metadata in range; with the peer checks also against the run's reports and our own loss.
         self._validator = diloco_state_validator(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import pytest
 
@@ -13,6 +15,7 @@ from p2ptrain.waiting import (
     Stopping,
     WaitTimeout,
     answer_unless_stopping,
+    asked_to_stop,
     retry,
     wait_until,
     wait_until_async,
@@ -171,3 +174,12 @@ def test_a_wait_for_an_answer_gives_the_answer_or_times_out_at_its_deadline():
     with pytest.raises(TimeoutError):
         answer_unless_stopping(late, 2.5, lambda: False, clock=lambda: clock[0])
     assert late.waits == [1.0, 1.0, 0.5] and not late.cancelled
+
+
+def test_asked_to_stop_reads_a_stop_event_without_waiting_and_time_sleep_never_stops() -> None:
+    event = threading.Event()
+    stopping = asked_to_stop(event.wait)
+    assert stopping() is False
+    event.set()
+    assert stopping() is True
+    assert asked_to_stop(time.sleep)() is False
